@@ -1,0 +1,3 @@
+from fluid_build.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The LLM layer of fluid_build: provider calls, retries and agents."""

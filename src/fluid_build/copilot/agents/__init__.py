@@ -1,0 +1,1 @@
+"""Stage agents: typed errors, classification, the retry envelope and the agent loop."""

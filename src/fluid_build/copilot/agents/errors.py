@@ -1,0 +1,665 @@
+"""The typed errors of the agent layer.
+
+::
+
+    FluidError                         fluid_build.errors: catch this to catch everything
+    └── FluidGenerationError           a generation run failed
+        └── AgentExecutionError        code, retryable, retry_after, details, to_dict()
+            ├── ProviderError          provider, status_code, model, provider_error_type/code
+            │   ├── RateLimitError         an error answer: 429, or a 5xx carrying Retry-After
+            │   ├── ProviderTimeoutError   no answer in time: httpx timeouts, HTTP 408
+            │   ├── ContextOverflowError   the prompt cannot fit the model; never retried
+            │   ├── ProviderAuthError      401/403, or a body calling the key invalid
+            │   └── ProviderServerError    5xx without Retry-After, Anthropic 529
+            ├── SchemaValidationError  schema_name, validation_errors, raw_output
+            └── ToolValidationError    tool_name, tool_args, reason
+
+"No answer" failures (timeouts, refused or reset connections) have no
+``status_code``; "error answer" failures carry the status, the provider's own
+error type and code, and a bounded, redacted excerpt of the body.
+
+Every error's ``code`` is a stable reason string from :data:`REASON_CODES`:
+branch on it, never on the message. Messages, reprs and ``to_dict()`` are
+redacted at construction, so an error can be logged, pickled or shown to an
+operator without leaking a credential.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Self
+
+from fluid_build._redact import JsonValue, json_safe, one_line, redact, truncate
+from fluid_build.errors import FluidError
+
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "REASON_CODES",
+    "AgentExecutionError",
+    "ContextOverflowError",
+    "FluidError",
+    "FluidGenerationError",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderServerError",
+    "ProviderTimeoutError",
+    "RateLimitError",
+    "ReasonCode",
+    "SchemaValidationError",
+    "ToolValidationError",
+]
+
+#: The longest wait a server may ask for; longer requests are cut to this.
+MAX_RETRY_AFTER: Final = 300.0
+
+_MAX_MESSAGE: Final = 600
+_MAX_RAW_OUTPUT: Final = 64_000
+_MAX_HEADER_VALUE: Final = 200
+# Response headers worth keeping on an error: rate-limit state and request ids.
+# Everything else (cookies above all) is dropped.
+_KEPT_HEADER_PREFIXES: Final = (
+    "retry-after",
+    "x-ratelimit-",
+    "ratelimit-",
+    "anthropic-ratelimit-",
+    "x-request-id",
+    "request-id",
+    "apim-request-id",
+    "x-ms-region",
+    "x-goog-request-id",
+    "cf-ray",
+    "content-type",
+    "server",
+    "openai-processing-ms",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonCode:
+    """One row of the reason-code table."""
+
+    code: str
+    retryable: bool
+    meaning: str
+    action: str
+
+
+def _table(*rows: ReasonCode) -> Mapping[str, ReasonCode]:
+    return {row.code: row for row in rows}
+
+
+#: Every reason code fluid_build emits, what it means and what to do about it.
+#: ``retryable`` is the default for the code; the error instance has the final say.
+REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
+    ReasonCode(
+        "llm.rate_limited",
+        True,
+        "The provider throttled this key.",
+        "Usually nothing: the retry envelope waits out Retry-After. If runs keep aborting, "
+        "run fewer jobs in parallel against this key.",
+    ),
+    ReasonCode(
+        "llm.quota_exhausted",
+        False,
+        "Quota, credits or billing are exhausted; retrying cannot help.",
+        "Top up credits, raise the quota or fix billing with the provider, then re-run.",
+    ),
+    ReasonCode(
+        "llm.timeout",
+        True,
+        "No answer within the timeout.",
+        "Check the network; raise FLUID_LLM_TIMEOUT_SECONDS for slow proxies or big local models.",
+    ),
+    ReasonCode(
+        "llm.network_error",
+        True,
+        "The connection failed before an answer arrived.",
+        "Check connectivity, DNS, proxy settings and the base URL.",
+    ),
+    ReasonCode(
+        "llm.tls_error",
+        False,
+        "The TLS certificate of the endpoint could not be verified.",
+        "Check the base URL, and SSL_CERT_FILE if a corporate proxy re-signs traffic.",
+    ),
+    ReasonCode(
+        "llm.bad_endpoint",
+        False,
+        "The endpoint URL is malformed, unsupported or redirects.",
+        "Fix the provider base URL (scheme, host, path); use the final URL, not a redirect.",
+    ),
+    ReasonCode(
+        "llm.endpoint_not_found",
+        False,
+        "The URL answered 404/405 without naming a model.",
+        "Check the base URL and API version; a proxy or a wrong path answered.",
+    ),
+    ReasonCode(
+        "llm.server_error",
+        True,
+        "The provider failed on its side (5xx).",
+        "Usually nothing: the envelope retries. If it persists, check the provider's status page.",
+    ),
+    ReasonCode(
+        "llm.overloaded",
+        True,
+        "The provider is overloaded (Anthropic 529, Gemini 503).",
+        "Usually nothing: the envelope retries. If it persists, try later or another model.",
+    ),
+    ReasonCode(
+        "llm.insufficient_resources",
+        False,
+        "A local server lacks memory to load the model.",
+        "Pick a smaller model or free memory on the inference host.",
+    ),
+    ReasonCode(
+        "llm.auth",
+        False,
+        "The API key is missing, invalid, expired or not allowed here.",
+        "Check OPENAI_API_KEY / ANTHROPIC_API_KEY / GEMINI_API_KEY (or FLUID_LLM_API_KEY) in the "
+        "shell running fluid, or re-run `fluid ai setup --provider <name>`.",
+    ),
+    ReasonCode(
+        "llm.context_overflow",
+        False,
+        "The prompt does not fit the model's context window.",
+        "Compact the inputs or pick a model with a larger window; see docs/typed-errors.md.",
+    ),
+    ReasonCode(
+        "llm.invalid_request",
+        False,
+        "The provider rejected the request as malformed.",
+        "Read the provider's message; a parameter or schema is not accepted by this model.",
+    ),
+    ReasonCode(
+        "llm.model_not_found",
+        False,
+        "The model or deployment does not exist for this key.",
+        "Check the model name (FLUID_LLM_MODEL); for Ollama run `ollama pull <model>`; "
+        "for Azure use the deployment name.",
+    ),
+    ReasonCode(
+        "llm.content_filtered",
+        False,
+        "The provider's content filter refused the request.",
+        "Rephrase the inputs; retrying the same prompt gives the same refusal.",
+    ),
+    ReasonCode(
+        "llm.malformed_response",
+        True,
+        "The provider's answer could not be decoded.",
+        "Usually transient (a cut-off body); if it persists, a proxy is rewriting responses.",
+    ),
+    ReasonCode(
+        "llm.provider_error",
+        False,
+        "The provider failed in a way fluid_build does not recognise.",
+        "Read the provider's message and details; report it if it should be classified.",
+    ),
+    ReasonCode(
+        "llm.unknown_error",
+        False,
+        "An unexpected exception happened around the provider call.",
+        "This is likely a bug: report it with the details of this error.",
+    ),
+    ReasonCode(
+        "llm.cancelled",
+        False,
+        "The call was cancelled or interrupted.",
+        "Nothing to fix: re-run when ready.",
+    ),
+    ReasonCode(
+        "llm.schema_violation",
+        False,
+        "The model's output did not match the expected schema.",
+        "Read validation_errors; if a model keeps failing one stage, use a stronger model or "
+        "FLUID_OPENAI_STRICT_SCHEMA=1 for OpenAI.",
+    ),
+    ReasonCode(
+        "llm.parse_error",
+        False,
+        "The model's output was not valid JSON.",
+        "Use a model with structured-output support, or FLUID_OPENAI_STRICT_SCHEMA=1 for OpenAI.",
+    ),
+    ReasonCode(
+        "tool.invalid_input",
+        False,
+        "A tool call's arguments did not match the tool's schema.",
+        "Usually nothing: the agent loop feeds this back to the model.",
+    ),
+    ReasonCode(
+        "tool.unknown_tool",
+        False,
+        "The model called a tool that does not exist.",
+        "Usually nothing: the agent loop lists the real tools to the model.",
+    ),
+    ReasonCode(
+        "tool.workspace_violation",
+        False,
+        "A tool call pointed outside the workspace root.",
+        "Usually nothing: the loop refuses it. Repeated attempts deserve a look at the prompt.",
+    ),
+    ReasonCode(
+        "tool.timeout",
+        False,
+        "A tool body exceeded its timeout.",
+        "Raise the tool's timeout or make the tool faster.",
+    ),
+    ReasonCode(
+        "tool.execution_error",
+        False,
+        "A tool body raised an exception.",
+        "Read the server log for the full exception; the model saw only the class name.",
+    ),
+    ReasonCode(
+        "agent.execution_failed",
+        False,
+        "An agent step failed.",
+        "Read the message and details.",
+    ),
+)
+
+
+def _clean_retry_after(value: float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER)
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds >= 1 and seconds == int(seconds):
+        return f"{int(seconds)} s"
+    return f"{seconds:.3g} s"
+
+
+def _short(value: object, secrets: tuple[str, ...]) -> str | None:
+    if value is None:
+        return None
+    return truncate(one_line(redact(str(value), secrets)), _MAX_HEADER_VALUE)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _keep_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None, secrets: tuple[str, ...]
+) -> dict[str, str]:
+    if not headers:
+        return {}
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    kept: dict[str, str] = {}
+    for name, value in pairs:
+        key = str(name).lower()
+        if key.startswith(_KEPT_HEADER_PREFIXES) and len(kept) < 50:
+            kept[key] = _short(value, secrets) or ""
+    return kept
+
+
+def _restore(cls: type[AgentExecutionError], state: dict[str, Any]) -> AgentExecutionError:
+    error = cls.__new__(cls)
+    error.__dict__.update(state)
+    error.args = (state.get("message", ""),)
+    return error
+
+
+class FluidGenerationError(FluidError):
+    """A generation run (a forge stage, an agent call) failed."""
+
+
+class AgentExecutionError(FluidGenerationError):
+    """A failure of the agent layer, with a stable reason ``code``.
+
+    ``retryable`` says whether sending the same request again can succeed;
+    ``retry_after`` is the wait the server asked for, in seconds (capped at
+    300), or None; ``details`` is a JSON-safe dict for logs and receipts.
+    """
+
+    default_code: ClassVar[str] = "agent.execution_failed"
+    default_retryable: ClassVar[bool] = False
+
+    code: str
+    message: str
+    retryable: bool
+    retry_after: float | None
+    details: dict[str, JsonValue]
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        retryable: bool | None = None,
+        retry_after: float | None = None,
+        details: Mapping[str, object] | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        secrets = tuple(secrets)
+        self.message = truncate(one_line(redact(str(message), secrets)), _MAX_MESSAGE)
+        self.code = code or self.default_code
+        self.retryable = self.default_retryable if retryable is None else bool(retryable)
+        self.retry_after = _clean_retry_after(retry_after)
+        safe = json_safe(dict(details or {}), secrets)
+        self.details = safe if isinstance(safe, dict) else {}
+        super().__init__(self.message)
+
+    # -- presentation -------------------------------------------------------
+
+    @property
+    def action(self) -> str:
+        """What an operator should do about this error, in one sentence or two."""
+        row = REASON_CODES.get(self.code)
+        return row.action if row else REASON_CODES[self.default_code].action
+
+    def __str__(self) -> str:
+        parts = [
+            self.message or REASON_CODES.get(self.code, REASON_CODES[self.default_code]).meaning
+        ]
+        if self.retry_after is not None:
+            parts.append(f"(server asked to wait {_format_seconds(self.retry_after)})")
+        parts.append(f"[{self.code}]")
+        parts.append(self.action)
+        return " ".join(parts)
+
+    def _fields(self) -> dict[str, JsonValue]:
+        """Class-specific public fields, in display order."""
+        return {}
+
+    def __repr__(self) -> str:
+        shown: dict[str, object] = {"code": self.code, "message": self.message}
+        shown.update({k: v for k, v in self._fields().items() if v is not None})
+        shown["retryable"] = self.retryable
+        if self.retry_after is not None:
+            shown["retry_after"] = self.retry_after
+        inner = ", ".join(f"{key}={value!r}" for key, value in shown.items())
+        return f"{type(self).__name__}({inner})"
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        """A JSON-safe description: class, code, message, flags, fields, details."""
+        out: dict[str, JsonValue] = {
+            "error": type(self).__name__,
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "retry_after": self.retry_after,
+        }
+        out.update(self._fields())
+        out["details"] = dict(self.details)
+        return out
+
+    # -- value semantics ----------------------------------------------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), dict(self.__dict__)))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, AgentExecutionError)
+        return self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.code, self.message))
+
+    def with_details(self, **extra: object) -> Self:
+        """A copy of this error with ``extra`` merged into ``details``."""
+        state = dict(self.__dict__)
+        safe = json_safe({**self.details, **extra})
+        state["details"] = safe if isinstance(safe, dict) else {}
+        clone = _restore(type(self), state)
+        assert isinstance(clone, type(self))
+        return clone
+
+
+class ProviderError(AgentExecutionError):
+    """The provider failed the call, or could not be reached.
+
+    ``status_code`` is None for failures with no answer (timeouts, refused or
+    reset connections). ``provider_error_type`` and ``provider_error_code``
+    are what the provider's own body said (``rate_limit_error``,
+    ``insufficient_quota``, ``RESOURCE_EXHAUSTED`` ...), when it said anything.
+    ``headers`` keeps only rate-limit and request-id headers, lower-cased.
+    """
+
+    default_code: ClassVar[str] = "llm.provider_error"
+
+    provider: str | None
+    status_code: int | None
+    model: str | None
+    provider_error_type: str | None
+    provider_error_code: str | None
+    request_id: str | None
+    headers: dict[str, str]
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        provider: str | None = None,
+        status_code: int | None = None,
+        model: str | None = None,
+        provider_error_type: str | None = None,
+        provider_error_code: str | None = None,
+        request_id: str | None = None,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        code: str | None = None,
+        retryable: bool | None = None,
+        retry_after: float | None = None,
+        details: Mapping[str, object] | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        secrets = tuple(secrets)
+        super().__init__(
+            message,
+            code=code,
+            retryable=retryable,
+            retry_after=retry_after,
+            details=details,
+            secrets=secrets,
+        )
+        self.provider = _short(provider, secrets)
+        self.status_code = _int_or_none(status_code)
+        self.model = _short(model, secrets)
+        self.provider_error_type = _short(provider_error_type, secrets)
+        self.provider_error_code = _short(provider_error_code, secrets)
+        self.request_id = _short(request_id, secrets)
+        self.headers = _keep_headers(headers, secrets)
+
+    def _fields(self) -> dict[str, JsonValue]:
+        return {
+            "provider": self.provider,
+            "status_code": self.status_code,
+            "model": self.model,
+            "provider_error_type": self.provider_error_type,
+            "provider_error_code": self.provider_error_code,
+            "request_id": self.request_id,
+        }
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        out = super().to_dict()
+        out["headers"] = dict(self.headers)
+        return out
+
+
+class RateLimitError(ProviderError):
+    """HTTP 429, or a 5xx that carried Retry-After: wait, then retry.
+
+    A 429 that means the quota or credits are gone has ``retryable=False``
+    and code ``llm.quota_exhausted``: waiting seconds will not help.
+    """
+
+    default_code: ClassVar[str] = "llm.rate_limited"
+    default_retryable: ClassVar[bool] = True
+
+
+class ProviderTimeoutError(ProviderError):
+    """No answer in time: an httpx timeout or HTTP 408. Retried with backoff."""
+
+    default_code: ClassVar[str] = "llm.timeout"
+    default_retryable: ClassVar[bool] = True
+
+
+class ContextOverflowError(ProviderError):
+    """The prompt cannot fit the model's context window. Never retried.
+
+    ``prompt_tokens`` and ``context_window`` are filled when known (from the
+    pre-flight count, or parsed from the provider's message).
+    """
+
+    default_code: ClassVar[str] = "llm.context_overflow"
+
+    prompt_tokens: int | None
+    context_window: int | None
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        prompt_tokens: int | None = None,
+        context_window: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.prompt_tokens = _int_or_none(prompt_tokens)
+        self.context_window = _int_or_none(context_window)
+
+    def _fields(self) -> dict[str, JsonValue]:
+        out = super()._fields()
+        out["prompt_tokens"] = self.prompt_tokens
+        out["context_window"] = self.context_window
+        return out
+
+
+class ProviderAuthError(ProviderError):
+    """The key is missing, invalid, expired or not allowed. Never retried."""
+
+    default_code: ClassVar[str] = "llm.auth"
+
+
+class ProviderServerError(ProviderError):
+    """A 5xx without Retry-After, or Anthropic's 529 overloaded. Retried with backoff."""
+
+    default_code: ClassVar[str] = "llm.server_error"
+    default_retryable: ClassVar[bool] = True
+
+
+class SchemaValidationError(AgentExecutionError):
+    """The model's output failed the expected schema.
+
+    ``validation_errors`` is a list of ``{"loc", "msg", "type"}`` dicts (field
+    paths and what was expected, never the offending input); ``raw_output``
+    is the model's text, redacted and capped at 64,000 characters.
+    """
+
+    default_code: ClassVar[str] = "llm.schema_violation"
+
+    schema_name: str | None
+    validation_errors: list[dict[str, JsonValue]]
+    raw_output: str | None
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        schema_name: str | None = None,
+        validation_errors: Sequence[Mapping[str, object]] = (),
+        raw_output: str | None = None,
+        secrets: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        secrets = tuple(secrets)
+        super().__init__(message, secrets=secrets, **kwargs)
+        self.schema_name = _short(schema_name, secrets)
+        self.validation_errors = [
+            entry
+            for entry in (json_safe(dict(e), secrets) for e in validation_errors[:100])
+            if isinstance(entry, dict)
+        ]
+        self.raw_output = None
+        if raw_output is not None:
+            text = redact(str(raw_output), secrets)
+            if len(text) > _MAX_RAW_OUTPUT:
+                self.details["raw_output_chars"] = len(text)
+                text = truncate(text, _MAX_RAW_OUTPUT)
+            self.raw_output = text
+
+    @classmethod
+    def from_pydantic(
+        cls,
+        exc: Any,
+        *,
+        schema_name: str | None = None,
+        raw_output: str | None = None,
+    ) -> SchemaValidationError:
+        """Build from a ``pydantic.ValidationError``, keeping locations and messages only."""
+        try:
+            raw_errors = list(exc.errors(include_url=False, include_input=False))
+        except Exception:  # noqa: BLE001 - not a pydantic error after all
+            raw_errors = []
+        errors = [
+            {
+                "loc": ".".join(str(part) for part in e.get("loc", ())) or "<root>",
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+            for e in raw_errors
+            if isinstance(e, Mapping)
+        ]
+        name = schema_name or getattr(exc, "title", None)
+        summary = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:3])
+        more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+        return cls(
+            f"output failed schema {name or '<unnamed>'} with {len(errors)} error(s): "
+            f"{summary}{more}",
+            schema_name=name,
+            validation_errors=errors,
+            raw_output=raw_output,
+        )
+
+    def _fields(self) -> dict[str, JsonValue]:
+        return {
+            "schema_name": self.schema_name,
+            "validation_errors": [dict(e) for e in self.validation_errors],
+            "raw_output": self.raw_output,
+        }
+
+
+class ToolValidationError(AgentExecutionError):
+    """A tool call was refused before its body ran.
+
+    Codes: ``tool.invalid_input`` (arguments vs. schema), ``tool.unknown_tool``,
+    ``tool.workspace_violation``. ``tool_args`` and ``reason`` are redacted.
+    """
+
+    default_code: ClassVar[str] = "tool.invalid_input"
+
+    tool_name: str | None
+    tool_args: JsonValue
+    reason: str
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        tool_name: str | None = None,
+        tool_args: object = None,
+        reason: str = "",
+        secrets: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        secrets = tuple(secrets)
+        super().__init__(message or reason, secrets=secrets, **kwargs)
+        self.tool_name = _short(tool_name, secrets)
+        self.tool_args = json_safe(tool_args, secrets)
+        self.reason = truncate(one_line(redact(str(reason), secrets)), _MAX_MESSAGE)
+
+    def _fields(self) -> dict[str, JsonValue]:
+        return {"tool_name": self.tool_name, "tool_args": self.tool_args, "reason": self.reason}
