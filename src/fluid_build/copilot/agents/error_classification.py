@@ -575,6 +575,7 @@ _OVERFLOW = _rx(
     r"reduce the length of the messages",
     r"maximum model length",
     r"longer than the model'?s? (?:maximum )?context",
+    r"too long to fit into the model",
     r"string_above_max_length",
     r"request_too_large",
     r"request too large",
@@ -625,6 +626,7 @@ _FILTER = _rx(
     r"responsibleaipolicyviolation",
     r"content management policy",
     r"safety system",
+    r"flagged as potentially violating",
 )
 
 _MODEL_NOT_FOUND = _rx(
@@ -644,7 +646,15 @@ _RATE_LIMIT = _rx(
     r"resource_exhausted",
 )
 
-_OVERLOADED = _rx(r"overloaded", r"over capacity", r"at capacity")
+# Specific phrasings only: a proxy page saying "the origin may be overloaded"
+# is a gateway failure, not a provider telling us it is busy.
+_OVERLOADED = _rx(
+    r"overloaded_error",
+    r"server_is_overloaded",
+    r"^\s*overloaded\b",
+    r"\b(?:model|server|servers|engine|service|system|api) (?:is |are )?(?:currently )?overloaded",
+    r"over capacity",
+)
 _RESOURCES = _rx(r"requires more system memory", r"out of memory", r"insufficient memory")
 _MODELISH = _rx(r"\bmodel", r"deployment")
 

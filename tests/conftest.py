@@ -1,0 +1,41 @@
+"""Hermetic tests: no provider keys from the developer's shell, no real network."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+_PROVIDER_ENV_PREFIXES = (
+    "OPENAI_",
+    "AZURE_OPENAI_",
+    "ANTHROPIC_",
+    "GEMINI_",
+    "GOOGLE_API_KEY",
+    "OLLAMA_",
+    "FLUID_",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(_PROVIDER_ENV_PREFIXES):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_remote_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    real_connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: object) -> object:
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in {"127.0.0.1", "::1", "localhost"}:
+            if self.family in (socket.AF_INET, socket.AF_INET6):
+                raise AssertionError(f"test tried to reach the network: {address!r}")
+        return real_connect(self, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    yield
