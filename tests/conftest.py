@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,15 +26,19 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_remote_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _no_remote_network(monkeypatch: pytest.MonkeyPatch) -> None:
     real_connect = socket.socket.connect
 
     def guarded(self: socket.socket, address: object) -> object:
         host = address[0] if isinstance(address, tuple) else address
-        if isinstance(host, str) and host not in {"127.0.0.1", "::1", "localhost"}:
-            if self.family in (socket.AF_INET, socket.AF_INET6):
-                raise AssertionError(f"test tried to reach the network: {address!r}")
+        remote = isinstance(host, str) and host not in {"127.0.0.1", "::1", "localhost"}
+        if remote and self.family in (socket.AF_INET, socket.AF_INET6):
+            raise AssertionError(f"test tried to reach the network: {address!r}")
         return real_connect(self, address)  # type: ignore[arg-type]
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
-    yield
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

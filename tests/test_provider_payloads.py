@@ -27,8 +27,19 @@ def test_the_table_is_substantial_and_sourced() -> None:
     assert len({case["id"] for case in CASES}) == len(CASES)
     assert all(case["source"].strip() for case in CASES)
     providers = {case["provider"] for case in CASES}
-    assert {"openai", "azure", "anthropic", "gemini", "ollama", "vllm", "llamacpp", "mistral",
-            "groq", "openrouter", "proxy"} <= providers
+    assert {
+        "openai",
+        "azure",
+        "anthropic",
+        "gemini",
+        "ollama",
+        "vllm",
+        "llamacpp",
+        "mistral",
+        "groq",
+        "openrouter",
+        "proxy",
+    } <= providers
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])

@@ -1,0 +1,31 @@
+"""Developer sessions: `nox` runs tests, lint and typecheck."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The test suite, as the README runs it."""
+    session.install(".[test]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules and formatting."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package."""
+    session.install(".[lint]")
+    session.run("mypy", "--strict", "src")

@@ -1,0 +1,96 @@
+"""A raw TCP server on 127.0.0.1 that misbehaves on purpose, for real-socket tests."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Handler = Callable[[socket.socket], None]
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    conn.settimeout(2.0)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return data
+
+
+def silent(conn: socket.socket) -> None:
+    """Read the request and never answer: the client's read timeout fires."""
+    _read_request(conn)
+    conn.settimeout(5.0)
+    with contextlib.suppress(OSError):
+        conn.recv(1)  # blocks until the client gives up and closes
+
+
+def reset(conn: socket.socket) -> None:
+    """Read the request, then reset the connection (RST, not FIN)."""
+    _read_request(conn)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def truncated(conn: socket.socket) -> None:
+    """Promise 1,000 bytes of JSON, send 20, hang up."""
+    _read_request(conn)
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+        b'{"choices": [{"mess'
+    )
+
+
+def respond(status: int, body: bytes, headers: dict[str, str] | None = None) -> Handler:
+    def handler(conn: socket.socket) -> None:
+        _read_request(conn)
+        lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", "connection: close"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    return handler
+
+
+@contextmanager
+def serve(handler: Handler) -> Iterator[str]:
+    """Run ``handler`` for each connection; yield the base URL."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.05)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                handler(conn)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

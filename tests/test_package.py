@@ -1,0 +1,56 @@
+"""The installed package: version, typing marker, console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata, resources
+
+import pytest
+
+import fluid_build
+from fluid_build.cli import main
+
+
+def test_version_matches_the_distribution() -> None:
+    assert fluid_build.__version__ == metadata.version("fluid-build")
+
+
+def test_package_is_typed() -> None:
+    assert resources.files("fluid_build").joinpath("py.typed").is_file()
+
+
+def test_cli_prints_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fluid {fluid_build.__version__}"
+
+
+def test_console_script_entry_point_is_declared() -> None:
+    scripts = metadata.entry_points(group="console_scripts")
+    assert any(ep.name == "fluid" and ep.value == "fluid_build.cli:main" for ep in scripts)
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fluid_build", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert fluid_build.__version__ in done.stdout
+
+
+def test_importing_the_agent_layer_stays_light() -> None:
+    code = (
+        "import sys, fluid_build.copilot.agents.error_classification;"
+        "heavy = {'tiktoken', 'pydantic', 'tenacity', 'rich'} & set(sys.modules);"
+        "print(sorted(heavy))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
