@@ -650,3 +650,14 @@ async def test_respx_async_connect_error() -> None:
     assert error.code == "llm.network_error"
     assert isinstance(error, ProviderError)
     assert error.provider == "openai"
+
+
+def test_a_wait_beyond_the_cap_is_capped_but_remembered() -> None:
+    error = classify(
+        status_error(429, {"error": {"message": "slow"}}, headers={"retry-after": "86400"})
+    )
+    assert error.retry_after == 300.0
+    assert error.details["retry_after_requested"] == 86400.0
+    assert "asked to wait 86400 s; capped at 300 s" in str(error)
+    unhinted = classify(status_error(503, headers={"retry-after": "12"}))
+    assert "retry_after_requested" not in unhinted.details

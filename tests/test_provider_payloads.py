@@ -58,6 +58,9 @@ def test_classifies_real_payload(case: dict[str, Any]) -> None:
     assert error.retryable is expect["retryable"], str(error)
     if "retry_after" in expect and expect["retry_after"] is not None:
         assert error.retry_after == pytest.approx(expect["retry_after"])
+    if "retry_after_requested" in expect:
+        assert error.details["retry_after_requested"] == expect["retry_after_requested"]
+        assert "capped at 300 s" in str(error)
     assert isinstance(error, errors.ProviderError)
     assert error.status_code == case["status"]
     assert error.code in errors.REASON_CODES

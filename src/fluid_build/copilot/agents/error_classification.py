@@ -78,10 +78,8 @@ def _as_headers(headers: HeadersLike) -> httpx.Headers:
         return httpx.Headers()
 
 
-def _finite_seconds(value: float) -> float | None:
-    if not math.isfinite(value) or value < 0:
-        return None
-    return min(value, MAX_RETRY_AFTER)
+def _nonnegative(value: float) -> float | None:
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _parse_http_date(value: str, now: float) -> float | None:
@@ -99,7 +97,7 @@ def _parse_http_date(value: str, now: float) -> float | None:
     # skew): fall back to backoff rather than hammering at once.
     if delta <= 0:
         return None
-    return _finite_seconds(delta)
+    return _nonnegative(delta)
 
 
 def parse_retry_after(headers: HeadersLike, *, now: float | datetime | None = None) -> float | None:
@@ -111,18 +109,24 @@ def parse_retry_after(headers: HeadersLike, *, now: float | datetime | None = No
     names are case-insensitive. Negative, unparsable, non-finite or past
     values give None; this never raises.
     """
+    requested = _requested_wait(headers, now)
+    return None if requested is None else min(requested, MAX_RETRY_AFTER)
+
+
+def _requested_wait(headers: HeadersLike, now: float | datetime | None) -> float | None:
+    """What the server asked for, before the cap."""
     try:
         parsed = _as_headers(headers)
         for raw in parsed.get_list("retry-after-ms"):
             match = _SECONDS.match(raw)
             if match:
-                seconds = _finite_seconds(float(match.group(1)) / 1000.0)
+                seconds = _nonnegative(float(match.group(1)) / 1000.0)
                 if seconds is not None:
                     return seconds
         for raw in parsed.get_list("retry-after"):
             match = _SECONDS.match(raw)
             if match:
-                seconds = _finite_seconds(float(match.group(1)))
+                seconds = _nonnegative(float(match.group(1)))
             else:
                 seconds = _parse_http_date(raw.strip(), _now_ts(now))
             if seconds is not None:
@@ -150,7 +154,7 @@ def _parse_duration(value: str) -> float | None:
         + parts.get("s", 0.0)
         + parts.get("ms", 0.0) / 1000
     )
-    return _finite_seconds(total)
+    return _nonnegative(total)
 
 
 def _parse_reset_value(value: str, now: float) -> float | None:
@@ -161,10 +165,10 @@ def _parse_reset_value(value: str, now: float) -> float | None:
     if match:
         number = float(match.group(1))
         if number > 1e12:  # epoch milliseconds (OpenRouter)
-            return _finite_seconds(number / 1000 - now)
+            return _nonnegative(number / 1000 - now)
         if number > 1e9:  # epoch seconds
-            return _finite_seconds(number - now)
-        return _finite_seconds(number)
+            return _nonnegative(number - now)
+        return _nonnegative(number)
     duration = _parse_duration(value)
     if duration is not None:
         return duration
@@ -175,7 +179,7 @@ def _parse_reset_value(value: str, now: float) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     delta = when.timestamp() - now
-    return _finite_seconds(delta) if delta > 0 else None
+    return _nonnegative(delta) if delta > 0 else None
 
 
 _RESET_HEADERS: Final = (
@@ -203,6 +207,11 @@ def parse_rate_limit_reset(
     several are exhausted); otherwise the shortest reset. Capped at 300 s;
     None when nothing usable is present. Never raises.
     """
+    requested = _requested_reset(headers, now)
+    return None if requested is None else min(requested, MAX_RETRY_AFTER)
+
+
+def _requested_reset(headers: HeadersLike, now: float | datetime | None) -> float | None:
     try:
         parsed = _as_headers(headers)
         moment = _now_ts(now)
@@ -241,11 +250,11 @@ def _wait_from_message(message: str) -> float | None:
         return _parse_duration(match.group("dur"))
     number = float(match.group("num"))
     unit = match.group("unit").lower()
-    if unit.startswith("m") and unit not in {"ms"} and not unit.startswith("milli"):
-        number *= 60
-    elif unit == "ms" or unit.startswith("milli"):
+    if unit == "ms" or unit.startswith("milli"):
         number /= 1000
-    return _finite_seconds(number)
+    elif unit.startswith("m"):
+        number *= 60
+    return _nonnegative(number)
 
 
 # --------------------------------------------------------------------------
@@ -453,7 +462,7 @@ def _walk_google_details(details: Any, info: _Info) -> None:
                 info.retry_delay = _parse_duration(delay)
             elif isinstance(delay, dict):  # {"seconds": 31, "nanos": 0}
                 with contextlib.suppress(TypeError, ValueError, OverflowError):
-                    info.retry_delay = _finite_seconds(
+                    info.retry_delay = _nonnegative(
                         float(delay.get("seconds", 0)) + float(delay.get("nanos", 0)) / 1e9
                     )
         elif kind.endswith("QuotaFailure"):
@@ -604,6 +613,8 @@ _AUTH = _rx(
     r"invalid (?:subscription key|authentication|bearer token|credentials)",
     r"access denied due to invalid subscription key",
     r"reported as leaked",
+    r"organization has been disabled",
+    r"account (?:is |has been )?(?:disabled|deactivated|suspended)",
 )
 
 _QUOTA = _rx(
@@ -829,18 +840,26 @@ def _describe(status: int, body: _Body, info: _Info, ctx: _Context) -> str:
 def _retry_hint(
     headers: httpx.Headers, info: _Info, now: float | datetime | None
 ) -> tuple[float | None, str | None]:
-    seconds = parse_retry_after(headers, now=now)
+    """The wait a 429 asks for, uncapped, and where it was found."""
+    seconds = _requested_wait(headers, now)
     if seconds is not None:
         return seconds, "retry-after header"
     if info.retry_delay is not None:
         return info.retry_delay, "body retry delay"
-    seconds = parse_rate_limit_reset(headers, now=now)
+    seconds = _requested_reset(headers, now)
     if seconds is not None:
         return seconds, "rate-limit reset header"
     seconds = _wait_from_message(info.message)
     if seconds is not None:
         return seconds, "message"
     return None, None
+
+
+def _note_cap(details: dict[str, object], requested: float | None) -> None:
+    # The error caps retry_after at 300 s; keep what the server really asked
+    # for, so a caller with a deadline can give up instead of waiting in vain.
+    if requested is not None and requested > MAX_RETRY_AFTER:
+        details["retry_after_requested"] = requested
 
 
 def _classify_answer(
@@ -919,7 +938,8 @@ def _classify_answer(
 
     gemini = _gemini_quota_verdict(info)
     if gemini == "quota" or (gemini is None and (effective == 402 or _QUOTA.search(text))):
-        retry_after = parse_retry_after(headers, now=now)
+        retry_after = _requested_wait(headers, now)
+        _note_cap(details, retry_after)
         if status == 429 or (effective == 429 and status < 400):
             return RateLimitError(
                 message,
@@ -943,12 +963,14 @@ def _classify_answer(
         retry_after, source = _retry_hint(headers, info, now)
         if source:
             details["retry_after_source"] = source
+        _note_cap(details, retry_after)
         return RateLimitError(message, retry_after=retry_after, **common)
     if overloaded or effective >= 500:
-        retry_after = parse_retry_after(headers, now=now)
+        retry_after = _requested_wait(headers, now)
         code = "llm.overloaded" if overloaded else "llm.server_error"
         if retry_after is not None:
             details["retry_after_source"] = "retry-after header"
+            _note_cap(details, retry_after)
             return RateLimitError(message, code=code, retry_after=retry_after, **common)
         if _RESOURCES.search(text):
             return ProviderServerError(

@@ -364,7 +364,14 @@ class AgentExecutionError(FluidGenerationError):
             self.message or REASON_CODES.get(self.code, REASON_CODES[self.default_code]).meaning
         ]
         if self.retry_after is not None:
-            parts.append(f"(server asked to wait {_format_seconds(self.retry_after)})")
+            requested = self.details.get("retry_after_requested")
+            if isinstance(requested, int | float) and requested > self.retry_after:
+                parts.append(
+                    f"(server asked to wait {_format_seconds(requested)}; "
+                    f"capped at {_format_seconds(self.retry_after)})"
+                )
+            else:
+                parts.append(f"(server asked to wait {_format_seconds(self.retry_after)})")
         parts.append(f"[{self.code}]")
         parts.append(self.action)
         return " ".join(parts)
