@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -49,3 +51,15 @@ def _no_remote_network(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server for this test session (CI installs it; skipped only where absent)."""
+    from tests.redis_server import redis_binary, running_redis
+
+    if redis_binary() is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server); CI runs these")
+    workdir: Path = tmp_path_factory.mktemp("redis")
+    with running_redis(workdir) as url:
+        yield url

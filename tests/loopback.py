@@ -6,8 +6,11 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 Handler = Callable[[socket.socket], None]
 
@@ -94,3 +97,69 @@ def closed_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+# -- a scripted HTTP server ----------------------------------------------------
+
+Reply = tuple[int, dict[str, str], bytes]
+
+
+@dataclass
+class Seen:
+    """One request as the server saw it."""
+
+    at: float  # time.time() on arrival
+    path: str
+    headers: dict[str, str]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ScriptedServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        seen = Seen(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()})
+        with self.server.lock:
+            self.server.seen.append(seen)
+        status, headers, body = self.server.reply(seen)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _ScriptedServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, reply: Callable[[Seen], Reply]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.reply = reply
+        self.seen: list[Seen] = []
+        self.lock = threading.Lock()
+
+
+@contextmanager
+def http_server(reply: Callable[[Seen], Reply]) -> Iterator[_ScriptedServer]:
+    """A real HTTP/1.1 server on 127.0.0.1 whose answers ``reply`` decides."""
+    server = _ScriptedServer(reply)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def base_url(server: _ScriptedServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host!s}:{port}"

@@ -416,11 +416,19 @@ class AgentExecutionError(FluidGenerationError):
     def __hash__(self) -> int:
         return hash((type(self), self.code, self.message))
 
-    def with_details(self, **extra: object) -> Self:
-        """A copy of this error with ``extra`` merged into ``details``."""
+    def with_details(self, *, note: str | None = None, **extra: object) -> Self:
+        """A copy of this error with ``extra`` merged into ``details``.
+
+        ``note``, when given, is appended to the message (one line, redacted).
+        """
         state = dict(self.__dict__)
         safe = json_safe({**self.details, **extra})
         state["details"] = safe if isinstance(safe, dict) else {}
+        if note:
+            # The note says why a retry gave up: keep it whole, shorten the rest.
+            clean = truncate(one_line(redact(note)), _MAX_MESSAGE // 2)
+            head = truncate(self.message, _MAX_MESSAGE - len(clean) - 2)
+            state["message"] = f"{head}; {clean}"
         clone = _restore(type(self), state)
         assert isinstance(clone, type(self))
         return clone

@@ -1,0 +1,77 @@
+"""Reading fluid_build's environment variables: typed, bounded, never crashing.
+
+A value that does not parse logs one warning naming the variable and falls
+back to the default; a value out of range is clamped, with a warning. The
+environment is read only by the ``from_env`` factories, never at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+from fluid_build._redact import redact, truncate
+
+__all__ = ["env_float", "env_int"]
+
+LOG = logging.getLogger("fluid_build.config")
+
+
+def _shown(raw: str) -> str:
+    return repr(truncate(redact(raw), 60))
+
+
+def env_float(
+    env: Mapping[str, str],
+    name: str,
+    default: float | None,
+    *,
+    minimum: float,
+    maximum: float,
+) -> float | None:
+    """``env[name]`` as a finite float within ``[minimum, maximum]``, else ``default``."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        LOG.warning("%s=%s is not a number; using %s", name, _shown(raw), default)
+        return default
+    if not math.isfinite(value):
+        LOG.warning("%s=%s is not a finite number; using %s", name, _shown(raw), default)
+        return default
+    if value < minimum or value > maximum:
+        clamped = min(max(value, minimum), maximum)
+        LOG.warning(
+            "%s=%s is outside %g..%g; using %g", name, _shown(raw), minimum, maximum, clamped
+        )
+        return clamped
+    return value
+
+
+def env_int(
+    env: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int,
+    maximum: int,
+) -> int:
+    """``env[name]`` as an integer within ``[minimum, maximum]``, else ``default``."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        LOG.warning("%s=%s is not a whole number; using %d", name, _shown(raw), default)
+        return default
+    if value < minimum or value > maximum:
+        clamped = min(max(value, minimum), maximum)
+        LOG.warning(
+            "%s=%s is outside %d..%d; using %d", name, _shown(raw), minimum, maximum, clamped
+        )
+        return clamped
+    return value

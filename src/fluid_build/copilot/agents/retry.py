@@ -1,0 +1,447 @@
+"""The retry envelope: when to wait, how long, and when to give up.
+
+One :class:`RetryPolicy` decides; :class:`RetryEnvelope` drives it with
+tenacity, through a sync entry point (:meth:`RetryEnvelope.call`) and an async
+one (:meth:`RetryEnvelope.acall`) that share every decision and differ only
+in how they sleep and await.
+
+- A retryable error with ``retry_after`` sleeps exactly that long (capped at
+  300 s); the backoff is not applied on top.
+- A retryable error without it backs off 1 s, 2 s, 4 s ... capped at 8 s,
+  shortened by up to 10 % jitter (never lengthened past the cap).
+- A non-retryable error is raised at once: one attempt, no sleep.
+- With a deadline, a wait that would end past it gives up at once, saying how
+  long the server asked for.
+- With a cooldown store and a key, a Retry-After seen by any call on the key
+  makes every call on it wait out the window before sending.
+
+The error raised at the end is the typed error of the last attempt, with
+``details["attempts"]`` (requests sent) and ``details["waits"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, TypeVar
+
+import tenacity
+from pydantic import BaseModel, ConfigDict, Field
+
+from fluid_build.config import env_float, env_int
+from fluid_build.copilot.agents.cooldown import (
+    CooldownKey,
+    CooldownStore,
+    cooldown_store_from_env,
+)
+from fluid_build.copilot.agents.error_classification import classify_provider_error
+from fluid_build.copilot.agents.errors import (
+    MAX_RETRY_AFTER,
+    AgentExecutionError,
+    RateLimitError,
+)
+
+__all__ = [
+    "Decision",
+    "RetryEnvelope",
+    "RetryEvent",
+    "RetryHook",
+    "RetryPolicy",
+    "WaitReason",
+    "backoff_wait",
+    "decide",
+    "log_wait",
+]
+
+LOG = logging.getLogger("fluid_build.retry")
+
+T = TypeVar("T")
+WaitReason = Literal["retry_after", "backoff", "cooldown"]
+
+# A key that other calls keep extending could hold a call forever; after this
+# many cooldown waits in a row the call sends anyway and lets the provider judge.
+_MAX_COOLDOWN_WAITS: Final = 100
+
+
+class RetryPolicy(BaseModel):
+    """How many attempts, how long to wait between them, and when to stop.
+
+    ``deadline`` bounds the whole call (attempts and waits), in seconds from
+    its start; ``None`` means no bound beyond the attempts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempts: int = Field(default=3, ge=1, le=100)
+    backoff_base: float = Field(default=1.0, gt=0, le=300)
+    backoff_cap: float = Field(default=8.0, gt=0, le=3600)
+    jitter: float = Field(default=0.10, ge=0, le=1)
+    retry_after_cap: float = Field(default=MAX_RETRY_AFTER, gt=0, le=MAX_RETRY_AFTER)
+    deadline: float | None = Field(default=None, gt=0)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RetryPolicy:
+        """``FLUID_LLM_MAX_ATTEMPTS`` (1..100), ``FLUID_LLM_DEADLINE_SECONDS``; bad values warn."""
+        import os
+
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {
+            "attempts": env_int(env, "FLUID_LLM_MAX_ATTEMPTS", 3, minimum=1, maximum=100),
+            "deadline": env_float(
+                env, "FLUID_LLM_DEADLINE_SECONDS", None, minimum=1.0, maximum=86_400.0
+            ),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def backoff_wait(attempt: int, policy: RetryPolicy, u: float) -> float:
+    """The backoff after failed attempt number ``attempt`` (1-based), for a draw ``u`` in [0, 1).
+
+    ``base * 2**(attempt-1)``, capped, then shortened by up to ``jitter``.
+    """
+    nominal = min(policy.backoff_base * 2.0 ** min(attempt - 1, 64), policy.backoff_cap)
+    return nominal * (1.0 - policy.jitter * u)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do after a failed attempt: wait ``wait`` seconds, or give up (``wait is None``)."""
+
+    wait: float | None
+    reason: str
+
+    @property
+    def gives_up(self) -> bool:
+        return self.wait is None
+
+
+def decide(
+    error: BaseException, attempt: int, elapsed: float, policy: RetryPolicy, u: float
+) -> Decision:
+    """The retry decision after ``attempt`` failed with ``error``, ``elapsed`` s into the call."""
+    if not isinstance(error, AgentExecutionError) or not error.retryable:
+        return Decision(None, "not retryable")
+    if attempt >= policy.attempts:
+        return Decision(None, f"gave up after {attempt} attempt(s)")
+    if error.retry_after is not None:
+        wait = min(error.retry_after, policy.retry_after_cap)
+        requested = error.details.get("retry_after_requested")
+        asked = float(requested) if isinstance(requested, int | float) else wait
+        reason: str = "retry_after"
+    else:
+        wait = backoff_wait(attempt, policy, u)
+        asked = wait
+        reason = "backoff"
+    if policy.deadline is not None:
+        left = max(policy.deadline - elapsed, 0.0)
+        if max(asked, wait) > left:
+            who = "the server asked to wait" if reason == "retry_after" else "the next backoff is"
+            return Decision(
+                None,
+                f"gave up: {who} {asked:.3g} s but only {left:.3g} s of the "
+                f"{policy.deadline:g} s deadline are left",
+            )
+    return Decision(wait, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """One wait of the envelope, as reported to the hook."""
+
+    wait: float
+    reason: WaitReason
+    attempts: int
+    error: AgentExecutionError | None
+    key: str | None
+    provider: str | None
+    model: str | None
+
+
+class RetryHook(Protocol):
+    def __call__(self, event: RetryEvent) -> None: ...
+
+
+def log_wait(event: RetryEvent) -> None:
+    """The default hook: one log line per wait."""
+    if event.reason == "cooldown":
+        LOG.warning(
+            "%s: key %s is cooling down after a Retry-After; waiting %.2f s before sending",
+            event.provider or "provider",
+            event.key,
+            event.wait,
+        )
+        return
+    code = event.error.code if event.error else "?"
+    how = "as the server asked" if event.reason == "retry_after" else "backing off"
+    LOG.warning(
+        "%s: attempt %d failed [%s]; waiting %.2f s (%s)",
+        event.provider or "provider",
+        event.attempts,
+        code,
+        event.wait,
+        how,
+    )
+
+
+class _Run:
+    """The state of one enveloped call; every decision of both drivers lives here."""
+
+    def __init__(
+        self,
+        envelope: RetryEnvelope,
+        key: str | None,
+        provider: str | None,
+        model: str | None,
+        started: float,
+    ) -> None:
+        self.env = envelope
+        self.key = key if envelope.cooldown is not None else None
+        self.provider = provider
+        self.model = model
+        self.started = started
+        self.sent = 0
+        self.waits: list[dict[str, Any]] = []
+        self.decision: Decision | None = None
+
+    def elapsed(self) -> float:
+        return self.env.clock() - self.started
+
+    # -- attempts --------------------------------------------------------------
+
+    def failed(self, exc: Exception) -> AgentExecutionError:
+        """Classify a failed attempt and share its Retry-After with the key."""
+        error = classify_provider_error(
+            exc, provider=self.provider, model=self.model, now=self.env.clock()
+        )
+        if error is not exc:
+            error.__cause__ = exc
+        store = self.env.cooldown
+        if (
+            store is not None
+            and self.key is not None
+            and error.retryable
+            and error.retry_after is not None
+            and error.retry_after > 0
+        ):
+            store.extend(
+                self.key, min(error.retry_after, self.env.policy.retry_after_cap), self.env.clock()
+            )
+        return error
+
+    def cooldown_waits(self) -> Iterator[float]:
+        """The waits to take before sending, while the key is cooling down."""
+        store = self.env.cooldown
+        if store is None or self.key is None:
+            return
+        for _ in range(_MAX_COOLDOWN_WAITS):
+            left = store.remaining(self.key, self.env.clock())
+            if left <= 0:
+                return
+            deadline = self.env.policy.deadline
+            if deadline is not None and left > deadline - self.elapsed():
+                raise RateLimitError(
+                    f"{self.provider or 'provider'} key {self.key} is cooling down for "
+                    f"{left:.3g} s after another call got Retry-After",
+                    provider=self.provider,
+                    model=self.model,
+                    retry_after=left,
+                    details={"cooldown": True, "cooldown_key": self.key},
+                )
+            self.report(left, "cooldown", None)
+            yield left
+
+    # -- tenacity's callbacks ------------------------------------------------------
+
+    def retry(self, state: tenacity.RetryCallState) -> bool:
+        error = state.outcome.exception() if state.outcome else None
+        if not isinstance(error, AgentExecutionError):
+            return False  # success, cancellation, or a bug: never retried
+        self.decision = decide(
+            error, state.attempt_number, self.elapsed(), self.env.policy, self.env.random()
+        )
+        return error.retryable
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        if self.decision is None or self.decision.wait is None:
+            return 0.0
+        return self.decision.wait
+
+    def stop(self, state: tenacity.RetryCallState) -> bool:
+        return self.decision is None or self.decision.gives_up
+
+    def before_sleep(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        reason: WaitReason = "backoff"
+        if self.decision is not None and self.decision.reason == "retry_after":
+            reason = "retry_after"
+        typed = error if isinstance(error, AgentExecutionError) else None
+        self.report(state.upcoming_sleep, reason, typed)
+
+    def tenacity_kwargs(self) -> dict[str, Any]:
+        return {
+            "retry": self.retry,
+            "wait": self.wait,
+            "stop": self.stop,
+            "before_sleep": self.before_sleep,
+            "reraise": True,
+        }
+
+    # -- reporting -------------------------------------------------------------------
+
+    def report(self, wait: float, reason: WaitReason, error: AgentExecutionError | None) -> None:
+        self.waits.append({"seconds": wait, "reason": reason})
+        event = RetryEvent(wait, reason, self.sent, error, self.key, self.provider, self.model)
+        try:
+            self.env.hook(event)
+        except Exception:  # a broken hook must not break the call
+            LOG.exception("retry hook %r failed", self.env.hook)
+
+    def final(self, error: AgentExecutionError) -> AgentExecutionError:
+        """The error to raise: the last attempt's, with what the envelope did."""
+        decision = self.decision
+        note = None
+        if decision is not None and decision.gives_up and decision.reason != "not retryable":
+            note = decision.reason
+        extra: dict[str, object] = {"attempts": self.sent, "waits": self.waits}
+        if note:
+            extra["gave_up"] = note
+        final = error.with_details(note=note, **extra)
+        final.__cause__ = error.__cause__
+        final.__traceback__ = error.__traceback__
+        return final
+
+
+def _default_random() -> float:
+    return random.random()  # noqa: S311 - jitter, not cryptography
+
+
+class RetryEnvelope:
+    """Run a provider call with the policy's retries, waits and shared cooldown.
+
+    ``clock`` is wall-clock seconds (it also stamps cooldown windows, which
+    other processes read); ``sleep`` / ``asleep`` do the waiting. Tests inject
+    all three and assert the exact waits without sleeping.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy | None = None,
+        *,
+        cooldown: CooldownStore | None = None,
+        hook: RetryHook = log_wait,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        asleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        random: Callable[[], float] = _default_random,
+    ) -> None:
+        self.policy = policy or RetryPolicy()
+        self.cooldown = cooldown
+        self.hook = hook
+        self.clock = clock
+        self.sleep = sleep
+        self.asleep = asleep
+        self.random = random
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RetryEnvelope:
+        """The policy from ``FLUID_LLM_*`` and the store from ``FLUID_COOLDOWN_URL``."""
+        kwargs.setdefault("policy", RetryPolicy.from_env(env))
+        if "cooldown" not in kwargs:
+            kwargs["cooldown"] = cooldown_store_from_env(env)
+        return cls(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"RetryEnvelope({self.policy!r}, cooldown={self.cooldown!r})"
+
+    def _cooling(self, key: str | None, now: float) -> bool:
+        return (
+            key is not None and self.cooldown is not None and self.cooldown.remaining(key, now) > 0
+        )
+
+    # -- sync -----------------------------------------------------------------------
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        key: CooldownKey | str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> T:
+        """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error."""
+        started = self.clock()
+        skey = None if key is None else str(key)
+        first: Exception | None = None
+        if not self._cooling(skey, started):
+            # The fast path: a first attempt that succeeds pays for nothing else.
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
+                first = exc
+        run = _Run(self, skey, provider, model, started)
+        pending: AgentExecutionError | None = None
+        if first is not None:
+            run.sent = 1
+            pending = run.failed(first)
+        try:
+            for attempt in tenacity.Retrying(sleep=self.sleep, **run.tenacity_kwargs()):
+                with attempt:
+                    if pending is not None:
+                        error, pending = pending, None
+                        raise error
+                    for wait in run.cooldown_waits():
+                        self.sleep(wait)
+                    run.sent += 1
+                    try:
+                        return fn()
+                    except Exception as exc:  # noqa: BLE001 - classified, then judged
+                        raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+        except AgentExecutionError as error:
+            raise run.final(error) from error.__cause__
+        raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover
+
+    # -- async ----------------------------------------------------------------------
+
+    async def acall(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        key: CooldownKey | str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> T:
+        """The async twin of :meth:`call`: same decisions, awaited sleeps."""
+        started = self.clock()
+        skey = None if key is None else str(key)
+        first: Exception | None = None
+        if not self._cooling(skey, started):
+            try:
+                return await fn()
+            except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
+                first = exc
+        run = _Run(self, skey, provider, model, started)
+        pending: AgentExecutionError | None = None
+        if first is not None:
+            run.sent = 1
+            pending = run.failed(first)
+        try:
+            async for attempt in tenacity.AsyncRetrying(sleep=self.asleep, **run.tenacity_kwargs()):
+                with attempt:
+                    if pending is not None:
+                        error, pending = pending, None
+                        raise error
+                    for wait in run.cooldown_waits():
+                        await self.asleep(wait)
+                    run.sent += 1
+                    try:
+                        return await fn()
+                    except Exception as exc:  # noqa: BLE001 - classified, then judged
+                        raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+        except AgentExecutionError as error:
+            raise run.final(error) from error.__cause__
+        raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover

@@ -1,0 +1,306 @@
+"""The cooldown stores: extend-only windows, shared across instances, processes and machines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fluid_build.copilot.agents.cooldown import (
+    CooldownKey,
+    CooldownStore,
+    MemoryCooldownStore,
+    RedisCooldownStore,
+    ResilientCooldownStore,
+    SqliteCooldownStore,
+    cooldown_store_from_env,
+    cooldown_store_from_url,
+    default_cooldown_path,
+    key_fingerprint,
+)
+from tests import loopback
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = 1_700_000_000.0
+
+
+# -- one contract, three stores ------------------------------------------------------
+
+StorePair = tuple[CooldownStore, CooldownStore, Callable[[], float]]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorePair]:
+    """Two handles on one shared store (two processes' view of it) and the clock it runs on."""
+    if request.param == "memory":
+        shared = MemoryCooldownStore()
+        yield shared, shared, lambda: NOW
+    elif request.param == "sqlite":
+        path = tmp_path / "cooldown.sqlite3"
+        yield SqliteCooldownStore(path), SqliteCooldownStore(path), lambda: NOW
+    else:
+        url = request.getfixturevalue("redis_url")
+        first, second = RedisCooldownStore(url), RedisCooldownStore(url)
+        prefix = f"test:{request.node.name}:"
+        first._prefix = second._prefix = prefix
+        yield first, second, time.time
+
+
+def test_a_window_is_seen_by_every_handle(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    assert reader.remaining("k", clock()) == 0.0
+    assert writer.extend("k", 5.0, clock()) == pytest.approx(5.0, abs=0.1)
+    assert reader.remaining("k", clock()) == pytest.approx(5.0, abs=0.1)
+    assert reader.remaining("other", clock()) == 0.0
+
+
+def test_a_second_retry_after_extends_but_never_shortens(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    writer.extend("k", 8.0, clock())
+    assert reader.extend("k", 2.0, clock()) == pytest.approx(8.0, abs=0.1)
+    assert writer.remaining("k", clock()) == pytest.approx(8.0, abs=0.1)
+    assert reader.extend("k", 12.0, clock()) == pytest.approx(12.0, abs=0.1)
+    assert writer.remaining("k", clock()) == pytest.approx(12.0, abs=0.1)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -3.0, float("nan"), float("inf")])
+def test_nonsense_windows_are_ignored(stores: StorePair, seconds: float) -> None:
+    writer, _, clock = stores
+    assert writer.extend("k", seconds, clock()) == 0.0
+    assert writer.remaining("k", clock()) == 0.0
+
+
+def test_windows_end(tmp_path: Path) -> None:
+    for store in (MemoryCooldownStore(), SqliteCooldownStore(tmp_path / "c.sqlite3")):
+        store.extend("k", 5.0, NOW)
+        assert store.remaining("k", NOW + 4.5) == pytest.approx(0.5)
+        assert store.remaining("k", NOW + 5.0) == 0.0
+        assert store.remaining("k", NOW + 60) == 0.0
+
+
+def test_redis_window_ends_in_redis_time(redis_url: str) -> None:
+    store = RedisCooldownStore(redis_url, prefix="test:expiry:")
+    store.extend("k", 0.2, time.time())
+    assert 0 < store.remaining("k", time.time()) <= 0.2
+    deadline = time.monotonic() + 5
+    while store.remaining("k", time.time()) > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)  # noqa: real-sleep - waiting for a real Redis TTL to run out
+    assert store.remaining("k", time.time()) == 0.0
+
+
+def test_sqlite_is_safe_under_concurrent_writers(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        store = SqliteCooldownStore(path)
+        try:
+            for j in range(30):
+                store.extend("k", float(i * 30 + j + 1), NOW)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert SqliteCooldownStore(path).remaining("k", NOW) == 180.0
+
+
+def test_sqlite_reader_sees_a_write_made_after_it_cached(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    reader, writer = SqliteCooldownStore(path), SqliteCooldownStore(path)
+    assert reader.remaining("k", NOW) == 0.0  # reader caches "nothing is cooling down"
+    writer.extend("k", 9.0, NOW)
+    assert reader.remaining("k", NOW) == 9.0
+
+
+def test_sqlite_creates_its_directory(tmp_path: Path) -> None:
+    store = SqliteCooldownStore(tmp_path / "deep" / "er" / "c.sqlite3")
+    store.extend("k", 1.0, NOW)
+    assert (tmp_path / "deep" / "er" / "c.sqlite3").exists()
+    store.close()
+
+
+# -- never failing a call --------------------------------------------------------------
+
+
+class Broken:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def remaining(self, key: str, now: float) -> float:
+        self.calls += 1
+        raise ConnectionError("store is down")
+
+    def extend(self, key: str, seconds: float, now: float) -> float:
+        self.calls += 1
+        raise ConnectionError("store is down")
+
+    def __repr__(self) -> str:
+        return "Broken()"
+
+
+def test_a_failing_store_degrades_to_memory_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tick = [0.0]
+    broken = Broken()
+    store = ResilientCooldownStore(broken, retry_every=30, clock=lambda: tick[0])
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        assert store.extend("k", 5.0, NOW) == 5.0  # still shared within the process
+        assert store.remaining("k", NOW + 1) == 4.0
+        assert store.remaining("k", NOW + 2) == 3.0
+    assert broken.calls == 1  # not hammered while down
+    assert store.degraded
+    assert caplog.text.count("cooldown store Broken() failed") == 1
+
+    healthy = MemoryCooldownStore()
+    store.primary = healthy
+    tick[0] = 31.0
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        assert store.remaining("k", NOW + 2) == 3.0
+    assert not store.degraded
+    assert "answers again" in caplog.text
+
+
+def test_unreachable_redis_never_fails_a_call(caplog: pytest.LogCaptureFixture) -> None:
+    port = loopback.closed_port()
+    store = cooldown_store_from_url(f"redis://127.0.0.1:{port}/0")
+    assert isinstance(store, ResilientCooldownStore)
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        assert store.extend("k", 3.0, NOW) == 3.0
+        assert store.remaining("k", NOW) == 3.0
+    assert "failed (ConnectionError" in caplog.text
+
+
+# -- choosing a store -------------------------------------------------------------------
+
+
+def test_store_from_url(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    default = cooldown_store_from_url(None, env=env)
+    assert isinstance(default, ResilientCooldownStore)
+    assert isinstance(default.primary, SqliteCooldownStore)
+    assert default.primary.path == tmp_path / "fluid_build" / "cooldown.sqlite3"
+    assert default_cooldown_path(env) == default.primary.path
+
+    assert isinstance(cooldown_store_from_url("memory://"), MemoryCooldownStore)
+    assert cooldown_store_from_url("off") is None
+    explicit = cooldown_store_from_url(f"sqlite://{tmp_path}/x.sqlite3")
+    assert isinstance(explicit, ResilientCooldownStore)
+    assert isinstance(explicit.primary, SqliteCooldownStore)
+    assert explicit.primary.path == tmp_path / "x.sqlite3"
+    plain = cooldown_store_from_url(str(tmp_path / "y.sqlite3"))
+    assert isinstance(plain, ResilientCooldownStore)
+    assert isinstance(plain.primary, SqliteCooldownStore)
+    redis_store = cooldown_store_from_url("redis://:s3cretpass@localhost:6379/0")
+    assert isinstance(redis_store, ResilientCooldownStore)
+    assert isinstance(redis_store.primary, RedisCooldownStore)
+    assert "s3cretpass" not in repr(redis_store)
+
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        odd = cooldown_store_from_url("ftp://example/x", env=env)
+    assert isinstance(odd, ResilientCooldownStore)
+    assert isinstance(odd.primary, SqliteCooldownStore)
+    assert "unknown scheme" in caplog.text
+
+
+def test_store_from_env(tmp_path: Path) -> None:
+    assert isinstance(
+        cooldown_store_from_env({"FLUID_COOLDOWN_URL": "memory://"}), MemoryCooldownStore
+    )
+    store = cooldown_store_from_env({"XDG_CACHE_HOME": str(tmp_path)})
+    assert isinstance(store, ResilientCooldownStore)
+
+
+def test_the_key_is_a_fingerprint_never_the_key() -> None:
+    secret = "sk-proj-abcdefghijklmnopqrstuvwxyz"
+    key = CooldownKey.for_call("openai", secret, "gpt-4o")
+    assert secret not in str(key)
+    assert "abcdefgh" not in str(key)
+    assert key == CooldownKey.for_call("openai", secret, "gpt-4o")
+    assert key != CooldownKey.for_call("openai", secret + "x", "gpt-4o")
+    assert key_fingerprint(None) == key_fingerprint("") == "nokey"
+    assert len(key_fingerprint(secret)) == 16
+
+
+# -- four processes, one key ---------------------------------------------------------------
+
+WINDOW = 1.0
+SLACK = 0.05  # requests already on the wire when the 429 landed
+
+
+def run_workers(store_url: str, workers: int = 4) -> tuple[float, list[loopback.Seen]]:
+    """Four worker processes hammer one key; the server answers one 429 with Retry-After: 1."""
+    state: dict[str, float] = {}
+    box: list[loopback._ScriptedServer] = []
+
+    def reply(seen: loopback.Seen) -> loopback.Reply:
+        server = box[0]
+        with server.lock:
+            ids = {s.headers.get("x-worker") for s in server.seen}
+            if "t429" not in state and len(ids) >= workers and len(server.seen) >= 10 * workers:
+                state["t429"] = time.time()
+                return (
+                    429,
+                    {"retry-after": "1", "content-type": "application/json"},
+                    (b'{"error": {"message": "Rate limit reached", "type": "requests"}}'),
+                )
+        time.sleep(0.003)  # noqa: real-sleep - a provider takes a moment to answer
+        done = "t429" in state and time.time() > state["t429"] + WINDOW + 0.5
+        return 200, {"x-done": "1" if done else "0"}, b'{"ok": true}'
+
+    with loopback.http_server(reply) as server:
+        box.append(server)
+        base = loopback.base_url(server)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.cooldown_worker", base, store_url, f"w{i}"],
+                cwd=ROOT,
+                env=env,
+            )
+            for i in range(workers)
+        ]
+        codes = [process.wait(timeout=60) for process in processes]
+        seen = list(server.seen)
+    assert codes == [0] * workers
+    assert "t429" in state, "the server never saw all workers busy at once"
+    return state["t429"], seen
+
+
+def in_window(t429: float, seen: list[loopback.Seen]) -> list[loopback.Seen]:
+    return [s for s in seen if t429 + SLACK < s.at < t429 + WINDOW - 0.01]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_after_one_429_no_process_sends_on_the_key_until_the_window_ends(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite://{tmp_path}/cooldown.sqlite3"
+        if store == "sqlite"
+        else request.getfixturevalue("redis_url")
+    )
+    t429, seen = run_workers(url)
+    assert in_window(t429, seen) == []
+    # Every worker was busy before the 429 and went back to work after the window.
+    before = {s.headers["x-worker"] for s in seen if s.at < t429}
+    after = {s.headers["x-worker"] for s in seen if s.at >= t429 + WINDOW - 0.01}
+    assert before == after == {"w0", "w1", "w2", "w3"}
+
+
+def test_without_a_shared_store_the_other_processes_keep_hammering() -> None:
+    # The control for the test above: it would notice a cooldown that is not shared.
+    t429, seen = run_workers("off")
+    assert len(in_window(t429, seen)) > 10
