@@ -5,6 +5,7 @@ from __future__ import annotations
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
+# bench and fuzz run on demand: `nox -s bench`, `nox -s fuzz`.
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -20,8 +21,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
 
 
 @nox.session(python="3.11")
@@ -43,3 +44,10 @@ def fuzz(session: nox.Session) -> None:
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": "explore"},
     )
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks, as ratios against a baseline measured in the same run."""
+    session.install(".")
+    session.run("python", "benchmarks/bench_envelope.py", *session.posargs)
