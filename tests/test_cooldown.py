@@ -304,3 +304,27 @@ def test_without_a_shared_store_the_other_processes_keep_hammering() -> None:
     # The control for the test above: it would notice a cooldown that is not shared.
     t429, seen = run_workers("off")
     assert len(in_window(t429, seen)) > 10
+
+
+def test_an_unusable_sqlite_path_degrades_instead_of_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a directory should be")
+    store = cooldown_store_from_url(str(blocker / "cooldown.sqlite3"))
+    assert store is not None
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        assert store.extend("k", 4.0, NOW) == 4.0
+        assert store.remaining("k", NOW) == 4.0
+    assert caplog.text.count("failed") == 1
+
+
+def test_envelope_from_env_uses_the_named_store(tmp_path: Path) -> None:
+    from fluid_build.copilot.agents.retry import RetryEnvelope
+
+    env = {"FLUID_COOLDOWN_URL": f"sqlite://{tmp_path}/c.sqlite3", "FLUID_LLM_MAX_ATTEMPTS": "4"}
+    envelope = RetryEnvelope.from_env(env)
+    assert envelope.policy.attempts == 4
+    assert isinstance(envelope.cooldown, ResilientCooldownStore)
+    assert isinstance(envelope.cooldown.primary, SqliteCooldownStore)
+    assert "c.sqlite3" in repr(envelope)
