@@ -18,6 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 _PROVIDER_ENV_PREFIXES = (
     "OPENAI_",
+    "GROQ_",
+    "MISTRAL_",
+    "OPENROUTER_",
     "AZURE_OPENAI_",
     "ANTHROPIC_",
     "GEMINI_",
@@ -28,10 +31,12 @@ _PROVIDER_ENV_PREFIXES = (
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith(_PROVIDER_ENV_PREFIXES):
             monkeypatch.delenv(name)
+    # Anything that defaults to ~/.cache (the cooldown file) stays inside the test.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -16,25 +16,44 @@ Handler = Callable[[socket.socket], None]
 
 
 def _read_request(conn: socket.socket) -> bytes:
+    """Read one request, headers and body (by content-length), so that closing
+    the socket later does not reset the connection over unread bytes."""
     conn.settimeout(2.0)
     data = b""
     try:
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
             if not chunk:
-                break
+                return data
             data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip() or 0)
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
     except OSError:
         pass
     return data
 
 
+def _hold(conn: socket.socket) -> None:
+    """Keep the connection open, reading, until the client hangs up."""
+    conn.settimeout(5.0)
+    with contextlib.suppress(OSError):
+        while conn.recv(65536):
+            pass
+
+
 def silent(conn: socket.socket) -> None:
     """Read the request and never answer: the client's read timeout fires."""
     _read_request(conn)
-    conn.settimeout(5.0)
-    with contextlib.suppress(OSError):
-        conn.recv(1)  # blocks until the client gives up and closes
+    _hold(conn)
 
 
 def reset(conn: socket.socket) -> None:
@@ -163,3 +182,20 @@ def http_server(reply: Callable[[Seen], Reply]) -> Iterator[_ScriptedServer]:
 def base_url(server: _ScriptedServer) -> str:
     host, port = server.server_address[:2]
     return f"http://{host!s}:{port}"
+
+
+def sse_then(action: str, first: bytes) -> Handler:
+    """Answer 200 text/event-stream, send ``first``, then "reset" (RST) or "stall"."""
+
+    def handler(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + f"{len(first):x}\r\n".encode() + first + b"\r\n"
+        )
+        if action == "reset":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        _hold(conn)
+
+    return handler

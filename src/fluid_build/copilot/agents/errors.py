@@ -155,6 +155,13 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "Pick a smaller model or free memory on the inference host.",
     ),
     ReasonCode(
+        "llm.not_configured",
+        False,
+        "No provider, model or endpoint could be resolved for the call.",
+        "Set FLUID_LLM_PROVIDER and FLUID_LLM_MODEL (or pass provider= and model=); "
+        "see docs/llm-providers.md.",
+    ),
+    ReasonCode(
         "llm.auth",
         False,
         "The API key is missing, invalid, expired or not allowed here.",

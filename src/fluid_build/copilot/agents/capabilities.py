@@ -1,0 +1,577 @@
+"""What each model can do: context window, output cap, tools, strict schemas, tokenizer.
+
+:func:`capabilities_for` looks a model up in the matrix below: the exact name
+first, then the longest known prefix that ends at a separator, so dated and
+tagged variants resolve to their family (``gpt-4o-2024-08-06``,
+``claude-sonnet-4-6-20260101``, ``llama3.1:8b``, ``models/gemini-2.5-flash``).
+Azure deployments and other OpenAI-compatible servers name models freely, so
+they are always *unknown*: a conservative default (8,192-token window, no
+tools, no strict schema) with ``known=False``, which the caller can correct
+with a ``capability_matrix`` override.
+
+:func:`run_start_warnings` turns a capability row and what the run needs into
+short operator-facing warnings; :func:`emit_run_start_banner` shows them once
+at the start of a run (or only logs their count under ``FLUID_QUIET=1`` /
+``FLUID_NONINTERACTIVE=1``). docs/capability-warnings.md explains each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, TextIO
+
+__all__ = [
+    "OVERRIDE_KEYS",
+    "TIGHT_CONTEXT",
+    "TOKENIZERS",
+    "UNKNOWN_CONTEXT_WINDOW",
+    "UNKNOWN_MAX_OUTPUT",
+    "WEAK_NESTED_SCHEMAS",
+    "WEAK_TOOL_USE",
+    "ModelCapabilities",
+    "capabilities_for",
+    "emit_run_start_banner",
+    "models_with_larger_window",
+    "run_start_warnings",
+]
+
+LOG = logging.getLogger("fluid_build.capabilities")
+
+#: Tokenizer families. ``claude-4.7`` is the tokenizer Anthropic introduced with
+#: Claude Opus 4.7 (up to 1.35x the tokens of the earlier Claude tokenizer).
+TOKENIZERS: Final = frozenset(
+    {"o200k_base", "cl100k_base", "claude", "claude-4.7", "gemini", "llama", "unknown"}
+)
+
+#: The default for a model that is not in the matrix.
+UNKNOWN_CONTEXT_WINDOW: Final = 8_192
+UNKNOWN_MAX_OUTPUT: Final = 4_096
+
+#: Below this window a run is flagged as tight-context.
+TIGHT_CONTEXT: Final = 16_384
+#: A prompt above this share of the window is flagged.
+_PROMPT_SHARE_WARNING: Final = 0.8
+
+#: Weakness notes that drive run-start warnings; other notes are informational.
+WEAK_TOOL_USE: Final = "weak tool use (malformed or invented tool calls are common)"
+WEAK_NESTED_SCHEMAS: Final = "struggles with large nested schemas"
+_OLLAMA_NUM_CTX: Final = (
+    "the server truncates to num_ctx (2,048-4,096 by default on older servers and small "
+    "GPUs) unless OLLAMA_CONTEXT_LENGTH or num_ctx is raised"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCapabilities:
+    """One model's limits and abilities, as the matrix (plus overrides) knows them.
+
+    ``context_window`` counts prompt and output together. ``max_input_tokens``
+    is set where the provider caps the prompt below ``context_window`` minus
+    the output (GPT-5: 400,000 in total, 272,000 of it input). ``known`` is
+    False when the model was not in the matrix and a conservative default was
+    used.
+    """
+
+    provider: str
+    model: str
+    context_window: int
+    max_output_tokens: int
+    tools: bool
+    strict_schema: bool
+    json_mode: bool
+    tokenizer: str
+    weaknesses: tuple[str, ...]
+    known: bool
+    max_input_tokens: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``provider:model``, as warnings and suggestions name a model."""
+        return f"{self.provider}:{self.model}" if self.provider else self.model
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    model: str
+    context_window: int
+    max_output_tokens: int
+    tools: bool
+    strict_schema: bool
+    json_mode: bool
+    tokenizer: str
+    weaknesses: tuple[str, ...] = ()
+    max_input_tokens: int | None = None
+    # Offered as a larger-window alternative (retired and legacy models are not).
+    suggest: bool = True
+
+
+def _openai(
+    model: str,
+    window: int,
+    output: int,
+    *,
+    tools: bool = True,
+    strict: bool = True,
+    json_mode: bool = True,
+    weaknesses: tuple[str, ...] = (),
+    max_input: int | None = None,
+    suggest: bool = True,
+) -> _Row:
+    return _Row(
+        model,
+        window,
+        output,
+        tools,
+        strict,
+        json_mode,
+        "o200k_base",
+        weaknesses,
+        max_input,
+        suggest,
+    )
+
+
+def _claude(
+    model: str,
+    window: int,
+    output: int,
+    *,
+    strict: bool,
+    tokenizer: str = "claude",
+    suggest: bool = True,
+) -> _Row:
+    # Claude has no JSON mode of its own: JSON comes with structured outputs.
+    return _Row(model, window, output, True, strict, strict, tokenizer, suggest=suggest)
+
+
+def _gemini(
+    model: str, window: int, output: int, *, weaknesses: tuple[str, ...] = (), suggest: bool = True
+) -> _Row:
+    return _Row(model, window, output, True, True, True, "gemini", weaknesses, suggest=suggest)
+
+
+def _ollama(model: str, window: int, *, tools: bool, weak_tools: bool = False) -> _Row:
+    notes = ((WEAK_TOOL_USE,) if weak_tools else ()) + (_OLLAMA_NUM_CTX,)
+    # Output shares the window (num_predict has no separate cap); the `format`
+    # parameter constrains output to a JSON schema by grammar, hence strict.
+    return _Row(model, window, window, tools, True, True, "llama", notes)
+
+
+_MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
+    # OpenAI: platform.openai.com/docs/models/<model> (figures as mirrored on the
+    # Vercel AI Gateway model pages, which link there). GPT-5's 272,000-token input
+    # cap: the GPT-5 developer launch post and the API's own error ("Input tokens
+    # exceed the configured limit of 272,000 tokens"). GPT-5.4/5.5: 1,050,000 in
+    # total, 922,000 input, 128,000 output (provider model cards). gpt-4-turbo and
+    # gpt-3.5-turbo are the cl100k_base models, counted exactly offline.
+    "openai": (
+        _openai("gpt-4o", 128_000, 16_384),
+        _openai("gpt-4o-2024-05-13", 128_000, 4_096, strict=False, suggest=False),
+        _openai("gpt-4o-mini", 128_000, 16_384),
+        _openai("gpt-4.1", 1_047_576, 32_768),
+        _openai("gpt-4.1-mini", 1_047_576, 32_768),
+        _openai("gpt-4.1-nano", 1_047_576, 32_768),
+        _openai("o3", 200_000, 100_000),
+        _openai("o4-mini", 200_000, 100_000),
+        _openai("o3-mini", 200_000, 100_000),
+        _openai("o1", 200_000, 100_000),
+        _openai(
+            "o1-mini",
+            128_000,
+            65_536,
+            tools=False,
+            strict=False,
+            json_mode=False,
+            weaknesses=("no system messages",),
+            suggest=False,
+        ),
+        _openai("gpt-5", 400_000, 128_000, max_input=272_000),
+        _openai("gpt-5-mini", 400_000, 128_000, max_input=272_000),
+        _openai("gpt-5-nano", 400_000, 128_000, max_input=272_000),
+        _openai("gpt-5.1", 400_000, 128_000, max_input=272_000),
+        _openai("gpt-5.2", 400_000, 128_000, max_input=272_000),
+        _openai("gpt-5.4", 1_050_000, 128_000, max_input=922_000),
+        _openai("gpt-5.5", 1_050_000, 128_000, max_input=922_000),
+        _Row("gpt-4-turbo", 128_000, 4_096, True, False, True, "cl100k_base", suggest=False),
+        _Row("gpt-3.5-turbo", 16_385, 4_096, True, False, True, "cl100k_base", suggest=False),
+    ),
+    # Anthropic: platform.claude.com/docs/en/models/<model>/overview ("Context
+    # window ... Max output ..."); Opus 4.7 also on the Vertex AI and Bedrock model
+    # cards (1,000,000 / 128,000). Structured outputs (strict tools, JSON output):
+    # Sonnet 4.5 and Opus 4.1 first, then Haiku 4.5, Opus 4.5 and later; not
+    # Claude 3.x nor the 4.0 models. Opus 4.7 and later use the newer tokenizer.
+    "anthropic": (
+        _claude("claude-opus-4-7", 1_000_000, 128_000, strict=True, tokenizer="claude-4.7"),
+        _claude("claude-opus-4-8", 1_000_000, 128_000, strict=True, tokenizer="claude-4.7"),
+        _claude("claude-opus-4-6", 1_000_000, 128_000, strict=True),
+        _claude("claude-sonnet-4-6", 1_000_000, 128_000, strict=True),
+        _claude("claude-sonnet-4-5", 200_000, 64_000, strict=True),
+        _claude("claude-opus-4-5", 200_000, 64_000, strict=True),
+        _claude("claude-haiku-4-5", 200_000, 64_000, strict=True),
+        _claude("claude-opus-4-1", 200_000, 32_000, strict=True),
+        _claude("claude-opus-4", 200_000, 32_000, strict=False),
+        _claude("claude-sonnet-4", 200_000, 64_000, strict=False),
+        _claude("claude-3-7-sonnet", 200_000, 64_000, strict=False, suggest=False),
+        _claude("claude-3-5-sonnet", 200_000, 8_192, strict=False, suggest=False),
+        _claude("claude-3-5-haiku", 200_000, 8_192, strict=False, suggest=False),
+    ),
+    # Gemini: ai.google.dev/gemini-api/docs/models/<model> and the Vertex AI model
+    # pages ("Input token limit" / "Output token limit"). The operator reference
+    # says 2M for gemini-2.5-pro; Google documents 1,048,576 (see
+    # docs/capability-warnings.md). 1.5 models are retired for new projects.
+    "gemini": (
+        _gemini("gemini-2.5-pro", 1_048_576, 65_536),
+        _gemini("gemini-2.5-flash", 1_048_576, 65_536),
+        _gemini("gemini-2.5-flash-lite", 1_048_576, 65_536),
+        _gemini("gemini-2.0-flash", 1_048_576, 8_192),
+        _gemini("gemini-2.0-flash-lite", 1_048_576, 8_192),
+        _gemini("gemini-1.5-pro", 2_097_152, 8_192, suggest=False),
+        _gemini(
+            "gemini-1.5-flash", 1_048_576, 8_192, weaknesses=(WEAK_NESTED_SCHEMAS,), suggest=False
+        ),
+    ),
+    # Ollama: the trained window from ollama.com/library/<model> ("context length",
+    # as `ollama show <model>` prints it) and the "tools" tag there. Ollama serves
+    # num_ctx tokens, not this window, unless it is raised (docs/context-length).
+    "ollama": (
+        _ollama("llama3.3", 131_072, tools=True),
+        _ollama("llama3.2", 131_072, tools=True, weak_tools=True),
+        _ollama("llama3.1", 131_072, tools=True, weak_tools=True),
+        _ollama("llama3", 8_192, tools=False),
+        _ollama("qwen2.5", 32_768, tools=True),
+        _ollama("qwen2.5-coder", 32_768, tools=True),
+        _ollama("mistral", 32_768, tools=True, weak_tools=True),
+        _ollama("mistral-nemo", 131_072, tools=True),
+        _ollama("gemma2", 8_192, tools=False),
+        _ollama("phi3", 4_096, tools=False),
+        _ollama("phi3:mini-128k", 131_072, tools=False),
+        _ollama("phi3:medium-128k", 131_072, tools=False),
+        _ollama("phi3.5", 131_072, tools=False),
+        _ollama("deepseek-r1", 131_072, tools=False),
+        _ollama("codellama", 16_384, tools=False),
+    ),
+}
+
+# Provider names that share a matrix section. Azure deployments and the
+# OpenAI-compatible family (vLLM, llama.cpp, Groq, OpenRouter ...) name models
+# freely and are never looked up.
+_SECTIONS: Final[Mapping[str, str]] = {
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "gemini": "gemini",
+    "google": "gemini",
+    "vertex": "gemini",
+    "ollama": "ollama",
+}
+_NEVER_KNOWN: Final = frozenset(
+    {"azure", "openai_compatible", "vllm", "llamacpp", "groq", "mistral", "openrouter"}
+)
+# A known name followed by one of these is the same model, versioned or tagged.
+_SEPARATORS: Final = frozenset("-:@._/")
+_NAME_PREFIXES: Final = ("models/", "library/")
+
+
+def _normalise(model: str) -> str:
+    name = model.strip().lower()
+    for prefix in _NAME_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _match(rows: Sequence[_Row], name: str) -> _Row | None:
+    best: _Row | None = None
+    for row in rows:
+        if name == row.model:
+            return row
+        if (
+            name.startswith(row.model)
+            and name[len(row.model)] in _SEPARATORS
+            and (best is None or len(row.model) > len(best.model))
+        ):
+            best = row
+    return best
+
+
+def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
+    if provider in _NEVER_KNOWN:
+        return None
+    section = _SECTIONS.get(provider)
+    if section is not None:
+        row = _match(_MATRIX[section], name)
+        return (section, row) if row else None
+    if provider:
+        return None
+    # No provider named: find the model in any hosted section, then Ollama's.
+    for section, rows in _MATRIX.items():
+        row = _match(rows, name)
+        if row is not None:
+            return section, row
+    return None
+
+
+_BOOL_KEYS: Final = ("tools", "strict_schema", "json_mode", "preflight")
+_INT_KEYS: Final = ("context_window", "max_output_tokens", "output_reservation")
+_STR_KEYS: Final = ("tokenizer",)
+OVERRIDE_KEYS: Final = frozenset(_BOOL_KEYS + _INT_KEYS + _STR_KEYS)
+
+
+def _validated(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides, type-checked; a bad one raises ValueError naming the key."""
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"capability_matrix must be a mapping, not {type(overrides).__name__}")
+    unknown = sorted(str(key) for key in overrides if key not in OVERRIDE_KEYS)
+    if unknown:
+        raise ValueError(
+            f"capability_matrix has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}"
+        )
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in _BOOL_KEYS:
+            if not isinstance(value, bool):
+                raise ValueError(f"capability_matrix[{key!r}] must be True or False, not {value!r}")
+        elif key in _INT_KEYS:
+            minimum = 0 if key == "output_reservation" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(
+                    f"capability_matrix[{key!r}] must be a whole number >= {minimum}, not {value!r}"
+                )
+        elif value not in TOKENIZERS:
+            raise ValueError(
+                f"capability_matrix['tokenizer'] must be one of "
+                f"{', '.join(sorted(TOKENIZERS))}, not {value!r}"
+            )
+        out[key] = value
+    return out
+
+
+def capabilities_for(
+    provider: str, model: str, overrides: Mapping[str, Any] | None = None
+) -> ModelCapabilities:
+    """The capability row for ``provider``/``model``, with ``overrides`` applied.
+
+    ``overrides`` is the caller's ``capability_matrix``: ``context_window``,
+    ``max_output_tokens``, ``tools``, ``strict_schema``, ``json_mode`` and
+    ``tokenizer`` replace the matrix's values; ``output_reservation`` and
+    ``preflight`` belong to the pre-flight and are only validated here. A
+    value of the wrong type, or an unknown key, raises ValueError. An empty
+    ``provider`` searches every section by model name.
+    """
+    checked = _validated(overrides or {})
+    provider_name = provider.strip().lower()
+    found = _lookup(provider_name, _normalise(model))
+    shown_model = model.strip()
+    if found is None:
+        caps = ModelCapabilities(
+            provider=provider_name,
+            model=shown_model,
+            context_window=UNKNOWN_CONTEXT_WINDOW,
+            max_output_tokens=UNKNOWN_MAX_OUTPUT,
+            tools=False,
+            strict_schema=False,
+            json_mode=False,
+            tokenizer="unknown",
+            weaknesses=(),
+            known=False,
+        )
+    else:
+        section, row = found
+        caps = ModelCapabilities(
+            provider=provider_name or section,
+            model=shown_model,
+            context_window=row.context_window,
+            max_output_tokens=row.max_output_tokens,
+            tools=row.tools,
+            strict_schema=row.strict_schema,
+            json_mode=row.json_mode,
+            tokenizer=row.tokenizer,
+            weaknesses=row.weaknesses,
+            known=True,
+            max_input_tokens=row.max_input_tokens,
+        )
+    applied: dict[str, Any] = {
+        key: checked[key]
+        for key in (
+            "context_window",
+            "max_output_tokens",
+            "tools",
+            "strict_schema",
+            "json_mode",
+            "tokenizer",
+        )
+        if key in checked
+    }
+    if "context_window" in applied:
+        # The caller's window replaces the provider's own input cap too.
+        applied["max_input_tokens"] = None
+    return replace(caps, **applied) if applied else caps
+
+
+def models_with_larger_window(
+    than: int, *, provider: str | None = None, limit: int = 5
+) -> list[str]:
+    """Models whose window exceeds ``than`` tokens, as ``"provider:model (window)"``.
+
+    Nearest-larger first: the smallest window that fits is usually the
+    cheapest and fastest model that can take the prompt. One model per
+    provider and size is listed (the first of its family in the matrix).
+    Where a provider caps input below the window (GPT-5), that cap is what
+    counts and is shown, as ``"openai:gpt-5 (272,000 input)"``. ``provider``
+    keeps one provider's models (any name the matrix knows, such as
+    ``vertex`` for Gemini); without it the hosted providers are listed and
+    local Ollama models are left out. Retired and legacy models are never
+    suggested.
+    """
+    if limit <= 0:
+        return []
+    if provider is None:
+        sections = [name for name in _MATRIX if name != "ollama"]
+    else:
+        section = _SECTIONS.get(provider.strip().lower())
+        sections = [section] if section else []
+    found = sorted(
+        (_input_room(row), section, order, row)
+        for section in sections
+        for order, row in enumerate(_MATRIX[section])
+        if row.suggest and _input_room(row) > than
+    )
+    out: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for room, section, _, row in found:
+        # One model per provider and size: the family's first row in the matrix.
+        if (section, room) in seen:
+            continue
+        seen.add((section, room))
+        suffix = " input" if row.max_input_tokens is not None else ""
+        out.append(f"{section}:{row.model} ({room:,}{suffix})")
+        if len(out) == limit:
+            break
+    return out
+
+
+def _input_room(row: _Row) -> int:
+    """The largest prompt the model takes: its input cap, else its window."""
+    return row.max_input_tokens or row.context_window
+
+
+def run_start_warnings(
+    caps: ModelCapabilities,
+    *,
+    uses_tools: bool = False,
+    wants_strict_schema: bool = False,
+    prompt_tokens: int | None = None,
+) -> list[str]:
+    """Short operator-facing warnings for a degraded model/run combination.
+
+    Each is one sentence saying what is wrong and what to do; the order is
+    stable. An unknown model gets one warning that lists the defaults assumed
+    (instead of separate tight-context, tools and schema warnings).
+    """
+    label = caps.label
+    out: list[str] = []
+    if not caps.known:
+        out.append(
+            f"{label} is not in the capability matrix: assuming a window of "
+            f"{caps.context_window:,} tokens, {caps.max_output_tokens:,} output tokens, "
+            f"{_can(caps.tools)} tool calls and {_can(caps.strict_schema)} strict schema. "
+            "Pass capability_matrix={'context_window': ..., 'tools': ..., 'strict_schema': ...} "
+            "with the deployment's real limits."
+        )
+    else:
+        if caps.context_window < TIGHT_CONTEXT:
+            out.append(
+                f"{label} has a tight window of {caps.context_window:,} tokens: long inputs "
+                "and agent loops overflow it. Use a larger-context model, or compact earlier "
+                "(FLUID_AGENT_COMPACT_AFTER=4)."
+            )
+        if uses_tools and not caps.tools:
+            out.append(
+                f"{label} does not support tool calls, and this run uses tools. Pick a model "
+                "with tool support, or override capability_matrix['tools'] if yours has it."
+            )
+        elif uses_tools and WEAK_TOOL_USE in caps.weaknesses:
+            out.append(
+                f"{label} has weak tool use: expect corrective retries of malformed tool "
+                "calls. A larger model (qwen2.5, llama3.3, a hosted model) is more reliable."
+            )
+        if wants_strict_schema and not caps.strict_schema:
+            out.append(
+                f"{label} has no strict structured output: schema violations are caught "
+                "after the fact and retried. Prefer a model with structured outputs."
+            )
+        elif wants_strict_schema and WEAK_NESTED_SCHEMAS in caps.weaknesses:
+            out.append(
+                f"{label} {WEAK_NESTED_SCHEMAS}: expect schema-correction retries. "
+                "gemini-2.5-flash handles them better."
+            )
+    if prompt_tokens is not None and prompt_tokens > _PROMPT_SHARE_WARNING * caps.context_window:
+        share = prompt_tokens / caps.context_window
+        out.append(
+            f"the prompt already uses {share:.0%} of {label}'s window ({prompt_tokens:,} of "
+            f"{caps.context_window:,} tokens): little room is left for output and later turns. "
+            "Compact the inputs or pick a larger-context model."
+        )
+    return out
+
+
+def _can(flag: bool) -> str:
+    return "with" if flag else "no"
+
+
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        LOG.warning("%s=%r is not a yes/no value (1, 0, true, false); treating it as 0", name, raw)
+    return False
+
+
+def emit_run_start_banner(
+    warnings: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    stream: TextIO | None = None,
+) -> None:
+    """Show the run-start warnings once: a compact banner on ``stream`` plus a log line each.
+
+    ``FLUID_QUIET=1`` or ``FLUID_NONINTERACTIVE=1`` in ``env`` (default: the
+    process environment) hides the banner; the count is still logged at INFO
+    on ``fluid_build.capabilities``. No warnings, no output.
+    """
+    if not warnings:
+        return
+    env = os.environ if env is None else env
+    count = len(warnings)
+    noun = "warning" if count == 1 else "warnings"
+    hidden_by = next(
+        (name for name in ("FLUID_QUIET", "FLUID_NONINTERACTIVE") if _env_flag(env, name)), None
+    )
+    if hidden_by is not None:
+        LOG.info(
+            "%d capability %s for this run (banner hidden by %s=1; "
+            "see docs/capability-warnings.md)",
+            count,
+            noun,
+            hidden_by,
+        )
+        return
+    out = sys.stderr if stream is None else stream
+    lines = [f"fluid: {count} capability {noun} for this run (FLUID_QUIET=1 hides this):"]
+    lines.extend(f"  ! {warning}" for warning in warnings)
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    for warning in warnings:
+        LOG.warning("capability: %s", warning)

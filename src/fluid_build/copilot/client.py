@@ -1,0 +1,571 @@
+"""LLMClient: one reliable structured call to any supported provider.
+
+Each call: pre-flight (refuse a prompt that cannot fit, before any I/O) ->
+the retry envelope -> the provider adapter over httpx -> classification of
+any failure -> validation of the output against ``response_model``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from fluid_build.copilot.agents.cooldown import CooldownKey
+from fluid_build.copilot.agents.error_classification import (
+    classify_provider_error,
+    classify_response,
+)
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ProviderError,
+    SchemaValidationError,
+)
+from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.llm.anthropic import AnthropicAdapter
+from fluid_build.copilot.llm.azure import AzureOpenAIAdapter
+from fluid_build.copilot.llm.base import (
+    Adapter,
+    Parsed,
+    ProviderConfig,
+    Request,
+    StreamState,
+    aiter_stream,
+    iter_stream,
+)
+from fluid_build.copilot.llm.gemini import GeminiAdapter
+from fluid_build.copilot.llm.ollama import OllamaAdapter
+from fluid_build.copilot.llm.openai import OpenAIAdapter
+from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter
+from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent, ToolSpec
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.agents.capabilities import ModelCapabilities
+    from fluid_build.copilot.agents.strict_schema import StrictSchema
+
+__all__ = ["LLMClient"]
+
+_ADAPTERS: dict[str, type[Adapter]] = {
+    "openai": OpenAIAdapter,
+    "azure": AzureOpenAIAdapter,
+    "anthropic": AnthropicAdapter,
+    "gemini": GeminiAdapter,
+    "ollama": OllamaAdapter,
+    "openai_compatible": OpenAICompatibleAdapter,
+}
+
+Messages = str | Sequence[Mapping[str, Any]]
+Tools = Sequence[ToolSpec | Mapping[str, Any]] | None
+
+
+def _messages(messages: Messages) -> list[dict[str, Any]]:
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return [dict(m) for m in messages]
+
+
+def _tool(tool: ToolSpec | Mapping[str, Any]) -> ToolSpec:
+    if isinstance(tool, ToolSpec):
+        return tool
+    spec = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(spec, Mapping) or not spec.get("name"):
+        raise ValueError(f"a tool needs a name and a JSON-schema 'parameters': {tool!r:.200}")
+    return ToolSpec(
+        str(spec["name"]),
+        str(spec.get("description") or ""),
+        dict(spec.get("parameters") or {"type": "object", "properties": {}}),
+    )
+
+
+class _Prepared:
+    """One call, ready to send: the spec, and how to read the answer back."""
+
+    __slots__ = ("response_model", "spec", "strict")
+
+    def __init__(
+        self,
+        spec: CallSpec,
+        response_model: type[BaseModel] | None,
+        strict: StrictSchema | None,
+    ) -> None:
+        self.spec = spec
+        self.response_model = response_model
+        self.strict = strict
+
+
+class LLMClient:
+    """A provider, a model and a key, with pooled connections and the retry envelope.
+
+    ``LLMClient(provider=..., model=...)`` resolves whatever is not given from
+    the environment (see docs/llm-providers.md); ``LLMClient.from_env()``
+    also takes the retry policy and cooldown store from it. Pass
+    ``http_client`` / ``async_http_client`` to share or mock transports.
+    """
+
+    def __init__(
+        self,
+        provider: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float | None = None,
+        envelope: RetryEnvelope | None = None,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+        strict_schema: bool | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config: ProviderConfig = resolve_provider_config(
+            provider, model, api_key, base_url, timeout=timeout, env=env
+        )
+        info = PROVIDERS[self.config.provider]
+        self.adapter: Adapter = _ADAPTERS[info.adapter](self.config)
+        self.envelope = envelope if envelope is not None else RetryEnvelope.from_env(env)
+        self.capability_matrix = dict(capability_matrix or {})
+        if strict_schema is None:
+            from fluid_build.copilot.agents.strict_schema import strict_schema_enabled
+
+            strict_schema = strict_schema_enabled(env)
+        self.strict_schema = bool(strict_schema) and info.adapter in {"openai", "azure"}
+        self._http = http_client
+        self._owns_http = http_client is None
+        self._ahttp = async_http_client
+        self._owns_ahttp = async_http_client is None
+        self._key = CooldownKey.for_call(
+            self.config.provider, self.config.api_key, self.config.model
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:
+        """A client, its retry policy and its cooldown store, all from the environment."""
+        kwargs.setdefault("envelope", RetryEnvelope.from_env(env))
+        return cls(env=env, **kwargs)
+
+    @property
+    def provider(self) -> str:
+        return self.config.provider
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def __repr__(self) -> str:
+        return f"LLMClient(provider={self.provider!r}, model={self.model!r})"
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        from fluid_build.copilot.agents.capabilities import capabilities_for
+
+        return capabilities_for(self.provider, self.model, self.capability_matrix)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(timeout=httpx.Timeout(self.config.timeout))
+        return self._http
+
+    def _aclient(self) -> httpx.AsyncClient:
+        if self._ahttp is None:
+            self._ahttp = httpx.AsyncClient(timeout=httpx.Timeout(self.config.timeout))
+        return self._ahttp
+
+    def close(self) -> None:
+        if self._owns_http and self._http is not None:
+            self._http.close()
+            self._http = None
+
+    async def aclose(self) -> None:
+        if self._owns_ahttp and self._ahttp is not None:
+            await self._ahttp.aclose()
+            self._ahttp = None
+        self.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> LLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- preparing a call ----------------------------------------------------------
+
+    def _prepare(
+        self,
+        messages: Messages,
+        *,
+        system: str | None,
+        response_model: type[BaseModel] | None,
+        tools: Tools,
+        max_output_tokens: int | None,
+        capability_matrix: Mapping[str, Any] | None,
+    ) -> _Prepared:
+        from fluid_build.copilot.agents.preflight import check_context
+
+        neutral = _messages(messages)
+        tool_specs = tuple(_tool(t) for t in tools or ())
+        schema: dict[str, Any] | None = None
+        strict: StrictSchema | None = None
+        name = "response"
+        if response_model is not None:
+            schema = response_model.model_json_schema()
+            name = response_model.__name__
+            if self.strict_schema:
+                from fluid_build.copilot.agents.strict_schema import harden_schema
+
+                strict = harden_schema(schema, name=name)
+                schema = strict.schema
+        # The response schema travels with the prompt, so it counts like a tool.
+        counted = [t.as_dict() for t in tool_specs]
+        if schema is not None:
+            counted.append({"name": name, "description": "", "parameters": schema})
+        matrix = {**self.capability_matrix, **(capability_matrix or {})}
+        check_context(
+            provider=self.provider,
+            model=self.model,
+            system=system,
+            messages=neutral,
+            tools=counted or None,
+            capability_matrix=matrix or None,
+            max_output_tokens=max_output_tokens,
+        )
+        spec = CallSpec(
+            model=self.model,
+            messages=neutral,
+            system=system,
+            tools=tool_specs,
+            response_schema=schema,
+            schema_name=name,
+            strict=strict is not None,
+            max_output_tokens=max_output_tokens,
+        )
+        return _Prepared(spec, response_model, strict)
+
+    def _http_request(
+        self, client: httpx.Client | httpx.AsyncClient, request: Request
+    ) -> httpx.Request:
+        return client.build_request(
+            request.method, request.url, headers=request.headers, json=request.json
+        )
+
+    def _parse(self, data: Any, prepared: _Prepared, response: httpx.Response) -> Parsed:
+        if not isinstance(data, dict):
+            raise ProviderError(
+                f"{self.provider} answered HTTP {response.status_code} with JSON that is not an "
+                "object",
+                provider=self.provider,
+                model=self.model,
+                status_code=response.status_code,
+                code="llm.malformed_response",
+                retryable=True,
+            )
+        if "error" in data and not data.get("choices") and not data.get("candidates"):
+            raise classify_response(response, provider=self.provider, model=self.model)
+        try:
+            return self.adapter.parse(data, prepared.spec)
+        except AgentExecutionError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ProviderError(
+                f"{self.provider} answered in a shape fluid_build cannot read "
+                f"({type(exc).__name__})",
+                provider=self.provider,
+                model=self.model,
+                status_code=response.status_code,
+                code="llm.malformed_response",
+                retryable=True,
+            ) from exc
+
+    def _completion(
+        self, parsed: Parsed, prepared: _Prepared, attempts: int, request_id: str | None
+    ) -> Completion:
+        value: Any = None
+        if prepared.response_model is not None:
+            value = self._validate(parsed.text, prepared)
+        return Completion(
+            text=parsed.text,
+            parsed=value,
+            tool_calls=parsed.tool_calls,
+            usage=parsed.usage,
+            provider=self.provider,
+            model=parsed.model or self.model,
+            finish_reason=parsed.finish_reason,
+            attempts=attempts,
+            request_id=request_id,
+        )
+
+    def _validate(self, text: str, prepared: _Prepared) -> Any:
+        model = prepared.response_model
+        assert model is not None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaValidationError(
+                f"the model's output for {model.__name__} is not valid JSON ({exc.msg} at "
+                f"character {exc.pos})",
+                schema_name=model.__name__,
+                validation_errors=[
+                    {"loc": "<root>", "msg": "Invalid JSON", "type": "json_invalid"}
+                ],
+                raw_output=text,
+                code="llm.parse_error",
+            ) from None
+        if prepared.strict is not None:
+            data = prepared.strict.decode(data)
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise SchemaValidationError.from_pydantic(
+                exc, schema_name=model.__name__, raw_output=text
+            ) from None
+
+    @staticmethod
+    def _request_id(response: httpx.Response) -> str | None:
+        for name in ("x-request-id", "request-id", "apim-request-id"):
+            value = response.headers.get(name)
+            if value:
+                return str(value)
+        return None
+
+    # -- one call ---------------------------------------------------------------------
+
+    def complete(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """One call: a :class:`Completion`, or a typed error."""
+        prepared = self._prepare(
+            messages,
+            system=system,
+            response_model=response_model,
+            tools=tools,
+            max_output_tokens=max_output_tokens,
+            capability_matrix=capability_matrix,
+        )
+        client = self._client()
+        attempts = 0
+
+        def send() -> tuple[Parsed, httpx.Response]:
+            nonlocal attempts
+            attempts += 1
+            request = self._http_request(client, self.adapter.request(prepared.spec, stream=False))
+            response = client.send(request)
+            response.raise_for_status()
+            return self._parse(response.json(), prepared, response), response
+
+        parsed, response = self.envelope.call(
+            send, key=self._key, provider=self.provider, model=self.model
+        )
+        return self._completion(parsed, prepared, attempts, self._request_id(response))
+
+    async def acomplete(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """The async twin of :meth:`complete`."""
+        prepared = self._prepare(
+            messages,
+            system=system,
+            response_model=response_model,
+            tools=tools,
+            max_output_tokens=max_output_tokens,
+            capability_matrix=capability_matrix,
+        )
+        client = self._aclient()
+        attempts = 0
+
+        async def send() -> tuple[Parsed, httpx.Response]:
+            nonlocal attempts
+            attempts += 1
+            request = self._http_request(client, self.adapter.request(prepared.spec, stream=False))
+            response = await client.send(request)
+            response.raise_for_status()
+            return self._parse(response.json(), prepared, response), response
+
+        parsed, response = await self.envelope.acall(
+            send, key=self._key, provider=self.provider, model=self.model
+        )
+        return self._completion(parsed, prepared, attempts, self._request_id(response))
+
+    # -- streaming ------------------------------------------------------------------------
+
+    def _stream_error(self, response: httpx.Response, data: Any) -> AgentExecutionError:
+        body = httpx.Response(
+            200, json=data, request=response.request, headers={"content-type": "application/json"}
+        )
+        return classify_response(body, provider=self.provider, model=self.model)
+
+    def _interrupted(self, exc: BaseException, state: StreamState) -> AgentExecutionError:
+        error = classify_provider_error(exc, provider=self.provider, model=self.model)
+        return error.with_details(interrupted=True, **state.partial())
+
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Text deltas and tool-call fragments as they arrive, then a ``done`` event.
+
+        A failure before anything was yielded is retried by the envelope; a
+        failure after raises the typed error with ``details["partial_text"]``
+        and the tool calls that completed.
+        """
+        prepared = self._prepare(
+            messages,
+            system=system,
+            response_model=response_model,
+            tools=tools,
+            max_output_tokens=max_output_tokens,
+            capability_matrix=capability_matrix,
+        )
+        client = self._client()
+        adapter, spec = self.adapter, prepared.spec
+        attempts = 0
+
+        def open_stream() -> tuple[
+            httpx.Response, Iterator[tuple[str, Any]], list[StreamEvent], StreamState
+        ]:
+            nonlocal attempts
+            attempts += 1
+            state = StreamState()
+            request = self._http_request(client, adapter.request(spec, stream=True))
+            response = client.send(request, stream=True)
+            try:
+                if response.is_error:
+                    response.read()
+                    response.raise_for_status()
+                chunks = iter_stream(adapter.stream_format, response.iter_lines())
+                for event, data in chunks:
+                    if adapter.is_error_chunk(data, event):
+                        raise self._stream_error(response, data)
+                    first = adapter.parse_chunk(data, event, state, spec)
+                    if first:
+                        return response, chunks, first, state
+                return response, iter(()), [], state
+            except BaseException:
+                response.close()
+                raise
+
+        response, chunks, first, state = self.envelope.call(
+            open_stream, key=self._key, provider=self.provider, model=self.model
+        )
+        try:
+            yield from first
+            try:
+                for event, data in chunks:
+                    if adapter.is_error_chunk(data, event):
+                        raise self._stream_error(response, data).with_details(
+                            interrupted=True, **state.partial()
+                        )
+                    yield from adapter.parse_chunk(data, event, state, spec)
+            except (httpx.HTTPError, OSError) as exc:
+                raise self._interrupted(exc, state) from exc
+        finally:
+            response.close()
+        completion = self._completion(
+            state.parsed(), prepared, attempts, self._request_id(response)
+        )
+        yield StreamEvent(type="done", completion=completion)
+
+    async def astream(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """The async twin of :meth:`stream`."""
+        prepared = self._prepare(
+            messages,
+            system=system,
+            response_model=response_model,
+            tools=tools,
+            max_output_tokens=max_output_tokens,
+            capability_matrix=capability_matrix,
+        )
+        client = self._aclient()
+        adapter, spec = self.adapter, prepared.spec
+        attempts = 0
+
+        async def open_stream() -> tuple[
+            httpx.Response, AsyncIterator[tuple[str, Any]], list[StreamEvent], StreamState
+        ]:
+            nonlocal attempts
+            attempts += 1
+            state = StreamState()
+            request = self._http_request(client, adapter.request(spec, stream=True))
+            response = await client.send(request, stream=True)
+            try:
+                if response.is_error:
+                    await response.aread()
+                    response.raise_for_status()
+                chunks = aiter_stream(adapter.stream_format, response.aiter_lines())
+                async for event, data in chunks:
+                    if adapter.is_error_chunk(data, event):
+                        raise self._stream_error(response, data)
+                    first = adapter.parse_chunk(data, event, state, spec)
+                    if first:
+                        return response, chunks, first, state
+                return response, _empty(), [], state
+            except BaseException:
+                await response.aclose()
+                raise
+
+        response, chunks, first, state = await self.envelope.acall(
+            open_stream, key=self._key, provider=self.provider, model=self.model
+        )
+        try:
+            for item in first:
+                yield item
+            try:
+                async for event, data in chunks:
+                    if adapter.is_error_chunk(data, event):
+                        raise self._stream_error(response, data).with_details(
+                            interrupted=True, **state.partial()
+                        )
+                    for item in adapter.parse_chunk(data, event, state, spec):
+                        yield item
+            except (httpx.HTTPError, OSError) as exc:
+                raise self._interrupted(exc, state) from exc
+        finally:
+            await response.aclose()
+        completion = self._completion(
+            state.parsed(), prepared, attempts, self._request_id(response)
+        )
+        yield StreamEvent(type="done", completion=completion)
+
+
+async def _empty() -> AsyncIterator[tuple[str, Any]]:
+    return
+    yield  # pragma: no cover - makes this an async generator

@@ -1,0 +1,184 @@
+"""Anthropic's messages API, with tool use; structured output through a forced tool."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter"]
+
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+
+
+def _respond_tool(spec: CallSpec) -> str:
+    return f"respond_{spec.schema_name}"[:64]
+
+
+def anthropic_messages(spec: CallSpec) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in spec.messages:
+        role = message.get("role", "user")
+        content = message.get("content") or ""
+        if role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id", ""),
+                "content": content if isinstance(content, str) else json.dumps(content),
+            }
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)  # results of one round go in one user turn
+            else:
+                out.append({"role": "user", "content": [block]})
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content else []
+            blocks += [
+                {
+                    "type": "tool_use",
+                    "id": c["id"],
+                    "name": c["name"],
+                    "input": c.get("arguments", {}),
+                }
+                for c in message["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": blocks})
+            continue
+        out.append({"role": "assistant" if role == "assistant" else "user", "content": content})
+    return out
+
+
+class AnthropicAdapter(Adapter):
+    provider = "anthropic"
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
+        headers = {
+            "content-type": "application/json",
+            "anthropic-version": self.config.api_version or ANTHROPIC_VERSION,
+            **self.config.headers,
+        }
+        if self.config.api_key:
+            headers["x-api-key"] = self.config.api_key
+        body: dict[str, Any] = {
+            "model": spec.model,
+            "max_tokens": spec.max_output_tokens or DEFAULT_MAX_TOKENS,
+            "messages": anthropic_messages(spec),
+        }
+        if spec.system:
+            body["system"] = spec.system
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+            for t in spec.tools
+        ]
+        if spec.response_schema is not None:
+            tools.append(
+                {
+                    "name": _respond_tool(spec),
+                    "description": "Return the final answer in exactly this shape.",
+                    "input_schema": dict(spec.response_schema),
+                }
+            )
+            body["tool_choice"] = (
+                {"type": "any"} if spec.tools else {"type": "tool", "name": _respond_tool(spec)}
+            )
+        if tools:
+            body["tools"] = tools
+        if stream:
+            body["stream"] = True
+        body.update(spec.extra)
+        return Request("POST", f"{base}/v1/messages", headers, body)
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in data.get("content") or []:
+            if block.get("type") == "text":
+                texts.append(str(block.get("text") or ""))
+            elif block.get("type") == "tool_use":
+                arguments = block.get("input") if isinstance(block.get("input"), dict) else {}
+                if block.get("name") == respond:
+                    texts = [json.dumps(arguments)]  # the structured answer is the text
+                    respond = None
+                    continue
+                calls.append(
+                    ToolCall(
+                        id=str(block.get("id") or ""),
+                        name=str(block.get("name") or ""),
+                        arguments=arguments,
+                    )
+                )
+        usage = data.get("usage") or {}
+        return Parsed(
+            "".join(texts),
+            calls,
+            Usage(
+                input_tokens=int(usage.get("input_tokens") or 0),
+                output_tokens=int(usage.get("output_tokens") or 0),
+            ),
+            data.get("stop_reason"),
+            data.get("model"),
+        )
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        if not isinstance(data, dict):
+            return []
+        kind = data.get("type") or event
+        blocks = state.block_kinds
+        events: list[StreamEvent] = []
+        if kind == "message_start":
+            message = data.get("message") or {}
+            state.model = message.get("model")
+            usage = message.get("usage") or {}
+            state.usage = Usage(input_tokens=int(usage.get("input_tokens") or 0))
+        elif kind == "content_block_start":
+            index = int(data.get("index") or 0)
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                if spec.response_schema is not None and block.get("name") == _respond_tool(spec):
+                    blocks[index] = "respond"
+                else:
+                    blocks[index] = "tool"
+                    events.append(state.add_call(index, id=block.get("id"), name=block.get("name")))
+            else:
+                blocks[index] = "text"
+                event_ = state.add_text(str(block.get("text") or ""))
+                if event_:
+                    events.append(event_)
+        elif kind == "content_block_delta":
+            index = int(data.get("index") or 0)
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                event_ = state.add_text(str(delta.get("text") or ""))
+                if event_:
+                    events.append(event_)
+            elif delta.get("type") == "input_json_delta":
+                fragment = str(delta.get("partial_json") or "")
+                if blocks.get(index) == "respond":
+                    event_ = state.add_text(fragment)
+                    if event_:
+                        events.append(event_)
+                else:
+                    events.append(state.add_call(index, arguments_delta=fragment))
+        elif kind == "message_delta":
+            state.finish_reason = (data.get("delta") or {}).get(
+                "stop_reason"
+            ) or state.finish_reason
+            usage = data.get("usage") or {}
+            state.usage = Usage(
+                input_tokens=state.usage.input_tokens,
+                output_tokens=int(usage.get("output_tokens") or 0),
+            )
+        elif kind == "message_stop":
+            state.done = True
+        return events
+
+    def is_error_chunk(self, data: Any, event: str) -> bool:
+        return event == "error" or (isinstance(data, dict) and data.get("type") == "error")

@@ -1,0 +1,247 @@
+"""What every provider adapter does: build a request, read an answer, read a stream.
+
+Adapters are pure: they turn a :class:`CallSpec` into method, URL, headers and
+JSON, and provider JSON back into text, tool calls and usage. The client does
+the I/O, the retries and the validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = [
+    "Adapter",
+    "Parsed",
+    "ProviderConfig",
+    "Request",
+    "StreamState",
+    "aiter_stream",
+    "iter_stream",
+    "loads_arguments",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """Where and how to reach one provider. ``repr`` never shows the key."""
+
+    provider: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    base_url: str | None = None
+    timeout: float = 120.0
+    api_version: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    url: str
+    headers: dict[str, str]
+    json: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Parsed:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str | None = None
+
+
+def loads_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as a dict: JSON text is decoded, garbage kept under ``_raw``."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or raw == "":
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {"_raw": str(raw)}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What a stream has delivered so far; attached to the error if it breaks."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str | None = None
+    done: bool = False
+    block_kinds: dict[int, str] = field(default_factory=dict)  # an adapter's per-block notes
+
+    def add_text(self, delta: str) -> StreamEvent | None:
+        if not delta:
+            return None
+        self.text.append(delta)
+        return StreamEvent(type="text", text=delta)
+
+    def add_call(
+        self,
+        index: int,
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        arguments_delta: str = "",
+    ) -> StreamEvent:
+        call = self.calls.setdefault(index, {"id": None, "name": None, "args": []})
+        if id:
+            call["id"] = id
+        if name:
+            call["name"] = name
+        if arguments_delta:
+            call["args"].append(arguments_delta)
+        return StreamEvent(
+            type="tool_call",
+            index=index,
+            id=call["id"],
+            name=call["name"],
+            arguments_delta=arguments_delta,
+        )
+
+    def tool_calls(self, *, complete_only: bool = False) -> list[ToolCall]:
+        out = []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            raw = "".join(call["args"])
+            if complete_only:
+                try:
+                    json.loads(raw or "{}")
+                except ValueError:
+                    continue  # its arguments had not finished arriving
+            out.append(
+                ToolCall(
+                    id=call["id"] or f"call_{index}",
+                    name=call["name"] or "",
+                    arguments=loads_arguments(raw),
+                )
+            )
+        return out
+
+    def partial(self) -> dict[str, Any]:
+        """For an interrupted stream: the text so far and the tool calls that completed."""
+        return {
+            "partial_text": "".join(self.text),
+            "tool_calls": [c.model_dump() for c in self.tool_calls(complete_only=True)],
+        }
+
+    def parsed(self) -> Parsed:
+        return Parsed(
+            "".join(self.text), self.tool_calls(), self.usage, self.finish_reason, self.model
+        )
+
+
+class Adapter:
+    """One provider's wire format. Subclasses override the hooks they need."""
+
+    provider: ClassVar[str] = "provider"
+    stream_format: ClassVar[Literal["sse", "ndjson"]] = "sse"
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        raise NotImplementedError
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        raise NotImplementedError
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        raise NotImplementedError
+
+    def is_error_chunk(self, data: Any, event: str) -> bool:
+        return event == "error" or (isinstance(data, dict) and "error" in data)
+
+
+Chunk = tuple[str, Any]  # (event name, decoded data)
+
+
+def _decode(data: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"_unparsed": data}
+
+
+class _SSE:
+    """Server-sent events, line by line: (event, data) per dispatched event."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> Chunk | None:
+        if line == "":
+            if not self.data:
+                self.event = ""
+                return None
+            chunk = (self.event, "\n".join(self.data))
+            self.event, self.data = "", []
+            return chunk[0], chunk[1]
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+    def flush(self) -> Chunk | None:
+        return self.feed("")
+
+
+def _chunks_from_lines(fmt: str, lines: Iterator[str]) -> Iterator[Chunk]:
+    if fmt == "ndjson":
+        for line in lines:
+            if line.strip():
+                yield "", _decode(line)
+        return
+    sse = _SSE()
+    for line in lines:
+        chunk = sse.feed(line)
+        if chunk is not None:
+            if chunk[1] == "[DONE]":
+                return
+            yield chunk[0], _decode(chunk[1])
+    chunk = sse.flush()
+    if chunk is not None and chunk[1] != "[DONE]":
+        yield chunk[0], _decode(chunk[1])
+
+
+def iter_stream(fmt: str, lines: Iterator[str]) -> Iterator[Chunk]:
+    """Decoded chunks of an SSE or NDJSON body."""
+    return _chunks_from_lines(fmt, lines)
+
+
+async def aiter_stream(fmt: str, lines: AsyncIterator[str]) -> AsyncIterator[Chunk]:
+    """The async twin of :func:`iter_stream`."""
+    if fmt == "ndjson":
+        async for line in lines:
+            if line.strip():
+                yield "", _decode(line)
+        return
+    sse = _SSE()
+    async for line in lines:
+        chunk = sse.feed(line)
+        if chunk is not None:
+            if chunk[1] == "[DONE]":
+                return
+            yield chunk[0], _decode(chunk[1])
+    chunk = sse.flush()
+    if chunk is not None and chunk[1] != "[DONE]":
+        yield chunk[0], _decode(chunk[1])

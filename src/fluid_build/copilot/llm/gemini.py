@@ -1,0 +1,162 @@
+"""Gemini's generateContent, with function calling and a JSON response schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = ["GeminiAdapter"]
+
+GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
+_BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
+
+
+def gemini_contents(spec: CallSpec) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in spec.messages:
+        role = message.get("role", "user")
+        content = message.get("content") or ""
+        if role == "tool":
+            response = {"content": content}
+            part = {"functionResponse": {"name": message.get("name", ""), "response": response}}
+            out.append({"role": "user", "parts": [part]})
+        elif role == "assistant":
+            parts: list[dict[str, Any]] = [{"text": content}] if content else []
+            parts += [
+                {"functionCall": {"name": c["name"], "args": c.get("arguments", {})}}
+                for c in message.get("tool_calls") or []
+            ]
+            out.append({"role": "model", "parts": parts})
+        else:
+            out.append({"role": "user", "parts": [{"text": content}]})
+    return out
+
+
+def _usage(data: dict[str, Any]) -> Usage:
+    meta = data.get("usageMetadata") or {}
+    return Usage(
+        input_tokens=int(meta.get("promptTokenCount") or 0),
+        output_tokens=int(meta.get("candidatesTokenCount") or 0),
+    )
+
+
+class GeminiAdapter(Adapter):
+    provider = "gemini"
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")
+        model = spec.model.removeprefix("models/")
+        action = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        headers = {"content-type": "application/json", **self.config.headers}
+        if self.config.api_key:
+            headers["x-goog-api-key"] = self.config.api_key  # a header, never the URL
+        body: dict[str, Any] = {"contents": gemini_contents(spec)}
+        if spec.system:
+            body["systemInstruction"] = {"parts": [{"text": spec.system}]}
+        if spec.tools:
+            body["tools"] = [
+                {
+                    "functionDeclarations": [
+                        {
+                            "name": t.name,
+                            "description": t.description,
+                            "parametersJsonSchema": dict(t.parameters),
+                        }
+                        for t in spec.tools
+                    ]
+                }
+            ]
+        config: dict[str, Any] = {}
+        if spec.response_schema is not None:
+            config["responseMimeType"] = "application/json"
+            config["responseJsonSchema"] = dict(spec.response_schema)
+        if spec.max_output_tokens is not None:
+            config["maxOutputTokens"] = spec.max_output_tokens
+        if config:
+            body["generationConfig"] = config
+        body.update(spec.extra)
+        return Request("POST", f"{base}/models/{model}:{action}", headers, body)
+
+    def _check_blocked(self, data: dict[str, Any], spec: CallSpec) -> None:
+        feedback = data.get("promptFeedback") or {}
+        candidates = data.get("candidates") or []
+        reason = feedback.get("blockReason")
+        if not reason and candidates:
+            finish = candidates[0].get("finishReason")
+            reason = finish if finish in _BLOCKED else None
+        if reason:
+            raise ProviderError(
+                f"gemini ({spec.model}) refused the request: blocked for {reason}",
+                provider="gemini",
+                model=spec.model,
+                status_code=200,
+                provider_error_type=str(reason),
+                code="llm.content_filtered",
+                retryable=False,
+            )
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        self._check_blocked(data, spec)
+        candidate = (data.get("candidates") or [{}])[0]
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for part in (candidate.get("content") or {}).get("parts") or []:
+            if part.get("thought"):
+                continue  # thinking summaries are not the answer
+            if "text" in part:
+                texts.append(str(part["text"]))
+            elif "functionCall" in part:
+                call = part["functionCall"] or {}
+                raw_args = call.get("args")
+                args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+                calls.append(
+                    ToolCall(
+                        id=str(call.get("id") or f"call_{len(calls)}"),
+                        name=str(call.get("name") or ""),
+                        arguments=args,
+                    )
+                )
+        return Parsed(
+            "".join(texts),
+            calls,
+            _usage(data),
+            candidate.get("finishReason"),
+            data.get("modelVersion"),
+        )
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        if not isinstance(data, dict):
+            return []
+        self._check_blocked(data, spec)
+        events: list[StreamEvent] = []
+        if data.get("usageMetadata"):
+            state.usage = _usage(data)
+        state.model = data.get("modelVersion") or state.model
+        candidate = (data.get("candidates") or [{}])[0]
+        for part in (candidate.get("content") or {}).get("parts") or []:
+            if part.get("thought"):
+                continue
+            if "text" in part:
+                text_event = state.add_text(str(part["text"]))
+                if text_event:
+                    events.append(text_event)
+            elif "functionCall" in part:
+                call = part["functionCall"] or {}
+                index = len(state.calls)
+                events.append(
+                    state.add_call(
+                        index,
+                        id=str(call.get("id") or f"call_{index}"),
+                        name=str(call.get("name") or ""),
+                        arguments_delta=json.dumps(call.get("args") or {}),
+                    )
+                )
+        if candidate.get("finishReason"):
+            state.finish_reason = candidate["finishReason"]
+        return events

@@ -1,0 +1,109 @@
+"""Ollama's /api/chat: local models, NDJSON streaming, tools and a JSON-schema format."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
+
+OLLAMA_DEFAULT_HOST = "http://127.0.0.1:11434"
+
+
+def ollama_messages(spec: CallSpec) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if spec.system:
+        out.append({"role": "system", "content": spec.system})
+    for message in spec.messages:
+        entry: dict[str, Any] = {
+            "role": message.get("role", "user"),
+            "content": message.get("content") or "",
+        }
+        if message.get("tool_calls"):
+            entry["tool_calls"] = [
+                {"function": {"name": c["name"], "arguments": c.get("arguments", {})}}
+                for c in message["tool_calls"]
+            ]
+        if message.get("role") == "tool" and message.get("name"):
+            entry["tool_name"] = message["name"]
+        out.append(entry)
+    return out
+
+
+def _usage(data: dict[str, Any]) -> Usage:
+    return Usage(
+        input_tokens=int(data.get("prompt_eval_count") or 0),
+        output_tokens=int(data.get("eval_count") or 0),
+    )
+
+
+def _calls(message: dict[str, Any]) -> list[ToolCall]:
+    return [
+        ToolCall(
+            id=str(call.get("id") or f"call_{i}"),
+            name=str((call.get("function") or {}).get("name") or ""),
+            arguments=loads_arguments((call.get("function") or {}).get("arguments")),
+        )
+        for i, call in enumerate(message.get("tool_calls") or [])
+    ]
+
+
+class OllamaAdapter(Adapter):
+    provider = "ollama"
+    stream_format = "ndjson"
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
+        body: dict[str, Any] = {
+            "model": spec.model,
+            "messages": ollama_messages(spec),
+            "stream": stream,  # Ollama streams unless told not to
+        }
+        if spec.tools:
+            body["tools"] = [{"type": "function", "function": t.as_dict()} for t in spec.tools]
+        if spec.response_schema is not None:
+            body["format"] = dict(spec.response_schema)
+        if spec.max_output_tokens is not None:
+            body["options"] = {"num_predict": spec.max_output_tokens}
+        body.update(spec.extra)
+        headers = {"content-type": "application/json", **self.config.headers}
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return Request("POST", f"{base}/api/chat", headers, body)
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        message = data.get("message") or {}
+        return Parsed(
+            str(message.get("content") or ""),
+            _calls(message),
+            _usage(data),
+            data.get("done_reason"),
+            data.get("model"),
+        )
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        if not isinstance(data, dict):
+            return []
+        events: list[StreamEvent] = []
+        state.model = data.get("model") or state.model
+        message = data.get("message") or {}
+        text_event = state.add_text(str(message.get("content") or ""))
+        if text_event:
+            events.append(text_event)
+        for call in _calls(message):
+            index = len(state.calls)
+            events.append(
+                state.add_call(
+                    index, id=call.id, name=call.name, arguments_delta=json.dumps(call.arguments)
+                )
+            )
+        if data.get("done"):
+            state.done = True
+            state.finish_reason = data.get("done_reason")
+            state.usage = _usage(data)
+        return events

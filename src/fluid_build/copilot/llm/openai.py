@@ -1,0 +1,136 @@
+"""OpenAI chat completions; also the base of Azure OpenAI and OpenAI-compatible servers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = ["OpenAIAdapter", "openai_messages"]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+def openai_messages(spec: CallSpec) -> list[dict[str, Any]]:
+    """Neutral messages in the chat-completions shape."""
+    out: list[dict[str, Any]] = []
+    if spec.system:
+        out.append({"role": "system", "content": spec.system})
+    for message in spec.messages:
+        role = message.get("role", "user")
+        entry: dict[str, Any] = {"role": role, "content": message.get("content", "")}
+        if role == "assistant" and message.get("tool_calls"):
+            entry["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call.get("arguments", {})),
+                    },
+                }
+                for call in message["tool_calls"]
+            ]
+            entry["content"] = message.get("content") or None
+        if role == "tool":
+            entry["tool_call_id"] = message.get("tool_call_id", "")
+        out.append(entry)
+    return out
+
+
+def _usage(data: Any) -> Usage:
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return Usage()
+    return Usage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+    )
+
+
+class OpenAIAdapter(Adapter):
+    provider = "openai"
+
+    def url(self) -> str:
+        base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
+        return f"{base}/chat/completions"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json", **self.config.headers}
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def body(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": spec.model, "messages": openai_messages(spec)}
+        if spec.tools:
+            body["tools"] = [
+                {"type": "function", "function": tool.as_dict()} for tool in spec.tools
+            ]
+        if spec.response_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": spec.schema_name,
+                    "schema": dict(spec.response_schema),
+                    "strict": spec.strict,
+                },
+            }
+        if spec.max_output_tokens is not None:
+            body["max_completion_tokens"] = spec.max_output_tokens
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        body.update(spec.extra)
+        return body
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        return Request("POST", self.url(), self.headers(), self.body(spec, stream=stream))
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        choice = (data.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        calls = [
+            ToolCall(
+                id=str(call.get("id") or f"call_{i}"),
+                name=str((call.get("function") or {}).get("name") or ""),
+                arguments=loads_arguments((call.get("function") or {}).get("arguments")),
+            )
+            for i, call in enumerate(message.get("tool_calls") or [])
+        ]
+        text = message.get("content") or ""
+        if not text and message.get("refusal"):
+            text = str(message["refusal"])
+        return Parsed(
+            str(text), calls, _usage(data), choice.get("finish_reason"), data.get("model")
+        )
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        if not isinstance(data, dict):
+            return events
+        state.model = data.get("model") or state.model
+        if data.get("usage"):
+            state.usage = _usage(data)
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text_event = state.add_text(delta.get("content") or "")
+            if text_event:
+                events.append(text_event)
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                events.append(
+                    state.add_call(
+                        int(call.get("index") or 0),
+                        id=call.get("id"),
+                        name=function.get("name"),
+                        arguments_delta=function.get("arguments") or "",
+                    )
+                )
+            if choice.get("finish_reason"):
+                state.finish_reason = choice["finish_reason"]
+        return events

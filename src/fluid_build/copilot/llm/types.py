@@ -1,0 +1,109 @@
+"""What a provider call takes and gives back, in one shape for every provider."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CallSpec",
+    "Completion",
+    "StreamEvent",
+    "ToolCall",
+    "ToolSpec",
+    "Usage",
+]
+
+
+class ToolCall(BaseModel):
+    """A tool the model asked to call, with its arguments decoded."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class Completion(BaseModel):
+    """One model answer: text, the validated object, tool calls, usage and provenance."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    text: str = ""
+    parsed: Any = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    provider: str
+    model: str
+    finish_reason: str | None = None
+    attempts: int = 1
+    request_id: str | None = None
+
+
+class StreamEvent(BaseModel):
+    """One piece of a streamed answer.
+
+    ``text``: a text delta. ``tool_call``: a fragment of a tool call's
+    arguments (``index``, ``id`` and ``name`` once known, ``arguments_delta``).
+    ``done``: the end, with the assembled :class:`Completion`.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    type: Literal["text", "tool_call", "done"]
+    text: str = ""
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    arguments_delta: str = ""
+    completion: Completion | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool offered to the model; ``parameters`` is a JSON schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """Everything an adapter needs to build one request.
+
+    ``messages`` are neutral dicts: ``{"role": "user"|"assistant"|"tool",
+    "content": str, "tool_calls": [...], "tool_call_id": ...}``.
+    """
+
+    model: str
+    messages: Sequence[Mapping[str, Any]]
+    system: str | None = None
+    tools: Sequence[ToolSpec] = ()
+    response_schema: Mapping[str, Any] | None = None
+    schema_name: str = "response"
+    strict: bool = False
+    max_output_tokens: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,166 @@
+"""Which provider, model, key and endpoint: arguments, then FLUID_* variables, then the rest."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.settings import resolve_provider_config
+
+
+def test_the_single_provider_whose_key_is_set() -> None:
+    config = resolve_provider_config(env={"ANTHROPIC_API_KEY": "sk-ant-x"})
+    assert (config.provider, config.model, config.api_key) == (
+        "anthropic",
+        "claude-sonnet-4-6",
+        "sk-ant-x",
+    )
+    assert config.timeout == 120.0
+
+
+def test_fluid_variables_choose_and_override() -> None:
+    env = {
+        "OPENAI_API_KEY": "sk-openai",
+        "ANTHROPIC_API_KEY": "sk-ant",
+        "FLUID_LLM_PROVIDER": "OpenAI",
+        "FLUID_LLM_MODEL": "gpt-4.1",
+        "FLUID_LLM_API_KEY": "sk-override",
+        "FLUID_LLM_TIMEOUT_SECONDS": "30",
+    }
+    config = resolve_provider_config(env=env)
+    assert (config.provider, config.model, config.api_key, config.timeout) == (
+        "openai",
+        "gpt-4.1",
+        "sk-override",
+        30.0,
+    )
+
+
+def test_arguments_beat_the_environment() -> None:
+    env = {"FLUID_LLM_PROVIDER": "openai", "FLUID_LLM_MODEL": "gpt-4.1", "FLUID_LLM_API_KEY": "a"}
+    config = resolve_provider_config("gemini", "gemini-2.5-pro", "AIza-arg", env=env)
+    assert (config.provider, config.model, config.api_key) == (
+        "gemini",
+        "gemini-2.5-pro",
+        "AIza-arg",
+    )
+
+
+def test_gemini_takes_google_api_key_too() -> None:
+    assert resolve_provider_config("gemini", env={"GOOGLE_API_KEY": "g"}).api_key == "g"
+
+
+def test_a_missing_key_names_the_variable() -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config("anthropic", env={})
+    assert "ANTHROPIC_API_KEY" in str(caught.value)
+    assert "api_key=" in str(caught.value)
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config("gemini", env={"GEMINI_API_KEY": "   "})
+    assert "GEMINI_API_KEY or GOOGLE_API_KEY" in str(caught.value)
+
+
+def test_no_provider_at_all_is_an_auth_error_saying_what_to_set() -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config(env={})
+    assert "OPENAI_API_KEY" in str(caught.value)
+
+
+def test_several_keys_without_a_choice_is_not_configured() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config(env={"OPENAI_API_KEY": "a", "GEMINI_API_KEY": "b"})
+    assert caught.value.code == "llm.not_configured"
+    assert "OPENAI_API_KEY, GEMINI_API_KEY" in str(caught.value)
+    assert "FLUID_LLM_PROVIDER" in str(caught.value)
+
+
+def test_a_malformed_key_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config("openai", api_key="sk-abc\ndef-secret-part")
+    assert "secret-part" not in str(caught.value)
+    assert "malformed" in str(caught.value)
+
+
+def test_unknown_provider_and_missing_models() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("cohere", env={})
+    assert caught.value.code == "llm.not_configured"
+    assert "anthropic" in str(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config(
+            "azure",
+            env={
+                "AZURE_OPENAI_API_KEY": "k",
+                "AZURE_OPENAI_ENDPOINT": "https://r.openai.azure.com",
+            },
+        )
+    assert "deployment name" in str(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("azure", "dep", env={"AZURE_OPENAI_API_KEY": "k"})
+    assert "AZURE_OPENAI_ENDPOINT" in str(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("vllm", "qwen", env={})
+    assert "OPENAI_BASE_URL" in str(caught.value)
+
+
+def test_azure_api_version() -> None:
+    env = {
+        "AZURE_OPENAI_API_KEY": "k",
+        "AZURE_OPENAI_ENDPOINT": "https://r.openai.azure.com",
+        "OPENAI_API_VERSION": "2025-01-01-preview",
+    }
+    assert resolve_provider_config("azure", "dep", env=env).api_version == "2025-01-01-preview"
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        (None, None),
+        ("127.0.0.1:11434", "http://127.0.0.1:11434"),
+        ("http://localhost:11434", "http://localhost:11434"),
+        ("0.0.0.0:11434", "http://127.0.0.1:11434"),
+        ("http://[::1]:11434", "http://[::1]:11434"),
+    ],
+)
+def test_ollama_host(host: str | None, expected: str | None) -> None:
+    env = {"OLLAMA_HOST": host} if host else {}
+    config = resolve_provider_config("ollama", env=env)
+    assert config.base_url == expected
+    assert config.api_key is None
+    assert config.model == "llama3.1"
+
+
+def test_ollama_on_another_machine_needs_an_opt_in() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("ollama", env={"OLLAMA_HOST": "gpu-box.lan:11434"})
+    assert caught.value.code == "llm.bad_endpoint"
+    assert "FLUID_OLLAMA_ALLOW_REMOTE=1" in str(caught.value)
+    env = {"OLLAMA_HOST": "gpu-box.lan:11434", "FLUID_OLLAMA_ALLOW_REMOTE": "1"}
+    assert resolve_provider_config("ollama", env=env).base_url == "http://gpu-box.lan:11434"
+
+
+def test_bad_base_url() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("openai", api_key="k", base_url="ftp://x")
+    assert caught.value.code == "llm.bad_endpoint"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("0.5", 1.0), ("99999", 3600.0), ("soon", 120.0), ("nan", 120.0), ("45", 45.0)],
+)
+def test_timeout_is_clamped_and_never_crashes(
+    raw: str, expected: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"OPENAI_API_KEY": "k", "FLUID_LLM_TIMEOUT_SECONDS": raw}
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        assert resolve_provider_config(env=env).timeout == expected
+    if raw != "45":
+        assert "FLUID_LLM_TIMEOUT_SECONDS" in caplog.text
+
+
+def test_config_repr_hides_the_key() -> None:
+    config = resolve_provider_config("openai", api_key="sk-proj-hideme123456")
+    assert "hideme" not in repr(config)
