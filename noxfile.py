@@ -51,3 +51,4 @@ def bench(session: nox.Session) -> None:
     """Benchmarks, as ratios against a baseline measured in the same run."""
     session.install(".")
     session.run("python", "benchmarks/bench_envelope.py", *session.posargs)
+    session.run("python", "benchmarks/bench_preflight.py", *session.posargs)

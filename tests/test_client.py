@@ -754,3 +754,17 @@ def test_async_stream(mock: respx.MockRouter, clock: FakeClock) -> None:
     events = asyncio.run(go())
     assert "".join(e.text for e in events if e.type == "text") == "Hello"
     assert events[-1].type == "done"
+
+
+def test_run_start_warnings_banner(clock: FakeClock) -> None:
+    import io
+
+    out = io.StringIO()
+    client = make("ollama", clock, model="gemma2")
+    warnings = client.run_start_warnings(uses_tools=True, stream=out)
+    assert warnings
+    assert "capability warning" in out.getvalue()
+    quiet = make("ollama", clock, model="gemma2", env={"FLUID_QUIET": "1"})
+    out = io.StringIO()
+    assert quiet.run_start_warnings(uses_tools=True, stream=out) == warnings
+    assert out.getvalue() == ""

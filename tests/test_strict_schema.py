@@ -936,6 +936,8 @@ def data_for(draw: st.DrawFn, node: Any, root: dict[str, Any], depth: int = 0) -
     if kinds == "object" and isinstance(node.get("additionalProperties"), dict):
         keys = draw(st.lists(st.text(max_size=3), max_size=2, unique=True))
         return {k: data_for(draw, node["additionalProperties"], root, depth + 1) for k in keys}
+    if kinds == "object":
+        return draw(st.dictionaries(st.text(max_size=4), json_values, max_size=3))
     return draw(json_values)
 
 

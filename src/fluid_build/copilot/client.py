@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -140,6 +140,7 @@ class LLMClient:
         self._key = CooldownKey.for_call(
             self.config.provider, self.config.api_key, self.config.model
         )
+        self._env = env
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:
@@ -163,6 +164,32 @@ class LLMClient:
         from fluid_build.copilot.agents.capabilities import capabilities_for
 
         return capabilities_for(self.provider, self.model, self.capability_matrix)
+
+    def run_start_warnings(
+        self,
+        *,
+        uses_tools: bool = False,
+        wants_strict_schema: bool | None = None,
+        banner: bool = True,
+        stream: TextIO | None = None,
+    ) -> list[str]:
+        """The capability warnings for a run on this client; shown as a banner unless quiet.
+
+        ``FLUID_QUIET=1`` / ``FLUID_NONINTERACTIVE=1`` hide the banner but the
+        count is still logged (see docs/capability-warnings.md).
+        """
+        from fluid_build.copilot.agents.capabilities import (
+            emit_run_start_banner,
+            run_start_warnings,
+        )
+
+        wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
+        warnings = run_start_warnings(
+            self.capabilities, uses_tools=uses_tools, wants_strict_schema=wants
+        )
+        if banner:
+            emit_run_start_banner(warnings, env=self._env, stream=stream)
+        return warnings
 
     # -- lifecycle --------------------------------------------------------------
 
