@@ -84,17 +84,19 @@ def _tool(tool: ToolSpec | Mapping[str, Any]) -> ToolSpec:
 class _Prepared:
     """One call, ready to send: the spec, and how to read the answer back."""
 
-    __slots__ = ("response_model", "spec", "strict")
+    __slots__ = ("response_model", "spec", "strict", "validate")
 
     def __init__(
         self,
         spec: CallSpec,
         response_model: type[BaseModel] | None,
         strict: StrictSchema | None,
+        validate: bool = True,
     ) -> None:
         self.spec = spec
         self.response_model = response_model
         self.strict = strict
+        self.validate = validate
 
 
 class LLMClient:
@@ -237,6 +239,7 @@ class LLMClient:
         tools: Tools,
         max_output_tokens: int | None,
         capability_matrix: Mapping[str, Any] | None,
+        validate: bool = True,
     ) -> _Prepared:
         from fluid_build.copilot.agents.preflight import check_context
 
@@ -277,7 +280,7 @@ class LLMClient:
             strict=strict is not None,
             max_output_tokens=max_output_tokens,
         )
-        return _Prepared(spec, response_model, strict)
+        return _Prepared(spec, response_model, strict, validate)
 
     def _http_request(
         self, client: httpx.Client | httpx.AsyncClient, request: Request
@@ -318,7 +321,8 @@ class LLMClient:
         self, parsed: Parsed, prepared: _Prepared, attempts: int, request_id: str | None
     ) -> Completion:
         value: Any = None
-        if prepared.response_model is not None:
+        # A turn that calls tools has no final answer to validate yet.
+        if prepared.response_model is not None and prepared.validate and not parsed.tool_calls:
             value = self._validate(parsed.text, prepared)
         return Completion(
             text=parsed.text,
@@ -331,6 +335,19 @@ class LLMClient:
             attempts=attempts,
             request_id=request_id,
         )
+
+    def validate(self, text: str, response_model: type[BaseModel]) -> Any:
+        """Validate a model's text against ``response_model`` as :meth:`complete` does.
+
+        Raises :class:`SchemaValidationError` (``llm.parse_error`` for text
+        that is not JSON). Strict-schema fields are decoded first.
+        """
+        strict: StrictSchema | None = None
+        if self.strict_schema:
+            from fluid_build.copilot.agents.strict_schema import harden_schema
+
+            strict = harden_schema(response_model.model_json_schema(), name=response_model.__name__)
+        return self._validate(text, _Prepared(CallSpec(self.model, ()), response_model, strict))
 
     def _validate(self, text: str, prepared: _Prepared) -> Any:
         model = prepared.response_model
@@ -376,6 +393,7 @@ class LLMClient:
         tools: Tools = None,
         max_output_tokens: int | None = None,
         capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
     ) -> Completion:
         """One call: a :class:`Completion`, or a typed error."""
         prepared = self._prepare(
@@ -385,6 +403,7 @@ class LLMClient:
             tools=tools,
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
+            validate=validate,
         )
         client = self._client()
         attempts = 0
@@ -411,6 +430,7 @@ class LLMClient:
         tools: Tools = None,
         max_output_tokens: int | None = None,
         capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
     ) -> Completion:
         """The async twin of :meth:`complete`."""
         prepared = self._prepare(
@@ -420,6 +440,7 @@ class LLMClient:
             tools=tools,
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
+            validate=validate,
         )
         client = self._aclient()
         attempts = 0
@@ -458,6 +479,7 @@ class LLMClient:
         tools: Tools = None,
         max_output_tokens: int | None = None,
         capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
     ) -> Iterator[StreamEvent]:
         """Text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
@@ -472,6 +494,7 @@ class LLMClient:
             tools=tools,
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
+            validate=validate,
         )
         client = self._client()
         adapter, spec = self.adapter, prepared.spec
@@ -531,6 +554,7 @@ class LLMClient:
         tools: Tools = None,
         max_output_tokens: int | None = None,
         capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
     ) -> AsyncIterator[StreamEvent]:
         """The async twin of :meth:`stream`."""
         prepared = self._prepare(
@@ -540,6 +564,7 @@ class LLMClient:
             tools=tools,
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
+            validate=validate,
         )
         client = self._aclient()
         adapter, spec = self.adapter, prepared.spec

@@ -261,6 +261,42 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "Read the server log for the full exception; the model saw only the class name.",
     ),
     ReasonCode(
+        "budget.rounds_exhausted",
+        False,
+        "The agent loop reached its round limit without a final answer.",
+        "Raise FLUID_AGENT_MAX_ROUNDS, or simplify the task; the transcript so far is kept.",
+    ),
+    ReasonCode(
+        "budget.llm_calls_exhausted",
+        False,
+        "The run made as many model calls as its budget allows.",
+        "Raise Budget(max_llm_calls=...), or simplify the task.",
+    ),
+    ReasonCode(
+        "budget.tool_calls_exhausted",
+        False,
+        "The run made as many tool calls as its budget allows.",
+        "Raise Budget(max_tool_calls=...); a model looping on one tool deserves a look.",
+    ),
+    ReasonCode(
+        "budget.seconds_exhausted",
+        False,
+        "The run used all the seconds its budget allows.",
+        "Raise Budget(max_seconds=...), or use a faster model.",
+    ),
+    ReasonCode(
+        "budget.tokens_exhausted",
+        False,
+        "The run used all the tokens its budget allows.",
+        "Raise Budget(max_total_tokens=...), or compact earlier (FLUID_AGENT_COMPACT_AFTER).",
+    ),
+    ReasonCode(
+        "budget.cost_exhausted",
+        False,
+        "The run spent all the USD its budget allows.",
+        "Raise Budget(max_cost_usd=...), or use a cheaper model.",
+    ),
+    ReasonCode(
         "agent.execution_failed",
         False,
         "An agent step failed.",

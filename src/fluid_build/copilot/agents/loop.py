@@ -1,0 +1,662 @@
+"""The multi-turn agent loop: tools, corrective feedback, scrubbing, compaction and budgets.
+
+``AgentLoop(client, tools=[...], workspace=path, response_model=M).run(task)``
+calls the model, runs the tools it asks for, and feeds failures back as
+corrective messages until the model gives a final answer that validates.
+
+What reaches the model when a tool fails is only
+``{"error": "<ClassName>", "message": "Tool '<name>' failed - see server logs"}``
+and a fixed guidance message chosen by the failure's class and code: never
+the exception text, which can hold paths, hostnames, environment values or
+keys. The full detail goes to the operator's log, redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fluid_build._redact import redact, truncate
+from fluid_build.config import env_int
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ContextOverflowError,
+    SchemaValidationError,
+)
+from fluid_build.copilot.agents.tools import Tool, ToolOutcome, ToolRegistry, Workspace
+from fluid_build.copilot.llm.types import Completion, ToolCall
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.client import LLMClient
+
+__all__ = [
+    "AgentLoop",
+    "AgentResult",
+    "Budget",
+    "LoopSettings",
+    "LoopUsage",
+    "guidance_for",
+    "scrubbed_tool_error",
+]
+
+LOG = logging.getLogger("fluid_build.agent")
+
+Strategy = Literal["truncate", "summarize", "hybrid"]
+_STRATEGIES: Final = ("truncate", "summarize", "hybrid")
+_MAX_TOOL_RESULT_CHARS: Final = 20_000
+
+# USD per million input and output tokens, for budgets; pass prices= for others.
+DEFAULT_PRICES: Final[Mapping[str, tuple[float, float]]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "claude-sonnet-4-6": (3.00, 15.00),
+    "claude-haiku-4-5": (1.00, 5.00),
+    "gemini-2.5-pro": (1.25, 10.00),
+    "gemini-2.5-flash": (0.30, 2.50),
+}
+
+
+class LoopSettings(BaseModel):
+    """Limits of the loop's shape; ``from_env`` reads the ``FLUID_AGENT_*`` variables."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_rounds: int = Field(default=12, ge=1, le=200)
+    max_tool_calls_per_round: int = Field(default=8, ge=1, le=64)
+    max_concurrency: int = Field(default=4, ge=1, le=32)
+    compact_after: int = Field(default=6, ge=1, le=200)
+    compaction: Strategy = "truncate"
+    keep_last: int = Field(default=4, ge=1, le=50)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> LoopSettings:
+        """Read ``FLUID_AGENT_MAX_ROUNDS``, ``_COMPACT_AFTER``, ``FLUID_COMPACTION_STRATEGY``."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {
+            "max_rounds": env_int(env, "FLUID_AGENT_MAX_ROUNDS", 12, minimum=1, maximum=200),
+            "compact_after": env_int(env, "FLUID_AGENT_COMPACT_AFTER", 6, minimum=1, maximum=200),
+        }
+        strategy = (env.get("FLUID_COMPACTION_STRATEGY") or "").strip().lower()
+        if strategy in _STRATEGIES:
+            values["compaction"] = strategy
+        elif strategy:
+            logging.getLogger("fluid_build.config").warning(
+                "FLUID_COMPACTION_STRATEGY=%r is not one of %s; using truncate",
+                truncate(redact(strategy), 40),
+                ", ".join(_STRATEGIES),
+            )
+        values.update(overrides)
+        return cls(**values)
+
+
+class Budget(BaseModel):
+    """Hard limits on one run; ``None`` is no limit. Cost needs known prices."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_llm_calls: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_seconds: float | None = Field(default=None, gt=0)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+
+
+class LoopUsage(BaseModel):
+    """What a run used, so far."""
+
+    rounds: int = 0
+    llm_calls: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    cost_usd: float | None = None
+    corrections: int = 0
+    compactions: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class AgentResult(BaseModel):
+    """A finished run: the validated output, the transcript and the usage."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    output: Any = None
+    text: str = ""
+    transcript: list[dict[str, Any]] = Field(default_factory=list)
+    usage: LoopUsage = Field(default_factory=LoopUsage)
+    finished: bool = False
+
+
+# -- what the model is told ---------------------------------------------------------
+
+_GUIDANCE: Final[Mapping[str, str]] = {
+    "tool.invalid_input": (
+        "Your tool arguments did not match the tool's input schema. Re-read the tool's schema "
+        "definition above and submit values that satisfy every required field with the "
+        "correct types."
+    ),
+    "tool.unknown_tool": (
+        "That tool does not exist. Call only the tools listed below, with their exact names."
+    ),
+    "tool.workspace_violation": (
+        "The path you gave is outside the workspace. Use a relative path inside the "
+        "workspace; absolute paths, '..' and links that lead out of it are refused."
+    ),
+    "tool.timeout": (
+        "The tool did not finish within its time limit. Ask for less at once, or continue "
+        "without it."
+    ),
+    "tool.execution_error": (
+        "The tool raised an error while running; the details are in the server logs. Check "
+        "your arguments, or take a different approach."
+    ),
+}
+_TOO_MANY = "TooManyToolCalls"
+
+
+def scrubbed_tool_error(
+    name: str, error: AgentExecutionError | None, *, skipped: bool = False
+) -> dict[str, str]:
+    """The only thing the model learns about a failed tool call."""
+    if skipped:
+        return {"error": _TOO_MANY, "message": f"Tool '{name}' was not run - see server logs"}
+    return {"error": _class_name(error), "message": f"Tool '{name}' failed - see server logs"}
+
+
+def _class_name(error: AgentExecutionError | None) -> str:
+    if error is None:
+        return "AgentExecutionError"
+    if error.code == "tool.execution_error":
+        # The body's own exception class: a class name says what kind of
+        # failure it was without quoting anything the exception carried.
+        name = error.details.get("exception")
+        if isinstance(name, str) and name.isidentifier():
+            return name
+    if error.code == "tool.timeout":
+        return "ToolTimeoutError"
+    return type(error).__name__
+
+
+def guidance_for(name: str, error: AgentExecutionError | None, tools: Sequence[str]) -> str:
+    """The fixed corrective message for one failed tool call, keyed by its class and code."""
+    code = error.code if error is not None else "tool.execution_error"
+    advice = _GUIDANCE.get(code, _GUIDANCE["tool.execution_error"])
+    listed = ", ".join(tools) if tools else "(none)"
+    return (
+        f"Tool `{name}` failed with error class `{_class_name(error)}`. {advice} "
+        f"Tools you can call next: {listed}."
+    )
+
+
+def _schema_feedback(error: SchemaValidationError) -> str:
+    lines = []
+    for entry in error.validation_errors[:20]:
+        where = entry.get("loc") or "<root>"
+        what = redact(str(entry.get("msg") or "invalid"))
+        kind = entry.get("type") or ""
+        lines.append(f"- {where}: {truncate(what, 200)}" + (f" ({kind})" if kind else ""))
+    if not lines:
+        lines.append("- <root>: the output did not match the schema")
+    schema = error.schema_name or "the response schema"
+    return (
+        f"Your previous answer failed validation against `{schema}` with these errors:\n"
+        + "\n".join(lines)
+        + "\nPlease correct your answer and reply with JSON that satisfies the schema."
+    )
+
+
+def _result_content(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, default=str, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = str(value)
+    return truncate(redact(text), _MAX_TOOL_RESULT_CHARS)
+
+
+def _log_tool_failure(outcome: ToolOutcome) -> None:
+    error = outcome.error
+    detail = ""
+    if outcome.exception is not None:
+        detail = "".join(traceback.format_exception(outcome.exception))
+    LOG.warning(
+        "tool %s (call %s) failed [%s]: %s%s",
+        outcome.name,
+        outcome.call_id,
+        error.code if error else "?",
+        redact(str(error)) if error else "",
+        ("\n" + redact(detail)) if detail else "",
+    )
+
+
+# -- compaction ---------------------------------------------------------------------------
+
+
+def _protected_tail(messages: Sequence[Mapping[str, Any]], keep_last: int) -> int:
+    """Index where the untouchable tail starts: the last ``keep_last`` messages, widened
+    so that no tool result is separated from the assistant turn that called it."""
+    start = max(len(messages) - keep_last, 1)
+    while start > 1 and messages[start].get("role") == "tool":
+        start -= 1
+    return start
+
+
+def _truncate_middle(messages: list[dict[str, Any]], keep_last: int) -> int:
+    """Shorten old tool results in place; return how many were shortened."""
+    tail = _protected_tail(messages, keep_last)
+    shortened = 0
+    for message in messages[1:tail]:
+        content = message.get("content")
+        if (
+            message.get("role") == "tool"
+            and isinstance(content, str)
+            and not content.startswith("[compacted")
+        ):
+            message["content"] = f"[compacted: {len(content)} characters of tool output omitted]"
+            shortened += 1
+    return shortened
+
+
+# -- the loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    messages: list[dict[str, Any]]
+    usage: LoopUsage
+    started: float
+    output: Any = None
+    text: str = ""
+    finished: bool = False
+    warned_cost: bool = False
+    force_compaction: bool = False
+    overflow_retried: bool = False
+    last_summary_round: int = 0
+
+
+class AgentLoop:
+    """Run a task with tools until the model gives a final answer that validates.
+
+    ``run(task)`` (and ``await arun(task)``) return an :class:`AgentResult`.
+    A budget that runs out raises an :class:`AgentExecutionError` whose code
+    says which (``budget.llm_calls_exhausted`` ...); :attr:`result` then holds
+    the work done so far (transcript and usage).
+    """
+
+    def __init__(
+        self,
+        client: LLMClient,
+        *,
+        tools: Iterable[Tool | Callable[..., Any]] | ToolRegistry = (),
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        response_model: type[BaseModel] | None = None,
+        system: str | None = None,
+        settings: LoopSettings | None = None,
+        budget: Budget | None = None,
+        prices: Mapping[str, tuple[float, float]] | None = None,
+        max_output_tokens: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        if isinstance(tools, ToolRegistry):
+            self.registry = tools
+        else:
+            root = workspace if workspace is not None else Path.cwd()
+            self.registry = ToolRegistry(tools, workspace=root)
+        self.response_model = response_model
+        self.system = system
+        self.settings = settings or LoopSettings.from_env(env)
+        self.budget = budget or Budget()
+        self.prices = {**DEFAULT_PRICES, **(prices or {})}
+        self.max_output_tokens = max_output_tokens
+        self.clock = clock
+        self.result = AgentResult()
+
+    # -- shared decisions --------------------------------------------------------------
+
+    def _start(self, task: str) -> _State:
+        state = _State([{"role": "user", "content": task}], LoopUsage(), self.clock())
+        self.result = AgentResult(transcript=state.messages, usage=state.usage)
+        return state
+
+    def _stop(self, state: _State, code: str, what: str) -> AgentExecutionError:
+        state.usage.seconds = self.clock() - state.started
+        self.result = AgentResult(
+            text=state.text, transcript=list(state.messages), usage=state.usage, finished=False
+        )
+        usage = state.usage.model_dump()
+        LOG.warning("agent loop stopped: %s", what)
+        return AgentExecutionError(
+            f"the agent loop stopped: {what}; the work done so far is kept",
+            code=code,
+            details={"usage": usage, "messages": len(state.messages)},
+        )
+
+    def _check_budget(self, state: _State) -> None:
+        budget, usage = self.budget, state.usage
+        usage.seconds = self.clock() - state.started
+        if usage.rounds >= self.settings.max_rounds:
+            raise self._stop(
+                state,
+                "budget.rounds_exhausted",
+                f"{usage.rounds} rounds without a final answer (FLUID_AGENT_MAX_ROUNDS="
+                f"{self.settings.max_rounds})",
+            )
+        if budget.max_llm_calls is not None and usage.llm_calls >= budget.max_llm_calls:
+            raise self._stop(
+                state, "budget.llm_calls_exhausted", f"{usage.llm_calls} model calls made"
+            )
+        if budget.max_seconds is not None and usage.seconds >= budget.max_seconds:
+            raise self._stop(
+                state,
+                "budget.seconds_exhausted",
+                f"{usage.seconds:.1f} s used of {budget.max_seconds:g} s",
+            )
+        if budget.max_total_tokens is not None and usage.total_tokens >= budget.max_total_tokens:
+            raise self._stop(
+                state,
+                "budget.tokens_exhausted",
+                f"{usage.total_tokens} tokens used of {budget.max_total_tokens}",
+            )
+        if budget.max_cost_usd is not None:
+            if usage.cost_usd is None and usage.llm_calls and not state.warned_cost:
+                state.warned_cost = True
+                LOG.warning(
+                    "max_cost_usd cannot be enforced: no price is known for %s (pass prices=)",
+                    self.client.model,
+                )
+            if usage.cost_usd is not None and usage.cost_usd >= budget.max_cost_usd:
+                raise self._stop(
+                    state,
+                    "budget.cost_exhausted",
+                    f"${usage.cost_usd:.4f} spent of ${budget.max_cost_usd:g}",
+                )
+
+    def _account(self, state: _State, completion: Completion) -> None:
+        usage = state.usage
+        usage.llm_calls += 1
+        usage.input_tokens += completion.usage.input_tokens
+        usage.output_tokens += completion.usage.output_tokens
+        price = self.prices.get(self.client.model)
+        if price is not None:
+            spent = (
+                completion.usage.input_tokens * price[0] + completion.usage.output_tokens * price[1]
+            ) / 1_000_000
+            usage.cost_usd = (usage.cost_usd or 0.0) + spent
+
+    def _request(self, state: _State) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "tools": self.registry.specs() or None,
+            "response_model": self.response_model,
+            "max_output_tokens": self.max_output_tokens,
+            "validate": False,
+        }
+
+    def _needs_compaction(self, state: _State) -> bool:
+        return state.force_compaction or state.usage.rounds >= self.settings.compact_after
+
+    def _after_completion(self, state: _State, completion: Completion) -> list[ToolCall]:
+        """Record the model's turn; return the tool calls to run (empty when it answered)."""
+        self._account(state, completion)
+        calls = list(completion.tool_calls)
+        if calls:
+            state.messages.append(
+                {
+                    "role": "assistant",
+                    "content": completion.text,
+                    "tool_calls": [c.model_dump() for c in calls],
+                }
+            )
+            return calls
+        state.messages.append({"role": "assistant", "content": completion.text})
+        state.text = completion.text
+        if self.response_model is None:
+            state.output, state.finished = completion.text, True
+            return []
+        try:
+            state.output = self.client.validate(completion.text, self.response_model)
+            state.finished = True
+        except SchemaValidationError as error:
+            state.usage.corrections += 1
+            LOG.info("final answer failed %s; asking for a correction", error.schema_name)
+            state.messages.append({"role": "user", "content": _schema_feedback(error)})
+        return []
+
+    def _split_calls(
+        self, state: _State, calls: list[ToolCall]
+    ) -> tuple[list[ToolCall], list[ToolCall]]:
+        """The calls to run now, and those refused (per-round cap, tool budget)."""
+        allowed = self.settings.max_tool_calls_per_round
+        if self.budget.max_tool_calls is not None:
+            allowed = min(allowed, max(self.budget.max_tool_calls - state.usage.tool_calls, 0))
+        return calls[:allowed], calls[allowed:]
+
+    def _after_tools(
+        self, state: _State, outcomes: Sequence[ToolOutcome], skipped: Sequence[ToolCall]
+    ) -> None:
+        state.usage.tool_calls += len(outcomes)
+        names = self.registry.names
+        advice: list[str] = []
+        for outcome in outcomes:
+            if outcome.ok:
+                content = _result_content(outcome.value)
+            else:
+                _log_tool_failure(outcome)
+                content = json.dumps(scrubbed_tool_error(outcome.name, outcome.error))
+                advice.append(guidance_for(outcome.name, outcome.error, names))
+            state.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": outcome.call_id,
+                    "name": outcome.name,
+                    "content": content,
+                }
+            )
+        for call in skipped:
+            LOG.warning(
+                "tool call %s (%s) not run: over the per-round or tool-call limit",
+                call.id,
+                call.name,
+            )
+            state.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "name": call.name,
+                    "content": json.dumps(scrubbed_tool_error(call.name, None, skipped=True)),
+                }
+            )
+        if skipped:
+            advice.append(
+                f"{len(skipped)} tool call(s) were not run: at most "
+                f"{self.settings.max_tool_calls_per_round} are honoured per round. "
+                "Make fewer calls at once."
+            )
+        if advice:
+            state.messages.append({"role": "user", "content": "\n\n".join(advice)})
+        if (
+            skipped
+            and self.budget.max_tool_calls is not None
+            and state.usage.tool_calls >= self.budget.max_tool_calls
+        ):
+            raise self._stop(
+                state,
+                "budget.tool_calls_exhausted",
+                f"{state.usage.tool_calls} tool calls made of {self.budget.max_tool_calls}",
+            )
+
+    def _summary_request(self, state: _State) -> tuple[list[dict[str, Any]], int, int] | None:
+        tail = _protected_tail(state.messages, self.settings.keep_last)
+        middle = state.messages[1:tail]
+        if len(middle) < 2:
+            return None
+        text = "\n".join(
+            f"[{m.get('role')}] {truncate(str(m.get('content') or ''), 4000)}"
+            + (
+                f" (called {', '.join(c['name'] for c in m['tool_calls'])})"
+                if m.get("tool_calls")
+                else ""
+            )
+            for m in middle
+        )
+        prompt = [
+            {
+                "role": "user",
+                "content": "Summarize the work below for your own later use: the facts found, "
+                "the tool results that matter, and what remains to do. Be concise.\n\n" + text,
+            }
+        ]
+        return prompt, 1, tail
+
+    def _summary_due(self, state: _State) -> bool:
+        # Truncation is cheap and runs every round once due; a summary costs a
+        # model call, so it runs again only after another compact_after rounds.
+        due = state.force_compaction or (
+            state.usage.rounds - state.last_summary_round >= self.settings.compact_after
+        )
+        if due:
+            state.last_summary_round = state.usage.rounds
+        return due
+
+    def _apply_summary(self, state: _State, summary: str, start: int, tail: int) -> None:
+        state.messages[start:tail] = [
+            {"role": "user", "content": f"[Summary of earlier work]\n{truncate(summary, 8000)}"}
+        ]
+
+    def _retry_after_overflow(self, state: _State) -> bool:
+        """A prompt that no longer fits: compact now and try the round once more."""
+        if state.overflow_retried:
+            return False
+        LOG.info("the conversation no longer fits the window; compacting before retrying")
+        state.overflow_retried = True
+        state.force_compaction = True
+        state.usage.rounds -= 1
+        return True
+
+    def _compacted(self, state: _State) -> None:
+        state.usage.compactions += 1
+        state.force_compaction = False
+
+    # -- drivers ---------------------------------------------------------------------
+
+    def _compact(self, state: _State) -> None:
+        strategy = self.settings.compaction
+        if strategy in {"truncate", "hybrid"}:
+            _truncate_middle(state.messages, self.settings.keep_last)
+        if strategy in {"summarize", "hybrid"} and self._summary_due(state):
+            request = self._summary_request(state)
+            if request is not None:
+                prompt, start, tail = request
+                try:
+                    self._check_budget(state)
+                    completion = self.client.complete(prompt, max_output_tokens=1024)
+                    self._account(state, completion)
+                    self._apply_summary(state, completion.text, start, tail)
+                except AgentExecutionError as error:
+                    if error.code.startswith("budget."):
+                        raise
+                    LOG.warning(
+                        "summary for compaction failed [%s]; truncating instead", error.code
+                    )
+                    _truncate_middle(state.messages, self.settings.keep_last)
+        self._compacted(state)
+
+    def run(self, task: str) -> AgentResult:
+        """Run ``task`` to a validated final answer, or raise the typed error that stopped it."""
+        state = self._start(task)
+        while not state.finished:
+            self._check_budget(state)
+            if self._needs_compaction(state):
+                self._compact(state)
+            state.usage.rounds += 1
+            try:
+                completion = self.client.complete(state.messages, **self._request(state))
+            except ContextOverflowError:
+                if not self._retry_after_overflow(state):
+                    raise
+                continue
+            state.overflow_retried = False
+            calls = self._after_completion(state, completion)
+            if calls:
+                now, skipped = self._split_calls(state, calls)
+                outcomes = self.registry.run_many(
+                    now, max_concurrency=self.settings.max_concurrency
+                )
+                self._after_tools(state, outcomes, skipped)
+        return self._finish(state)
+
+    async def _acompact(self, state: _State) -> None:
+        strategy = self.settings.compaction
+        if strategy in {"truncate", "hybrid"}:
+            _truncate_middle(state.messages, self.settings.keep_last)
+        if strategy in {"summarize", "hybrid"} and self._summary_due(state):
+            request = self._summary_request(state)
+            if request is not None:
+                prompt, start, tail = request
+                try:
+                    self._check_budget(state)
+                    completion = await self.client.acomplete(prompt, max_output_tokens=1024)
+                    self._account(state, completion)
+                    self._apply_summary(state, completion.text, start, tail)
+                except AgentExecutionError as error:
+                    if error.code.startswith("budget."):
+                        raise
+                    LOG.warning(
+                        "summary for compaction failed [%s]; truncating instead", error.code
+                    )
+                    _truncate_middle(state.messages, self.settings.keep_last)
+        self._compacted(state)
+
+    async def arun(self, task: str) -> AgentResult:
+        """The async twin of :meth:`run`."""
+        state = self._start(task)
+        while not state.finished:
+            self._check_budget(state)
+            if self._needs_compaction(state):
+                await self._acompact(state)
+            state.usage.rounds += 1
+            try:
+                completion = await self.client.acomplete(state.messages, **self._request(state))
+            except ContextOverflowError:
+                if not self._retry_after_overflow(state):
+                    raise
+                continue
+            state.overflow_retried = False
+            calls = self._after_completion(state, completion)
+            if calls:
+                now, skipped = self._split_calls(state, calls)
+                outcomes = await self.registry.arun_many(
+                    now, max_concurrency=self.settings.max_concurrency
+                )
+                self._after_tools(state, outcomes, skipped)
+        return self._finish(state)
+
+    def _finish(self, state: _State) -> AgentResult:
+        state.usage.seconds = self.clock() - state.started
+        self.result = AgentResult(
+            output=state.output,
+            text=state.text,
+            transcript=state.messages,
+            usage=state.usage,
+            finished=True,
+        )
+        return self.result
