@@ -1,0 +1,786 @@
+"""Build the shipped cassettes in corpus/ from real, sourced payloads.
+
+These are not recordings (there are no provider keys where they were made):
+each error answer is a payload from tests/data/provider_errors.json (which
+names where every payload comes from) or a documented one cited here, and
+each success answer follows the provider's documented response shape. Every
+cassette says which in its ``source``.
+
+    python corpus/make_cassettes.py          # (re)write corpus/*.json
+    python corpus/make_cassettes.py --check  # exit 1 if a file differs from what it would write
+
+Deterministic: no clocks, no randomness, so rerunning reproduces every file
+byte for byte. Answers pass through the same sanitizing as ``fluid corpus
+record`` (credential headers dropped, bodies redacted).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from fluid_build.copilot.agents.strict_schema import harden_schema  # noqa: E402
+from fluid_build.copilot.llm.replay import (  # noqa: E402
+    CASSETTE_VERSION,
+    CallRecipe,
+    Cassette,
+    DataProduct,
+    Exchange,
+    ExchangeRequest,
+    ExchangeResponse,
+    Expectation,
+    dump_cassette,
+    sanitize_response,
+)
+
+PAYLOADS: dict[str, dict[str, Any]] = {
+    case["id"]: case
+    for case in json.loads(
+        (ROOT / "tests" / "data" / "provider_errors.json").read_text(encoding="utf-8")
+    )
+}
+NOT_RECORDED = "constructed from documented payloads, not a recording"
+
+PROMPT = "Plan a daily sales_orders data product: its name and the build steps."
+SYSTEM = "You are a data engineer. Answer with JSON only."
+PLAN = {
+    "name": "sales_orders",
+    "steps": [
+        "Stage raw orders and order lines; deduplicate on order_line_id.",
+        "Build dim_customer and dim_product with surrogate keys.",
+        "Build fct_order_lines at one row per order line, with revenue and quantity.",
+    ],
+}
+# The first answer of the schema-correction loop: `steps` is a string, not a list.
+BAD_PLAN = {"name": "sales_orders", "steps": "stage, model, test"}
+DATA_PRODUCT = {
+    "name": "sales_orders_daily",
+    "owner": None,
+    "tags": ["sales", "daily"],
+    "properties": {"refresh": "daily", "retention_days": 30, "pii": False},
+}
+
+
+# -- providers: where a call goes and what a success looks like -----------------------------
+
+
+class Provider:
+    name: str
+    model: str
+    env: dict[str, str]
+    path: str
+    stream_path: str
+    body_model: bool = True  # whether the request body names the model
+    # What the caller tells fluid_build about a model it cannot know (Azure deployments
+    # and OpenAI-compatible servers name models freely), as a real caller would.
+    matrix: dict[str, Any] = {}  # noqa: RUF012 - read-only class data
+    success_doc: str
+    stream_doc: str
+    json_headers: dict[str, str]
+    stream_headers: dict[str, str]
+
+    def request(self, *, stream: bool = False, model: str | None = None) -> ExchangeRequest:
+        used = model or self.model
+        return ExchangeRequest(
+            method="POST",
+            path=self.stream_path if stream else self.path,
+            model=used if self.body_model else None,
+        )
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        raise NotImplementedError
+
+
+def _pieces(text: str, parts: int = 3) -> list[str]:
+    size = -(-len(text) // parts)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class OpenAI(Provider):
+    name = "openai"
+    model = "gpt-4o-mini"
+    env: dict[str, str] = {}  # noqa: RUF012 - read-only class data
+    path = stream_path = "/v1/chat/completions"
+    served_model = "gpt-4o-mini-2024-07-18"
+    success_doc = (
+        "success: OpenAI chat completion object "
+        "(https://platform.openai.com/docs/api-reference/chat/object)"
+    )
+    stream_doc = (
+        "stream: OpenAI chat completion chunk object with stream_options.include_usage "
+        "(https://platform.openai.com/docs/api-reference/chat-streaming)"
+    )
+    json_headers = {"content-type": "application/json", "x-request-id": "req_corpus_0001"}  # noqa: RUF012
+    stream_headers = {"content-type": "text/event-stream; charset=utf-8"}  # noqa: RUF012
+    usage_in_stream = True
+    system_fingerprint: str | None = "fp_corpus01"
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-corpus{n:04d}",
+            "object": "chat.completion",
+            "created": 1735689600 + n,
+            "model": self.served_model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": json.dumps(answer),
+                        "refusal": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 96, "completion_tokens": 58, "total_tokens": 154},
+        }
+        if self.system_fingerprint:
+            body["system_fingerprint"] = self.system_fingerprint
+        return body
+
+    def _chunk(self, n: int, choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {
+            "id": f"chatcmpl-corpus{n:04d}",
+            "object": "chat.completion.chunk",
+            "created": 1735689600 + n,
+            "model": self.served_model,
+            "choices": choices,
+            **extra,
+        }
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        n = 90
+        out = [self._chunk(n, [_delta({"role": "assistant", "content": ""})])]
+        out += [
+            self._chunk(n, [_delta({"content": piece})]) for piece in _pieces(json.dumps(answer))
+        ]
+        out.append(self._chunk(n, [_delta({}, finish="stop")]))
+        if self.usage_in_stream:
+            usage = {"prompt_tokens": 96, "completion_tokens": 58, "total_tokens": 154}
+            out.append(self._chunk(n, [], usage=usage))
+        out.append("data: [DONE]\n\n")
+        return "".join(out)
+
+
+def _delta(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+
+class Azure(OpenAI):
+    name = "azure"
+    model = "fluid-gpt-4o-mini"  # the deployment name
+    env = {"AZURE_OPENAI_ENDPOINT": "https://fluid-corpus.openai.azure.com"}  # noqa: RUF012
+    matrix = {"context_window": 128_000, "max_output_tokens": 16_384}  # noqa: RUF012 - gpt-4o-mini
+    path = stream_path = "/openai/deployments/fluid-gpt-4o-mini/chat/completions"
+    success_doc = (
+        "success: Azure OpenAI chat completions response, OpenAI's shape plus "
+        "prompt_filter_results / content_filter_results "
+        "(https://learn.microsoft.com/azure/ai-services/openai/reference#chat-completions)"
+    )
+    stream_doc = (
+        "stream: Azure OpenAI streams OpenAI chunks after a first chunk carrying only "
+        "prompt_filter_results (https://learn.microsoft.com/azure/ai-services/openai/concepts/"
+        "content-filter#streaming-scenarios)"
+    )
+    json_headers = {"content-type": "application/json", "apim-request-id": "corpus-0001"}  # noqa: RUF012
+    system_fingerprint = "fp_corpus01"
+    _filters = {  # noqa: RUF012
+        "hate": {"filtered": False, "severity": "safe"},
+        "self_harm": {"filtered": False, "severity": "safe"},
+        "sexual": {"filtered": False, "severity": "safe"},
+        "violence": {"filtered": False, "severity": "safe"},
+    }
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        body = super().success(answer, schema=schema, n=n)
+        body["prompt_filter_results"] = [
+            {"prompt_index": 0, "content_filter_results": self._filters}
+        ]
+        body["choices"][0]["content_filter_results"] = self._filters
+        return body
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        first = {
+            "choices": [],
+            "created": 0,
+            "id": "",
+            "model": "",
+            "object": "",
+            "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": self._filters}],
+        }
+        return f"data: {json.dumps(first)}\n\n" + super().stream(answer, schema=schema)
+
+
+class VLLM(OpenAI):
+    name = "vllm"
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    served_model = model
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1"}  # noqa: RUF012
+    matrix = {"context_window": 32_768}  # noqa: RUF012 - Qwen2.5-7B-Instruct's --max-model-len
+    success_doc = (
+        "success: vLLM's OpenAI-compatible server answers in OpenAI's chat completion shape "
+        "(https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html)"
+    )
+    stream_doc = (
+        "stream: OpenAI chat completion chunks; fluid_build sends no stream_options to "
+        "OpenAI-compatible servers, so no usage chunk"
+    )
+    json_headers = {"content-type": "application/json"}  # noqa: RUF012
+    usage_in_stream = False
+    system_fingerprint = None
+
+
+class Anthropic(Provider):
+    name = "anthropic"
+    model = "claude-sonnet-4-6"
+    env: dict[str, str] = {}  # noqa: RUF012
+    path = stream_path = "/v1/messages"
+    success_doc = (
+        "success: Anthropic Message object with a tool_use block (structured output through "
+        "a forced tool; https://docs.anthropic.com/en/api/messages)"
+    )
+    stream_doc = (
+        "stream: Anthropic message_start / content_block_* / input_json_delta / message_delta "
+        "events (https://docs.anthropic.com/en/docs/build-with-claude/streaming)"
+    )
+    json_headers = {"content-type": "application/json", "request-id": "req_corpus0001"}  # noqa: RUF012
+    stream_headers = {"content-type": "text/event-stream; charset=utf-8"}  # noqa: RUF012
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        return {
+            "id": f"msg_corpus{n:04d}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_corpus{n:04d}",
+                    "name": f"respond_{schema}",
+                    "input": answer,
+                }
+            ],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 412, "output_tokens": 71},
+        }
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        def event(name: str, data: dict[str, Any]) -> str:
+            return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+        message = {
+            "id": "msg_corpus0090",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 412, "output_tokens": 1},
+        }
+        block = {
+            "type": "tool_use",
+            "id": "toolu_corpus0090",
+            "name": f"respond_{schema}",
+            "input": {},
+        }
+        out = [
+            event("message_start", {"type": "message_start", "message": message}),
+            event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": block},
+            ),
+            event("ping", {"type": "ping"}),
+        ]
+        for piece in _pieces(json.dumps(answer)):
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            out.append(
+                event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                )
+            )
+        out += [
+            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                    "usage": {"output_tokens": 71},
+                },
+            ),
+            event("message_stop", {"type": "message_stop"}),
+        ]
+        return "".join(out)
+
+
+class Gemini(Provider):
+    name = "gemini"
+    model = "gemini-2.5-flash"
+    env: dict[str, str] = {}  # noqa: RUF012
+    path = "/v1beta/models/gemini-2.5-flash:generateContent"
+    stream_path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+    body_model = False  # the model is in the path
+    success_doc = (
+        "success: Gemini GenerateContentResponse "
+        "(https://ai.google.dev/api/generate-content#generatecontentresponse)"
+    )
+    stream_doc = (
+        "stream: GenerateContentResponse chunks as server-sent events with alt=sse, "
+        "CRLF-separated (https://ai.google.dev/api/generate-content#method:-models.streamgeneratecontent)"
+    )
+    json_headers = {"content-type": "application/json; charset=UTF-8"}  # noqa: RUF012
+    stream_headers = {"content-type": "text/event-stream"}  # noqa: RUF012
+
+    def _response(self, text: str, *, n: int, final: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "model"}}
+        if final:
+            candidate["finishReason"] = "STOP"
+        candidate["index"] = 0
+        return {
+            "candidates": [candidate],
+            "usageMetadata": {
+                "promptTokenCount": 88,
+                "candidatesTokenCount": 64,
+                "totalTokenCount": 152,
+            },
+            "modelVersion": self.model,
+            "responseId": f"corpus{n:04d}",
+        }
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        return self._response(json.dumps(answer), n=n, final=True)
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        pieces = _pieces(json.dumps(answer))
+        return "".join(
+            f"data: {json.dumps(self._response(p, n=90, final=i == len(pieces) - 1))}\r\n\r\n"
+            for i, p in enumerate(pieces)
+        )
+
+
+class Ollama(Provider):
+    name = "ollama"
+    model = "llama3.1"
+    env: dict[str, str] = {}  # noqa: RUF012
+    path = stream_path = "/api/chat"
+    success_doc = (
+        "success: Ollama /api/chat response, non-streaming "
+        "(https://github.com/ollama/ollama/blob/main/docs/api.md#generate-a-chat-completion)"
+    )
+    stream_doc = (
+        "stream: Ollama /api/chat NDJSON stream, one object per line, the last with done: true "
+        "(https://github.com/ollama/ollama/blob/main/docs/api.md#generate-a-chat-completion)"
+    )
+    json_headers = {"content-type": "application/json; charset=utf-8"}  # noqa: RUF012
+    stream_headers = {"content-type": "application/x-ndjson"}  # noqa: RUF012
+    _timings = {  # noqa: RUF012
+        "total_duration": 4883583458,
+        "load_duration": 1334875,
+        "prompt_eval_count": 92,
+        "prompt_eval_duration": 342546000,
+        "eval_count": 66,
+        "eval_duration": 4535599000,
+    }
+
+    def success(self, answer: dict[str, Any], *, schema: str, n: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "created_at": f"2025-01-01T00:00:{n:02d}.000000Z",
+            "message": {"role": "assistant", "content": json.dumps(answer)},
+            "done_reason": "stop",
+            "done": True,
+            **self._timings,
+        }
+
+    def stream(self, answer: dict[str, Any], *, schema: str) -> str:
+        lines = [
+            {
+                "model": self.model,
+                "created_at": f"2025-01-01T00:01:{i:02d}.000000Z",
+                "message": {"role": "assistant", "content": piece},
+                "done": False,
+            }
+            for i, piece in enumerate(_pieces(json.dumps(answer)))
+        ]
+        lines.append(
+            {
+                "model": self.model,
+                "created_at": "2025-01-01T00:01:59.000000Z",
+                "message": {"role": "assistant", "content": ""},
+                "done_reason": "stop",
+                "done": True,
+                **self._timings,
+            }
+        )
+        return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+def answer(
+    status: int, headers: dict[str, str], *, body: Any = None, text: str | None = None
+) -> ExchangeResponse:
+    raw = text if text is not None else json.dumps(body)
+    return sanitize_response(status, headers, raw)
+
+
+def payload(case_id: str, **header_overrides: str) -> tuple[ExchangeResponse, str]:
+    """A payload of tests/data/provider_errors.json, and its source line."""
+    case = PAYLOADS[case_id]
+    headers = {**case.get("headers", {}), **header_overrides}
+    response = answer(case["status"], headers, body=case.get("body"), text=case.get("body_text"))
+    extra = f" plus header(s) {', '.join(sorted(header_overrides))}" if header_overrides else ""
+    return response, f"{case_id}{extra} ({case['source']})"
+
+
+def documented(
+    status: int, headers: dict[str, str], source: str, *, body: Any = None, text: str | None = None
+) -> tuple[ExchangeResponse, str]:
+    return answer(status, headers, body=body, text=text), source
+
+
+def ok(p: Provider, value: dict[str, Any], *, schema: str = "Plan", n: int = 1) -> ExchangeResponse:
+    return answer(200, p.json_headers, body=p.success(value, schema=schema, n=n))
+
+
+def ok_stream(p: Provider, value: dict[str, Any], *, schema: str = "Plan") -> ExchangeResponse:
+    return answer(200, p.stream_headers, text=p.stream(value, schema=schema))
+
+
+# Payloads documented elsewhere than tests/data/provider_errors.json.
+NGINX_401 = (
+    "<html>\r\n<head><title>401 Authorization Required</title></head>\r\n<body>\r\n"
+    "<center><h1>401 Authorization Required</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    "</body>\r\n</html>\r\n"
+)
+OLLAMA_JSON = {"content-type": "application/json; charset=utf-8"}
+
+RATE_LIMITS: dict[str, tuple[Callable[[], tuple[ExchangeResponse, str]], float]] = {
+    "openai": (lambda: payload("openai-429-rate-limit-tpm-ms-hint"), 0.644),
+    "azure": (lambda: payload("azure-429-token-rate-limit-retry-after-ms"), 5.81),
+    "anthropic": (lambda: payload("anthropic-429-rate-limit-itpm"), 17.0),
+    "gemini": (lambda: payload("gemini-429-per-minute-retryinfo"), 26.0),
+    # Neither Ollama nor vLLM rate-limits; a gateway in front of them does.
+    "ollama": (lambda: payload("proxy-429-text-plain", **{"retry-after": "3"}), 3.0),
+    "vllm": (lambda: payload("proxy-429-text-plain", **{"retry-after": "3"}), 3.0),
+}
+SERVER_ERRORS: dict[str, Callable[[], tuple[ExchangeResponse, str]]] = {
+    "openai": lambda: payload("openai-500-server-error"),
+    "azure": lambda: payload("openai-500-server-error"),  # Azure OpenAI's envelope is OpenAI's
+    "anthropic": lambda: payload("anthropic-500-api-error"),
+    "gemini": lambda: payload("gemini-500-internal"),
+    "ollama": lambda: documented(
+        500,
+        OLLAMA_JSON,
+        'Ollama\'s {"error": ...} envelope with the message of issue ollama/ollama#8770 '
+        "('500 Internal Server Error: llama runner process has terminated: exit status 2')",
+        body={"error": "llama runner process has terminated: exit status 2"},
+    ),
+    "vllm": lambda: payload("proxy-502-nginx-bad-gateway"),  # nginx in front of vLLM
+}
+OVERLOADED: dict[str, Callable[[], tuple[ExchangeResponse, str]]] = {
+    "openai": lambda: payload("openai-503-model-overloaded"),
+    "azure": lambda: payload("openai-503-model-overloaded"),
+    "anthropic": lambda: payload("anthropic-529-overloaded"),
+    "gemini": lambda: payload("gemini-503-model-overloaded"),
+    "ollama": lambda: documented(
+        503,
+        OLLAMA_JSON,
+        "ollama server/sched.go ErrMaxQueue ('server busy, please try again.  maximum pending "
+        "requests exceeded', OLLAMA_MAX_QUEUE full), answered as HTTP 503 by server/routes.go",
+        body={"error": "server busy, please try again.  maximum pending requests exceeded"},
+    ),
+    "vllm": lambda: payload("proxy-503-nginx-unavailable"),
+}
+AUTH_FAILURES: dict[str, Callable[[], tuple[ExchangeResponse, str]]] = {
+    "openai": lambda: payload("openai-401-invalid-api-key"),
+    "azure": lambda: payload("azure-401-invalid-subscription-key"),
+    "anthropic": lambda: payload("anthropic-401-invalid-x-api-key"),
+    "gemini": lambda: payload("gemini-400-api-key-invalid"),
+    # Ollama has no keys: a 401 comes from the reverse proxy guarding it.
+    "ollama": lambda: documented(
+        401,
+        {"content-type": "text/html", "server": "nginx"},
+        "nginx src/http/ngx_http_special_response.c (ngx_http_error_401_page + "
+        "ngx_http_error_tail): the page nginx auth_basic answers in front of Ollama",
+        text=NGINX_401,
+    ),
+    "vllm": lambda: documented(
+        401,
+        {"content-type": "application/json"},
+        "vllm-project/vllm vllm/entrypoints/openai/api_server.py AuthenticationMiddleware "
+        '(JSONResponse(content={"error": "Unauthorized"}, status_code=401) with --api-key)',
+        body={"error": "Unauthorized"},
+    ),
+}
+OVERFLOWS: dict[str, Callable[[], tuple[ExchangeResponse, str]]] = {
+    "openai": lambda: payload("openai-400-context-length-exceeded"),
+    "azure": lambda: payload("azure-400-context-length-exceeded"),
+    "anthropic": lambda: payload("anthropic-400-prompt-too-long"),
+    "gemini": lambda: payload("gemini-400-input-token-count-exceeds"),
+    "vllm": lambda: payload("vllm-400-context-length-nested"),
+}
+
+
+# -- cassettes -------------------------------------------------------------------------
+
+
+def cassette(
+    p: Provider,
+    scenario: str,
+    description: str,
+    sources: list[str],
+    exchanges: list[tuple[ExchangeRequest, ExchangeResponse]],
+    expect: Expectation,
+    *,
+    kind: Literal["complete", "stream", "loop"] = "complete",
+    response_model: str | None = "Plan",
+    model: str | None = None,
+    max_output_tokens: int | None = None,
+    strict_schema: bool = False,
+    prompt: str = PROMPT,
+) -> Cassette:
+    return Cassette(
+        version=CASSETTE_VERSION,
+        name=f"{p.name}-{scenario}",
+        description=description,
+        provider=p.name,
+        model=model or p.model,
+        source=f"{NOT_RECORDED}: " + "; ".join(sources),
+        call=CallRecipe(
+            kind=kind,
+            messages=[{"role": "user", "content": prompt}],
+            system=SYSTEM,
+            response_model=response_model,
+            strict_schema=strict_schema,
+            max_output_tokens=max_output_tokens,
+            env=dict(p.env),
+            capability_matrix=dict(p.matrix),
+        ),
+        exchanges=[Exchange(request=r, response=a) for r, a in exchanges],
+        expect=expect,
+    )
+
+
+def success(attempts: int, waits: list[float], output: Any = PLAN) -> Expectation:
+    return Expectation(outcome="success", output=output, attempts=attempts, waits=waits)
+
+
+def failure(error_class: str, code: str, attempts: int = 1) -> Expectation:
+    return Expectation(
+        outcome="error", error_class=error_class, error_code=code, attempts=attempts, waits=[]
+    )
+
+
+def provider_cassettes(p: Provider) -> list[Cassette]:
+    req = p.request()
+    out = [
+        cassette(
+            p,
+            "success",
+            "One structured call answered at once; the output validates as a Plan.",
+            [p.success_doc],
+            [(req, ok(p, PLAN))],
+            success(1, []),
+        ),
+        cassette(
+            p,
+            "stream",
+            "The same call streamed: the deltas assemble into a Plan that validates.",
+            [p.stream_doc],
+            [(p.request(stream=True), ok_stream(p, PLAN))],
+            success(1, []),
+            kind="stream",
+        ),
+    ]
+    limited, wait = RATE_LIMITS[p.name]
+    error, source = limited()
+    out.append(
+        cassette(
+            p,
+            "rate-limit-retry",
+            f"A 429 asking for {wait:g} s: the envelope waits exactly that, then succeeds.",
+            [f"429: {source}", p.success_doc],
+            [(req, error), (req, ok(p, PLAN, n=2))],
+            success(2, [wait]),
+        )
+    )
+    for scenario, table, what in (
+        ("server-error-retry", SERVER_ERRORS, "A 5xx without Retry-After"),
+        ("overloaded-retry", OVERLOADED, "Overloaded"),
+    ):
+        error, source = table[p.name]()
+        out.append(
+            cassette(
+                p,
+                scenario,
+                f"{what} (HTTP {error.status}): one backoff of 1 s (no jitter), then success.",
+                [f"{error.status}: {source}", p.success_doc],
+                [(req, error), (req, ok(p, PLAN, n=2))],
+                success(2, [1.0]),
+            )
+        )
+    error, source = AUTH_FAILURES[p.name]()
+    out.append(
+        cassette(
+            p,
+            "auth-failure",
+            f"A rejected key (HTTP {error.status}): ProviderAuthError at once, never retried.",
+            [f"{error.status}: {source}"],
+            [(req, error)],
+            failure("ProviderAuthError", "llm.auth"),
+        )
+    )
+    if p.name in OVERFLOWS:
+        error, source = OVERFLOWS[p.name]()
+        out.append(
+            cassette(
+                p,
+                "context-overflow",
+                "The provider refuses the prompt at submit time as too long: "
+                "ContextOverflowError, never retried.",
+                [f"{error.status}: {source}"],
+                [(req, error)],
+                failure("ContextOverflowError", "llm.context_overflow"),
+            )
+        )
+    else:
+        # Ollama truncates an over-long prompt silently instead of refusing it, so the
+        # only place an overflow surfaces is fluid_build's pre-flight, before any request.
+        out.append(
+            cassette(
+                p,
+                "context-overflow",
+                "llama3 has an 8,192-token window and the call reserves all of it for the "
+                "answer: the pre-flight refuses it before sending (0 requests). Ollama "
+                "itself would truncate the prompt silently (num_ctx).",
+                [
+                    "no exchange: the window of llama3 is ollama.com/library/llama3 "
+                    "'context length 8192', as fluid_build's capability matrix holds it"
+                ],
+                [],
+                failure("ContextOverflowError", "llm.context_overflow", attempts=0),
+                model="llama3",
+                max_output_tokens=8192,
+            )
+        )
+    out.append(
+        cassette(
+            p,
+            "schema-corrected",
+            "The agent loop: the first answer gives steps as a string and fails Plan; the "
+            "loop feeds the validation errors back and the second answer validates.",
+            [p.success_doc],
+            [(req, ok(p, BAD_PLAN)), (req, ok(p, PLAN, n=2))],
+            success(2, []),
+            kind="loop",
+        )
+    )
+    return out
+
+
+def openai_strict(p: Provider) -> list[Cassette]:
+    strict = harden_schema(DataProduct.model_json_schema(), name="DataProduct")
+    encoded = strict.encode(DATA_PRODUCT)
+    assert isinstance(encoded["properties"], str)  # the free-form field travels as JSON text
+    req = p.request()
+    return [
+        cassette(
+            p,
+            "strict-schema-on",
+            "Strict-schema mode: the free-form `properties` field is sent as a JSON-encoded "
+            "string (strict mode cannot describe it) and decoded back before validation.",
+            [p.success_doc, "strict shape per docs/openai-strict-schema.md"],
+            [(req, ok(p, encoded, schema="DataProduct"))],
+            success(1, [], DATA_PRODUCT),
+            response_model="DataProduct",
+            strict_schema=True,
+            prompt="Describe the sales_orders_daily data product.",
+        ),
+        cassette(
+            p,
+            "strict-schema-off",
+            "Strict-schema mode off: the same data product with `properties` as a plain "
+            "JSON object validates as is.",
+            [p.success_doc],
+            [(req, ok(p, DATA_PRODUCT, schema="DataProduct"))],
+            success(1, [], DATA_PRODUCT),
+            response_model="DataProduct",
+            strict_schema=False,
+            prompt="Describe the sales_orders_daily data product.",
+        ),
+    ]
+
+
+def stream_error_retries() -> list[Cassette]:
+    out = []
+    for p, case_id in (
+        (Anthropic(), "anthropic-200-sse-overloaded"),
+        (OpenAI(), "openai-200-stream-error-chunk"),
+    ):
+        error, source = payload(case_id)
+        out.append(
+            cassette(
+                p,
+                "stream-error-retry",
+                "An error event inside an HTTP 200 stream before any delta: retried after a 1 s "
+                "backoff like any failed attempt; the second stream succeeds.",
+                [f"200 stream: {source}", p.stream_doc],
+                [(p.request(stream=True), error), (p.request(stream=True), ok_stream(p, PLAN))],
+                success(2, [1.0]),
+                kind="stream",
+            )
+        )
+    return out
+
+
+def build() -> list[Cassette]:
+    providers: list[Provider] = [OpenAI(), Azure(), Anthropic(), Gemini(), Ollama(), VLLM()]
+    out: list[Cassette] = []
+    for p in providers:
+        out += provider_cassettes(p)
+    out += openai_strict(OpenAI())
+    out += stream_error_retries()
+    names = [c.name for c in out]
+    assert len(names) == len(set(names)), "cassette names must be unique"
+    return sorted(out, key=lambda c: c.name)
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for item in build():
+        target = HERE / f"{item.name}.json"
+        text = dump_cassette(item)
+        current = target.read_text(encoding="utf-8") if target.exists() else None
+        if current == text:
+            continue
+        if check:
+            stale.append(target.name)
+        else:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {target.relative_to(ROOT)}")
+    if stale:
+        print("out of date (run python corpus/make_cassettes.py): " + ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

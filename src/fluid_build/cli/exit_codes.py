@@ -1,0 +1,94 @@
+"""One place that maps every failure to the ``fluid`` command's exit code and message."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Final
+
+import click
+
+__all__ = ["EXIT_CODES", "exit_code_for", "report_error"]
+
+#: Exit codes by failure family (docs/cli.md lists them for scripts).
+EXIT_CODES: Final = {
+    "ok": 0,
+    "internal": 1,  # a bug: please report it
+    "usage": 2,  # click's own: a wrong option or argument
+    "intent": 3,  # the intent (or cassette) file is missing or invalid
+    "auth": 10,  # ProviderAuthError, and configuration the provider needs
+    "rate_limit": 11,  # RateLimitError, quota exhausted included
+    "timeout": 12,  # ProviderTimeoutError, and connection failures
+    "context_overflow": 13,  # ContextOverflowError
+    "server": 14,  # ProviderServerError
+    "provider": 15,  # any other ProviderError (invalid request, model not found ...)
+    "schema": 20,  # SchemaValidationError
+    "tool": 21,  # ToolValidationError
+    "agent": 22,  # any other AgentExecutionError (budgets, tool timeouts)
+    "corpus_mismatch": 30,  # fluid corpus replay: an outcome differed from the recording
+}
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code for an exception that ended a command."""
+    from fluid_build.copilot.agents.errors import (
+        AgentExecutionError,
+        ContextOverflowError,
+        ProviderAuthError,
+        ProviderError,
+        ProviderServerError,
+        ProviderTimeoutError,
+        RateLimitError,
+        SchemaValidationError,
+        ToolValidationError,
+    )
+    from fluid_build.copilot.llm.replay import CassetteError, ReplayMismatch
+    from fluid_build.forge.intent import IntentError
+
+    if isinstance(exc, IntentError | CassetteError):
+        return EXIT_CODES["intent"]
+    if isinstance(exc, ReplayMismatch):
+        return EXIT_CODES["corpus_mismatch"]
+    family = [
+        (ProviderAuthError, "auth"),
+        (RateLimitError, "rate_limit"),
+        (ProviderTimeoutError, "timeout"),
+        (ContextOverflowError, "context_overflow"),
+        (ProviderServerError, "server"),
+        (SchemaValidationError, "schema"),
+        (ToolValidationError, "tool"),
+    ]
+    for cls, name in family:
+        if isinstance(exc, cls):
+            return EXIT_CODES[name]
+    if isinstance(exc, ProviderError):
+        if exc.code == "llm.network_error":
+            return EXIT_CODES["timeout"]
+        if exc.code == "llm.not_configured":
+            return EXIT_CODES["auth"]
+        return EXIT_CODES["provider"]
+    if isinstance(exc, AgentExecutionError):
+        return EXIT_CODES["agent"]
+    return EXIT_CODES["internal"]
+
+
+def report_error(exc: BaseException, *, as_json: bool = False) -> int:
+    """Print the operator message for ``exc`` (or its JSON) and return the exit code."""
+    from fluid_build._redact import redact
+
+    code = exit_code_for(exc)
+    if as_json:
+        to_dict = getattr(exc, "to_dict", None)
+        payload = (
+            to_dict()
+            if callable(to_dict)
+            else {"error": type(exc).__name__, "message": redact(str(exc))}
+        )
+        click.echo(json.dumps({"ok": False, "exit_code": code, "error": payload}))
+    else:
+        name = type(exc).__name__
+        click.echo(f"fluid: {name}: {redact(str(exc))}", err=True)
+        if code == EXIT_CODES["internal"]:
+            click.echo("fluid: this looks like a bug in fluid_build; please report it.", err=True)
+    sys.stderr.flush()
+    return code

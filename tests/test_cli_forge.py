@@ -1,0 +1,145 @@
+"""`fluid forge` through click's runner, and once for real in a subprocess, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from fluid_build.cli import _register, cli
+from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.cli.forge import EXAMPLE_CASSETTE, EXAMPLE_INTENT
+
+_register()
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "home"))
+    return CliRunner()
+
+
+def test_offline_default_forges_the_example(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["forge"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "forge-out"
+    contract = yaml.safe_load((out / "contract.fluid.yaml").read_text())
+    assert contract["name"] == "sales_orders"
+    assert contract["grain"] == "one row per order line"
+    assert (out / "models/fct_order_lines.sql").read_text().startswith("select")
+    receipt = json.loads((out / ".fluid/forge-receipt.json").read_text())
+    assert receipt["provider"] == "openai"
+    assert receipt["attempts"] == 4
+    assert [w["seconds"] for w in receipt["waits"]] == [2.0]
+    assert receipt["waits"][0]["code"] == "llm.rate_limited"
+    stages = {s["name"]: s for s in receipt["stages"]}
+    assert stages["generate"]["attempts"] == 2
+    assert stages["generate"]["corrections"][0][0]["loc"] == "contract.grain"
+    assert receipt["tokens"]["total"] > 0
+    assert sorted(receipt["files"]) == [
+        "contract.fluid.yaml",
+        "docs/sales_orders.md",
+        "models/fct_order_lines.sql",
+    ]
+    assert "No API key found" in result.output
+    assert "wait 2.0 s" in result.output
+
+
+def test_json_output(runner: CliRunner) -> None:
+    result = runner.invoke(cli, ["forge", "--json", "--out", "o"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["ok"] is True
+    assert payload["receipt"]["attempts"] == 4
+
+
+def test_explicit_replay_of_an_intent(runner: CliRunner, tmp_path: Path) -> None:
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    result = runner.invoke(
+        cli, ["forge", str(intent), "--replay", str(EXAMPLE_CASSETTE), "--out", "x"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x" / "contract.fluid.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("data_product: [1, 2", "not valid YAML at line"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("data_product:\n  name: Bad Name\n", "data_product.name"),
+        (
+            "data_product: {name: ok_name, domain: d, description: short, owner: me}\n"
+            "grain: g\ndimensions: []\nmetrics: [m]\nmodeling_technique: dimensional\n",
+            "grain",
+        ),
+    ],
+)
+def test_a_bad_intent_says_which_field(
+    runner: CliRunner, tmp_path: Path, content: str, fragment: str
+) -> None:
+    intent = tmp_path / "bad.yaml"
+    intent.write_text(content)
+    result = runner.invoke(cli, ["forge", str(intent), "--replay", str(EXAMPLE_CASSETTE)])
+    assert result.exit_code == EXIT_CODES["intent"], result.output
+    assert fragment in result.output
+    assert not (tmp_path / "forge-out").exists()
+
+
+def test_an_intent_without_a_key_is_an_auth_error(runner: CliRunner, tmp_path: Path) -> None:
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    result = runner.invoke(cli, ["forge", str(intent)])
+    assert result.exit_code == EXIT_CODES["auth"], result.output
+    assert "OPENAI_API_KEY" in result.output
+
+
+def test_a_failed_run_writes_nothing(runner: CliRunner, tmp_path: Path) -> None:
+    cassette = json.loads(EXAMPLE_CASSETTE.read_text())
+    bad = cassette["exchanges"][2]
+    cassette["exchanges"] = [*cassette["exchanges"][:3], bad, bad]  # never corrected
+    path = tmp_path / "never.json"
+    path.write_text(json.dumps(cassette))
+    result = runner.invoke(cli, ["forge", "--replay", str(path), "--out", "never"])
+    assert result.exit_code == EXIT_CODES["schema"], result.output
+    assert "contract.grain" in result.output or "failed 1 check" in result.output
+    leftovers = (
+        [p for p in (tmp_path / "never").rglob("*") if p.is_file()]
+        if (tmp_path / "never").exists()
+        else []
+    )
+    assert leftovers == []
+
+
+def test_the_console_script_runs_offline(tmp_path: Path) -> None:
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_API", "FLUID_", "AZURE_OPENAI_")
+        )
+    }
+    env["FLUID_HOME"] = str(tmp_path / "home")
+    done = subprocess.run(
+        [fluid, "forge"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "forge-out" / "contract.fluid.yaml").exists()
+    assert (tmp_path / "forge-out" / ".fluid" / "forge-receipt.json").exists()
