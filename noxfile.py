@@ -28,7 +28,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install(".[lint,redis]")
+    session.install(".[lint,redis,keyring]")
     session.run("mypy", "--strict", "src")
 
 
