@@ -10,6 +10,7 @@ import asyncio
 import importlib.util
 import json
 import pickle
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -103,7 +104,8 @@ def test_shipped_cassette_is_sourced_and_holds_no_secret(path: Path) -> None:
         )
 
 
-def _make_cassettes() -> ModuleType:
+def _make_cassettes(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ in corpus/
     spec = importlib.util.spec_from_file_location("make_cassettes", CORPUS / "make_cassettes.py")
     assert spec is not None
     assert spec.loader is not None
@@ -112,8 +114,8 @@ def _make_cassettes() -> ModuleType:
     return module
 
 
-def test_generator_reproduces_the_files_byte_for_byte() -> None:
-    built = _make_cassettes().build()
+def test_generator_reproduces_the_files_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _make_cassettes(monkeypatch).build()
     assert {c.name for c in built} == {p.stem for p in CASSETTES}
     for cassette in built:
         assert dump_cassette(cassette) == (CORPUS / f"{cassette.name}.json").read_text(
@@ -568,3 +570,19 @@ def test_written_cassette_is_version_1_and_round_trips(tmp_path: Path) -> None:
     path = write_cassette(cassette, tmp_path / "copy.json")
     assert json.loads(path.read_text(encoding="utf-8"))["version"] == CASSETTE_VERSION == 1
     assert load_cassette(path) == cassette
+
+
+def test_cli_table_shows_reasons_verbatim(tmp_path: Path) -> None:
+    bad = _doctor(
+        _load("openai-auth-failure"),
+        error_class="RateLimitError",
+        error_code="llm.rate_limited",
+        waits=[1.5],
+    )
+    write_cassette(bad, tmp_path / "openai-auth-failure.json")
+    result = _invoke("replay", str(tmp_path))
+    assert result.exit_code == 30
+    text = " ".join(result.stdout.split())
+    assert "expected waits [1.5] s, the client waited [] s" in text
+    assert "expected error code llm.rate_limited, got llm.auth" in text
+    assert "[llm.auth]:" in result.stdout  # rich markup must not swallow it

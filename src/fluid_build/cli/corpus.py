@@ -77,6 +77,7 @@ def _waits(waits: Sequence[float]) -> str:
 
 def _print_table(results: Sequence[ReplayResult]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -91,14 +92,13 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
     for result in results:
         verdict = "[green]OK[/]" if result.ok else "[bold red]MISMATCH[/]"
         table.add_row(
-            result.name,
-            result.provider or "?",
+            escape(result.name),
+            escape(result.provider or "?"),
             result.outcome,
             str(result.attempts),
             _waits(result.waits),
             verdict,
-            "\n".join(result.mismatches),
-            end_section=False,
+            escape("\n".join(result.mismatches)),
         )
     console.print(table)
     failed = sum(not r.ok for r in results)

@@ -164,6 +164,8 @@ def command(
     offline by replaying a recorded session (a rate-limit wait and a schema
     correction included), so you can see a whole run without any key.
     """
+    from rich.markup import escape
+
     from fluid_build.forge.app import run_forge
     from fluid_build.forge.intent import load_intent
 
@@ -196,11 +198,15 @@ def command(
                 status.update(f"{stage} ...")
                 console.print(f"  [cyan]stage[/] {stage}")
 
+            def on_note(note: str) -> None:
+                console.print(f"  [yellow]fix[/]  {escape(note)}")
+
             run = run_forge(
                 client,
                 intent,
                 out_dir,
                 on_stage=on_stage,
+                on_note=on_note,
                 replay=str(cassette) if cassette else None,
                 agent_loop=agent_loop,
                 workspace=intent_file.resolve().parent,

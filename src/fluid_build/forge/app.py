@@ -190,6 +190,14 @@ class ForgeRun:
         }
 
 
+def _describe(stage: str, errors: list[dict[str, str]]) -> str:
+    first = errors[0] if errors else {"loc": "<root>", "msg": "invalid"}
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (
+        f"{stage}: output failed validation at {first['loc']}: {first['msg']}{more}; asking again"
+    )
+
+
 def _feedback(errors: list[dict[str, str]]) -> str:
     lines = "\n".join(f"- {e['loc']}: {e['msg']} ({e['type']})" for e in errors[:20])
     return (
@@ -217,7 +225,9 @@ class _Pipeline:
         run: ForgeRun,
         on_stage: Callable[[str], None],
         prices: dict[str, tuple[float, float]],
+        on_note: Callable[[str], None] = lambda note: None,
     ) -> None:
+        self.on_note = on_note
         self.client = client
         self.intent = intent
         self.run = run
@@ -253,6 +263,7 @@ class _Pipeline:
             except SchemaValidationError as error:
                 errors = _errors_of(error)
                 stage.corrections.append(errors)
+                self.on_note(_describe("plan", errors))
                 last = error
                 messages += [
                     {"role": "assistant", "content": completion.text},
@@ -294,6 +305,7 @@ class _Pipeline:
                     raw_output=completion.text,
                 )
             stage.corrections.append(errors)
+            self.on_note(_describe("generate", errors))
             messages += [
                 {"role": "assistant", "content": completion.text},
                 {"role": "user", "content": _feedback(errors)},
@@ -334,6 +346,7 @@ def run_forge(
     out_dir: str | Path,
     *,
     on_stage: Callable[[str], None] = lambda stage: None,
+    on_note: Callable[[str], None] = lambda note: None,
     replay: str | None = None,
     clock: Callable[[], float] = time.monotonic,
     agent_loop: bool = False,
@@ -365,7 +378,7 @@ def run_forge(
 
     client.envelope.hook = hook
     try:
-        pipeline = _Pipeline(client, intent, run, on_stage, dict(DEFAULT_PRICES))
+        pipeline = _Pipeline(client, intent, run, on_stage, dict(DEFAULT_PRICES), on_note)
         plan = pipeline.plan()
         if agent_loop:
             output = _generate_with_tools(client, intent, plan, run, on_stage, workspace)
