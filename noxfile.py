@@ -5,7 +5,7 @@ from __future__ import annotations
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
-# bench and fuzz run on demand: `nox -s bench`, `nox -s fuzz`.
+# bench, fuzz and corpus run on demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`.
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -21,8 +21,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
 
 
 @nox.session(python="3.11")
@@ -52,3 +52,10 @@ def bench(session: nox.Session) -> None:
     session.install(".")
     session.run("python", "benchmarks/bench_envelope.py", *session.posargs)
     session.run("python", "benchmarks/bench_preflight.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def corpus(session: nox.Session) -> None:
+    """Replay every recorded provider exchange in corpus/ and check the outcomes."""
+    session.install(".")
+    session.run("fluid", "corpus", "replay", "corpus", *session.posargs)

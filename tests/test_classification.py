@@ -250,6 +250,12 @@ GEMINI_RATE = {
         (
             {"x-ratelimit-reset-tokens": "9s"},
             {"error": {"message": "Try again in 2s"}},
+            2.0,
+            "message",
+        ),
+        (
+            {"x-ratelimit-reset-tokens": "9s", "x-ratelimit-reset-requests": "120ms"},
+            {"error": {"message": "Rate limit reached"}},
             9.0,
             "rate-limit reset header",
         ),

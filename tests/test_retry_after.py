@@ -103,8 +103,8 @@ def test_garbage_header_containers_never_raise() -> None:
             },
             9.816,
         ),
-        # Nothing exhausted: the soonest reset.
-        ({"x-ratelimit-reset-requests": "3s", "x-ratelimit-reset-tokens": "1s"}, 1.0),
+        # Nothing exhausted: the longest reset (which limit refused is unknown).
+        ({"x-ratelimit-reset-requests": "3s", "x-ratelimit-reset-tokens": "1s"}, 3.0),
         # Anthropic RFC 3339 timestamps.
         (
             {

@@ -204,8 +204,10 @@ def parse_rate_limit_reset(
     ``20ms``), Anthropic ``anthropic-ratelimit-*-reset`` (RFC 3339 times) and
     generic ``x-ratelimit-reset`` (seconds, or an epoch in s or ms). When a
     limit reports zero remaining, its reset is the answer (the longest, if
-    several are exhausted); otherwise the shortest reset. Capped at 300 s;
-    None when nothing usable is present. Never raises.
+    several are exhausted); otherwise the longest reset, since the limit that
+    refused the request is not known and waiting for the shorter one risks
+    another 429. Capped at 300 s; None when nothing usable is present. Never
+    raises.
     """
     requested = _requested_reset(headers, now)
     return None if requested is None else min(requested, MAX_RETRY_AFTER)
@@ -229,7 +231,7 @@ def _requested_reset(headers: HeadersLike, now: float | datetime | None) -> floa
         if exhausted:
             return max(exhausted)
         if others:
-            return min(others)
+            return max(others)
     except Exception:  # noqa: BLE001 - a hint, never a crash
         return None
     return None
@@ -846,12 +848,14 @@ def _retry_hint(
         return seconds, "retry-after header"
     if info.retry_delay is not None:
         return info.retry_delay, "body retry delay"
-    seconds = _requested_reset(headers, now)
-    if seconds is not None:
-        return seconds, "rate-limit reset header"
+    # The message names the limit that was hit ("Please try again in 9.816s");
+    # the reset headers describe every limit, including ones not exhausted.
     seconds = _wait_from_message(info.message)
     if seconds is not None:
         return seconds, "message"
+    seconds = _requested_reset(headers, now)
+    if seconds is not None:
+        return seconds, "rate-limit reset header"
     return None, None
 
 
