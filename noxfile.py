@@ -9,6 +9,8 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
+LINTED = ("src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
+
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
@@ -21,8 +23,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", *LINTED)
 
 
 @nox.session(python="3.11")
