@@ -143,3 +143,41 @@ def test_the_console_script_runs_offline(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "forge-out" / "contract.fluid.yaml").exists()
     assert (tmp_path / "forge-out" / ".fluid" / "forge-receipt.json").exists()
+
+
+def test_agent_loop_uses_workspace_tools(runner: CliRunner, tmp_path: Path) -> None:
+    cassette = json.loads(EXAMPLE_CASSETTE.read_text())
+    plan, _, _, final = cassette["exchanges"]
+    tool_call = json.loads(json.dumps(final))
+    tool_call["response"]["body"]["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "read_sample_schema",
+                    "arguments": json.dumps({"path": "orders.sql"}),
+                },
+            }
+        ],
+    }
+    escape = json.loads(json.dumps(tool_call))
+    escape["response"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"][
+        "arguments"
+    ] = json.dumps({"path": "../../etc/passwd"})
+    cassette["exchanges"] = [plan, escape, tool_call, final]
+    replay = tmp_path / "loop.json"
+    replay.write_text(json.dumps(cassette))
+    (tmp_path / "orders.sql").write_text("select * from raw.orders")
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    result = runner.invoke(
+        cli, ["forge", str(intent), "--agent-loop", "--replay", str(replay), "--out", "o"]
+    )
+    assert result.exit_code == 0, result.output
+    receipt = json.loads((tmp_path / "o/.fluid/forge-receipt.json").read_text())
+    generate = next(s for s in receipt["stages"] if s["name"] == "generate")
+    assert generate["llm_calls"] == 3
+    assert (tmp_path / "o/contract.fluid.yaml").exists()
