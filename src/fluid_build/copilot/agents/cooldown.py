@@ -90,6 +90,18 @@ class CooldownStore(Protocol):
         """Make ``key`` cool down for at least ``seconds``; return the seconds now left."""
         ...
 
+    def incr(self, key: str) -> int:
+        """Add one to ``key``'s shared counter (the circuit breaker's failures); return it."""
+        ...
+
+    def count(self, key: str) -> int:
+        """The counter's value (0 when unset)."""
+        ...
+
+    def reset(self, key: str) -> None:
+        """Clear the counter."""
+        ...
+
 
 def _valid(seconds: float) -> bool:
     return math.isfinite(seconds) and seconds > 0
@@ -100,7 +112,20 @@ class MemoryCooldownStore:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def incr(self, key: str) -> int:
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            return self._counts[key]
+
+    def count(self, key: str) -> int:
+        return self._counts.get(key, 0)
+
+    def reset(self, key: str) -> None:
+        with self._lock:
+            self._counts.pop(key, None)
 
     def remaining(self, key: str, now: float) -> float:
         until = self._until.get(key)
@@ -145,6 +170,7 @@ class SqliteCooldownStore:
         self._pid = 0
         self._seen_generation = -1
         self._cache: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
@@ -154,6 +180,9 @@ class SqliteCooldownStore:
             conn.execute("PRAGMA busy_timeout=10000")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS cooldown (key TEXT PRIMARY KEY, until REAL NOT NULL)"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, n INTEGER NOT NULL)"
             )
             conn.commit()
             self._generation_path.touch(exist_ok=True)
@@ -167,7 +196,7 @@ class SqliteCooldownStore:
         except FileNotFoundError:
             return -2
 
-    def remaining(self, key: str, now: float) -> float:
+    def _refresh(self, now: float) -> None:
         generation = self._generation()
         if generation != self._seen_generation or self._pid != os.getpid():
             with self._lock:
@@ -175,7 +204,18 @@ class SqliteCooldownStore:
                 generation = self._generation()
                 rows = conn.execute("SELECT key, until FROM cooldown WHERE until > ?", (now,))
                 self._cache = dict(rows.fetchall())
+                self._counts = dict(conn.execute("SELECT key, n FROM counters").fetchall())
                 self._seen_generation = generation
+
+    def _bump(self) -> None:
+        # Grow the sidecar only after the change is committed: a reader that
+        # sees the new size is sure to read the new rows.
+        with open(self._generation_path, "ab") as generation:
+            generation.write(b".")
+        self._seen_generation = -1
+
+    def remaining(self, key: str, now: float) -> float:
+        self._refresh(now)
         until = self._cache.get(key)
         return until - now if until is not None and until > now else 0.0
 
@@ -192,12 +232,32 @@ class SqliteCooldownStore:
                 )
                 conn.execute("DELETE FROM cooldown WHERE until < ?", (now - 3600,))
                 until = conn.execute("SELECT until FROM cooldown WHERE key = ?", (key,)).fetchone()
-            # Grow the sidecar only after the row is committed: a reader that
-            # sees the new size is sure to read the new row.
-            with open(self._generation_path, "ab") as generation:
-                generation.write(b".")
-            self._seen_generation = -1
+            self._bump()
         return max(float(until[0]) - now, 0.0) if until else seconds
+
+    def incr(self, key: str) -> int:
+        with self._lock:
+            conn = self._connection()
+            with conn:
+                row = conn.execute(
+                    "INSERT INTO counters (key, n) VALUES (?, 1) "
+                    "ON CONFLICT(key) DO UPDATE SET n = n + 1 RETURNING n",
+                    (key,),
+                ).fetchone()
+            self._bump()
+        return int(row[0])
+
+    def count(self, key: str) -> int:
+        self._refresh(time.time())
+        return self._counts.get(key, 0)
+
+    def reset(self, key: str) -> None:
+        with self._lock:
+            conn = self._connection()
+            with conn:
+                gone = conn.execute("DELETE FROM counters WHERE key = ?", (key,)).rowcount
+            if gone:
+                self._bump()
 
     def close(self) -> None:
         with self._lock:
@@ -255,6 +315,16 @@ class RedisCooldownStore:
             return self.remaining(key, now)
         left = self._extend(keys=[self._prefix + key], args=[max(int(seconds * 1000), 1)])
         return float(left) / 1000.0
+
+    def incr(self, key: str) -> int:
+        return int(self._client.incr(self._prefix + "n:" + key))
+
+    def count(self, key: str) -> int:
+        value = self._client.get(self._prefix + "n:" + key)
+        return int(value) if value is not None else 0
+
+    def reset(self, key: str) -> None:
+        self._client.delete(self._prefix + "n:" + key)
 
     def __repr__(self) -> str:
         return f"RedisCooldownStore({self._url!r})"
@@ -336,6 +406,38 @@ class ResilientCooldownStore:
             return local
         self._recovered()
         return max(shared, local)
+
+    def incr(self, key: str) -> int:
+        local = self.fallback.incr(key)
+        if not self._usable():
+            return local
+        try:
+            shared = self.primary.incr(key)
+        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
+            self._failed(exc)
+            return local
+        self._recovered()
+        return shared
+
+    def count(self, key: str) -> int:
+        if not self._usable():
+            return self.fallback.count(key)
+        try:
+            return self.primary.count(key)
+        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
+            self._failed(exc)
+            return self.fallback.count(key)
+
+    def reset(self, key: str) -> None:
+        self.fallback.reset(key)
+        if not self._usable():
+            return
+        try:
+            self.primary.reset(key)
+        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
+            self._failed(exc)
+            return
+        self._recovered()
 
     def __repr__(self) -> str:
         return f"ResilientCooldownStore({self.primary!r})"

@@ -35,6 +35,7 @@ from fluid_build._redact import JsonValue, json_safe, one_line, redact, truncate
 from fluid_build.errors import FluidError
 
 __all__ = [
+    "BREAKER_CODES",
     "MAX_RETRY_AFTER",
     "REASON_CODES",
     "AgentExecutionError",
@@ -50,6 +51,18 @@ __all__ = [
     "SchemaValidationError",
     "ToolValidationError",
 ]
+
+#: Codes that say something about the provider's health, and so count toward
+#: its circuit breaker; auth, overflow, validation and rate limits never do.
+BREAKER_CODES: Final = frozenset(
+    {
+        "llm.timeout",
+        "llm.network_error",
+        "llm.server_error",
+        "llm.overloaded",
+        "llm.malformed_response",
+    }
+)
 
 #: The longest wait a server may ask for; longer requests are cut to this.
 MAX_RETRY_AFTER: Final = 300.0
@@ -147,6 +160,13 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         True,
         "The provider is overloaded (Anthropic 529, Gemini 503).",
         "Usually nothing: the envelope retries. If it persists, try later or another model.",
+    ),
+    ReasonCode(
+        "llm.circuit_open",
+        True,
+        "The circuit breaker for this provider, model and key is open after repeated failures.",
+        "Wait until it half-opens (the message says when), or configure fallbacks "
+        "(FLUID_LLM_FALLBACKS); see docs/fallbacks-and-breakers.md.",
     ),
     ReasonCode(
         "llm.insufficient_resources",
@@ -395,6 +415,11 @@ class AgentExecutionError(FluidGenerationError):
         super().__init__(self.message)
 
     # -- presentation -------------------------------------------------------
+
+    @property
+    def counts_toward_breaker(self) -> bool:
+        """Whether this failure counts toward the circuit breaker (transient provider trouble)."""
+        return self.code in BREAKER_CODES
 
     @property
     def action(self) -> str:

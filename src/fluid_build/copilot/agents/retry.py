@@ -33,6 +33,7 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
 from fluid_build.config import env_float, env_int
+from fluid_build.copilot.agents.breaker import CircuitBreaker
 from fluid_build.copilot.agents.cooldown import (
     CooldownKey,
     CooldownStore,
@@ -126,6 +127,8 @@ def decide(
     """The retry decision after ``attempt`` failed with ``error``, ``elapsed`` s into the call."""
     if not isinstance(error, AgentExecutionError) or not error.retryable:
         return Decision(None, "not retryable")
+    if error.code == "llm.circuit_open":
+        return Decision(None, "gave up: the circuit breaker is open")
     if attempt >= policy.attempts:
         return Decision(None, f"gave up after {attempt} attempt(s)")
     if error.retry_after is not None:
@@ -200,7 +203,7 @@ class _Run:
         started: float,
     ) -> None:
         self.env = envelope
-        self.key = key if envelope.cooldown is not None else None
+        self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
         self.provider = provider
         self.model = model
         self.started = started
@@ -220,6 +223,8 @@ class _Run:
         )
         if error is not exc:
             error.__cause__ = exc
+        if self.env.breaker is not None and self.key is not None:
+            self.env.breaker.record_failure(self.key, error)
         store = self.env.cooldown
         if (
             store is not None
@@ -232,6 +237,15 @@ class _Run:
                 self.key, min(error.retry_after, self.env.policy.retry_after_cap), self.env.clock()
             )
         return error
+
+    def before_send(self) -> None:
+        if self.env.breaker is not None and self.key is not None:
+            self.env.breaker.check(self.key, provider=self.provider, model=self.model)
+        self.sent += 1
+
+    def succeeded(self) -> None:
+        if self.env.breaker is not None and self.key is not None:
+            self.env.breaker.record_success(self.key)
 
     def cooldown_waits(self) -> Iterator[float]:
         """The waits to take before sending, while the key is cooling down."""
@@ -333,6 +347,7 @@ class RetryEnvelope:
         policy: RetryPolicy | None = None,
         *,
         cooldown: CooldownStore | None = None,
+        breaker: CircuitBreaker | None = None,
         hook: RetryHook = log_wait,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -341,6 +356,7 @@ class RetryEnvelope:
     ) -> None:
         self.policy = policy or RetryPolicy()
         self.cooldown = cooldown
+        self.breaker = breaker
         self.hook = hook
         self.clock = clock
         self.sleep = sleep
@@ -353,6 +369,8 @@ class RetryEnvelope:
         kwargs.setdefault("policy", RetryPolicy.from_env(env))
         if "cooldown" not in kwargs:
             kwargs["cooldown"] = cooldown_store_from_env(env)
+        if "breaker" not in kwargs and kwargs["cooldown"] is not None:
+            kwargs["breaker"] = CircuitBreaker.from_env(kwargs["cooldown"], env)
         return cls(**kwargs)
 
     def __repr__(self) -> str:
@@ -376,13 +394,20 @@ class RetryEnvelope:
         """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error."""
         started = self.clock()
         skey = None if key is None else str(key)
+        breaker = self.breaker if skey is not None else None
+        if breaker is not None:
+            breaker.check(skey, provider=provider, model=model)  # type: ignore[arg-type]
         first: Exception | None = None
         if not self._cooling(skey, started):
             # The fast path: a first attempt that succeeds pays for nothing else.
             try:
-                return fn()
+                result = fn()
             except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
                 first = exc
+            else:
+                if breaker is not None:
+                    breaker.record_success(skey)  # type: ignore[arg-type]
+                return result
         run = _Run(self, skey, provider, model, started)
         pending: AgentExecutionError | None = None
         if first is not None:
@@ -396,11 +421,13 @@ class RetryEnvelope:
                         raise error
                     for wait in run.cooldown_waits():
                         self.sleep(wait)
-                    run.sent += 1
+                    run.before_send()
                     try:
-                        return fn()
+                        result = fn()
                     except Exception as exc:  # noqa: BLE001 - classified, then judged
                         raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                    run.succeeded()
+                    return result
         except AgentExecutionError as error:
             raise run.final(error) from error.__cause__
         raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover
@@ -418,12 +445,19 @@ class RetryEnvelope:
         """The async twin of :meth:`call`: same decisions, awaited sleeps."""
         started = self.clock()
         skey = None if key is None else str(key)
+        breaker = self.breaker if skey is not None else None
+        if breaker is not None:
+            breaker.check(skey, provider=provider, model=model)  # type: ignore[arg-type]
         first: Exception | None = None
         if not self._cooling(skey, started):
             try:
-                return await fn()
+                result = await fn()
             except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
                 first = exc
+            else:
+                if breaker is not None:
+                    breaker.record_success(skey)  # type: ignore[arg-type]
+                return result
         run = _Run(self, skey, provider, model, started)
         pending: AgentExecutionError | None = None
         if first is not None:
@@ -437,11 +471,13 @@ class RetryEnvelope:
                         raise error
                     for wait in run.cooldown_waits():
                         await self.asleep(wait)
-                    run.sent += 1
+                    run.before_send()
                     try:
-                        return await fn()
+                        result = await fn()
                     except Exception as exc:  # noqa: BLE001 - classified, then judged
                         raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                    run.succeeded()
+                    return result
         except AgentExecutionError as error:
             raise run.final(error) from error.__cause__
         raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover

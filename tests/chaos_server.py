@@ -1,0 +1,412 @@
+"""A chat-completions server on 127.0.0.1 that fails on a seeded schedule.
+
+:class:`ChaosServer` speaks just enough HTTP/1.1 for httpx (request line,
+headers, a ``content-length`` body; no chunked requests) and answers
+``POST /v1/chat/completions`` in OpenAI's shape. Before answering, it draws a
+fault for the request from ``random.Random(seed)`` (or takes the next one
+from ``script``): a 429 with ``retry-after`` or ``retry-after-ms``, a 5xx,
+Anthropic's 529, an HTML gateway page, a reset before or during the answer, a
+body cut short of its ``content-length``, headers held past the client's
+read timeout, or a correct answer.
+
+Connections are kept alive after every complete answer (the client's pool
+reuses them) and closed only by the faults that break them, by a request
+carrying ``connection: close``, or when the server stops; an idle connection
+is never closed under the client.
+
+It runs on its own event loop in a background thread, so the code under test
+can use any loop (or none). Every request is recorded: arrival time, the
+``x-key`` header (which cooldown key sent it), the fault served and, for a
+429, when it was sent and the window it asked for.
+
+The sequence of faults is fixed by the seed; which call meets which fault
+depends on the order requests arrive in, which concurrency does not fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "FAULTS",
+    "ChaosServer",
+    "Request",
+    "chaos_server",
+]
+
+#: Every fault the server can serve, and "ok" (a correct answer).
+FAULTS: Final = (
+    "ok",
+    "429_retry_after",  # 429, retry-after: 0.1..0.2 (seconds, as a decimal)
+    "429_retry_after_ms",  # 429, retry-after-ms: 100..200
+    "500",
+    "502",
+    "503",
+    "529_overloaded",  # Anthropic's overloaded_error body
+    "html_502",  # a gateway's HTML page instead of JSON
+    "reset_before_response",  # RST after reading the request, nothing sent
+    "reset_during_body",  # headers and half the body, then RST
+    "truncated_json",  # a correct content-length, half the JSON, then FIN
+    "slow_headers",  # nothing until the client gives up (or ``stall`` s)
+)
+
+#: The suite's mix: half the requests are answered, the rest fail one way or another.
+DEFAULT_WEIGHTS: Final[Mapping[str, float]] = {
+    "ok": 50,
+    "429_retry_after": 8,
+    "429_retry_after_ms": 7,
+    "500": 4,
+    "502": 4,
+    "503": 4,
+    "529_overloaded": 4,
+    "html_502": 4,
+    "reset_before_response": 4,
+    "reset_during_body": 4,
+    "truncated_json": 4,
+    "slow_headers": 3,
+}
+
+_REASONS: Final = {
+    200: "OK",
+    404: "Not Found",
+    411: "Length Required",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    529: "Overloaded",
+}
+
+_HTML_502: Final = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+
+
+@dataclass
+class Request:
+    """One request as the server saw it, and what it did about it."""
+
+    index: int  # arrival order, from 0
+    at: float  # time.time() once the request was read
+    key: str | None  # the x-key header
+    path: str
+    fault: str
+    connection: int  # which connection carried it
+    sent_at: float | None = None  # time.time() once the answer (if any) was written
+    window: float | None = None  # for a 429: the seconds it asked the client to wait
+
+
+def _answer(index: int) -> bytes:
+    content = json.dumps({"answer": "ok", "request": index})
+    return json.dumps(
+        {
+            "id": f"chatcmpl-chaos-{index}",
+            "object": "chat.completion",
+            "model": "chaos-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        }
+    ).encode()
+
+
+def _json_error(message: str, kind: str, code: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+def _head(status: int, headers: Mapping[str, str], length: int, keep_alive: bool) -> bytes:
+    lines = [
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
+        f"content-length: {length}",
+        f"connection: {'keep-alive' if keep_alive else 'close'}",
+    ]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _linger_zero(writer: asyncio.StreamWriter) -> None:
+    """Make the coming close send RST instead of FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+class ChaosServer:
+    """A misbehaving chat-completions server; use :func:`chaos_server` to run one.
+
+    ``weights`` maps fault names (:data:`FAULTS`) to relative weights;
+    ``script`` overrides the draw for the first requests, in arrival order
+    (then the draw resumes). ``stall`` bounds how long ``slow_headers``
+    holds a connection whose client has not hung up: set it above the
+    client's read timeout.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        weights: Mapping[str, float] | None = None,
+        script: Sequence[str] = (),
+        stall: float = 1.5,
+    ) -> None:
+        weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
+        unknown = (set(weights) | set(script)) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        self.seed = seed
+        self._kinds = [k for k, w in weights.items() if w > 0]
+        self._weights = [weights[k] for k in self._kinds]
+        self._script = list(script)
+        self._rng = random.Random(seed)  # noqa: S311 - a test schedule, not cryptography
+        self.stall = stall
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        self._connections = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL (``.../v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def snapshot(self) -> list[Request]:
+        with self._lock:
+            return list(self.requests)
+
+    def served(self) -> Counter[str]:
+        """How many requests met each fault."""
+        return Counter(r.fault for r in self.snapshot())
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="chaos-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the chaos server did not start within 10 s")
+        if self._failure is not None:
+            raise RuntimeError("the chaos server failed to start") from self._failure
+
+    def stop(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                raise RuntimeError("the chaos server did not stop within 10 s")
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to start(), or lost with the thread
+            self._failure = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        handlers: set[asyncio.Task[None]] = set()
+        writers: set[asyncio.StreamWriter] = set()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            handlers.add(task)
+            writers.add(writer)
+            try:
+                await self._connection(reader, writer)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                pass  # the client went away: nothing to answer
+            finally:
+                writers.discard(writer)
+                handlers.discard(task)
+                writer.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0, backlog=512)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            await server.wait_closed()
+            for writer in list(writers):
+                writer.transport.abort()
+            for task in list(handlers):
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+            await asyncio.sleep(0)  # let the transports' close callbacks run
+
+    # -- one connection ----------------------------------------------------------------
+
+    def _draw(self) -> tuple[str, float]:
+        """The next fault, and a retry window in case it is a 429 (both from the seed)."""
+        fault = (
+            self._script.pop(0)
+            if self._script
+            else self._rng.choices(self._kinds, self._weights)[0]
+        )
+        window = round(self._rng.uniform(0.1, 0.2), 3)
+        return fault, window
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with self._lock:
+            self._connections += 1
+            connection = self._connections
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return  # the client closed an idle connection
+            except asyncio.LimitOverrunError:
+                writer.write(_head(431, {}, 0, keep_alive=False))
+                await writer.drain()
+                return
+            lines = head.decode("latin-1").split("\r\n")
+            method, _, rest = lines[0].partition(" ")
+            path = rest.rpartition(" ")[0] or rest
+            headers = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if sep:
+                    headers[name.strip().lower()] = value.strip()
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                writer.write(_head(411, {}, 0, keep_alive=False))
+                await writer.drain()
+                return
+            await reader.readexactly(int(headers.get("content-length") or 0))
+            keep_alive = headers.get("connection", "").lower() != "close"
+
+            if method != "POST" or path != "/v1/chat/completions":
+                body = _json_error(f"no route for {method} {path}", "invalid_request_error")
+                writer.write(_head(404, {"content-type": "application/json"}, len(body), False))
+                writer.write(body)
+                await writer.drain()
+                return
+
+            fault, window = self._draw()
+            with self._lock:
+                record = Request(
+                    len(self.requests), time.time(), headers.get("x-key"), path, fault, connection
+                )
+                self.requests.append(record)
+            if not await self._serve(fault, window, record, writer, reader, keep_alive):
+                return
+
+    async def _serve(
+        self,
+        fault: str,
+        window: float,
+        record: Request,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
+        keep_alive: bool,
+    ) -> bool:
+        """Serve one fault; True when the connection can carry another request."""
+        json_type = {"content-type": "application/json"}
+        if fault == "reset_before_response":
+            _linger_zero(writer)
+            writer.transport.abort()
+            return False
+        if fault == "slow_headers":
+            # Hold the answer until the client hangs up (its read timeout), or `stall` s.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - headers late
+            return False
+        if fault in {"reset_during_body", "truncated_json"}:
+            body = _answer(record.index)
+            record.sent_at = time.time()
+            writer.write(_head(200, json_type, len(body), keep_alive=True) + body[: len(body) // 2])
+            await writer.drain()
+            if fault == "reset_during_body":
+                # Let the client start reading the body, so the RST cuts it mid-way.
+                await asyncio.sleep(0.005)  # noqa: real-sleep - the client reads the headers
+                _linger_zero(writer)
+                writer.transport.abort()
+            else:
+                writer.close()
+            return False
+
+        status, headers, body = 200, dict(json_type), b""
+        if fault == "ok":
+            body = _answer(record.index)
+        elif fault == "429_retry_after":
+            status, record.window = 429, window
+            headers["retry-after"] = f"{window:g}"
+            body = _json_error(
+                "Rate limit reached for requests per min. Please slow down.",
+                "requests",
+                "rate_limit_exceeded",
+            )
+        elif fault == "429_retry_after_ms":
+            status, record.window = 429, window
+            headers["retry-after-ms"] = str(round(window * 1000))
+            body = _json_error(
+                "Rate limit reached for requests per min. Please slow down.",
+                "requests",
+                "rate_limit_exceeded",
+            )
+        elif fault in {"500", "502", "503"}:
+            status = int(fault)
+            body = _json_error(f"upstream answered {status}", "server_error")
+        elif fault == "529_overloaded":
+            status = 529
+            body = json.dumps(
+                {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+            ).encode()
+        elif fault == "html_502":
+            status, headers, body = 502, {"content-type": "text/html"}, _HTML_502
+        else:  # pragma: no cover - FAULTS and this function disagree
+            raise AssertionError(f"no way to serve {fault!r}")
+        # Stamped before writing: the client cannot have read the answer any earlier.
+        record.sent_at = time.time()
+        writer.write(_head(status, headers, len(body), keep_alive) + body)
+        await writer.drain()
+        return keep_alive
+
+
+@contextmanager
+def chaos_server(
+    seed: int = 0,
+    *,
+    weights: Mapping[str, float] | None = None,
+    script: Sequence[str] = (),
+    stall: float = 1.5,
+) -> Iterator[ChaosServer]:
+    """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
+    server = ChaosServer(seed, weights=weights, script=script, stall=stall)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
