@@ -8,7 +8,10 @@ any failure -> validation of the output against ``response_model``.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
@@ -21,7 +24,12 @@ from fluid_build.copilot.agents.error_classification import (
 )
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
+    ContextOverflowError,
+    ProviderAuthError,
     ProviderError,
+    ProviderServerError,
+    ProviderTimeoutError,
+    RateLimitError,
     SchemaValidationError,
 )
 from fluid_build.copilot.agents.retry import RetryEnvelope
@@ -48,6 +56,54 @@ if TYPE_CHECKING:
     from fluid_build.copilot.agents.strict_schema import StrictSchema
 
 __all__ = ["LLMClient"]
+
+LOG = logging.getLogger("fluid_build.client")
+
+# Failures that say nothing about the provider's state: never kept as the
+# sticky last error, so they cannot hide the real one.
+_CALLER_SIDE = frozenset(
+    {
+        "llm.not_configured",
+        "llm.model_not_found",
+        "llm.bad_endpoint",
+        "llm.cancelled",
+        "llm.schema_violation",
+        "llm.parse_error",
+        "llm.context_overflow",
+        "llm.circuit_open",
+    }
+)
+# Non-retryable failures after which another provider may still answer.
+_MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted"})
+
+
+def _actionability(error: AgentExecutionError) -> int:
+    """Lower is more actionable: overflow, then rate limits, then server errors."""
+    order = (ContextOverflowError, RateLimitError, ProviderServerError, ProviderTimeoutError)
+    for rank, cls in enumerate(order):
+        if isinstance(error, cls):
+            return rank
+    return len(order)
+
+
+def _fallback_specs(
+    fallbacks: Sequence[tuple[str, str] | str] | None, env: Mapping[str, str] | None
+) -> list[str]:
+    if fallbacks is None:
+        raw = (os.environ if env is None else env).get("FLUID_LLM_FALLBACKS", "")
+        items: list[str] = [part.strip() for part in raw.split(",") if part.strip()]
+    else:
+        items = [f"{f[0]}:{f[1]}" if isinstance(f, tuple) else str(f) for f in fallbacks]
+    for item in items:
+        if ":" not in item or not item.split(":", 1)[0]:
+            raise ProviderError(
+                f"fallback {item!r} is not provider:model (FLUID_LLM_FALLBACKS takes "
+                "'anthropic:claude-sonnet-4-6,gemini:gemini-2.5-flash')",
+                code="llm.not_configured",
+                retryable=False,
+            )
+    return items
+
 
 _ADAPTERS: dict[str, type[Adapter]] = {
     "openai": OpenAIAdapter,
@@ -122,6 +178,8 @@ class LLMClient:
         capability_matrix: Mapping[str, Any] | None = None,
         strict_schema: bool | None = None,
         env: Mapping[str, str] | None = None,
+        fallbacks: Sequence[tuple[str, str] | str] | None = None,
+        fallback_on_auth: bool = False,
     ) -> None:
         self.config: ProviderConfig = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
@@ -143,6 +201,23 @@ class LLMClient:
             self.config.provider, self.config.api_key, self.config.model
         )
         self._env = env
+        self._last_error: dict[str, Any] | None = None
+        self.fallback_on_auth = fallback_on_auth
+        self.fallbacks: list[LLMClient] = []
+        for spec in _fallback_specs(fallbacks, env):
+            provider_name, _, model_name = spec.partition(":")
+            self.fallbacks.append(
+                LLMClient(
+                    provider_name,
+                    model_name or None,
+                    envelope=self.envelope,
+                    http_client=http_client,
+                    async_http_client=async_http_client,
+                    strict_schema=strict_schema,
+                    env=env,
+                    fallbacks=(),
+                )
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:
@@ -395,7 +470,70 @@ class LLMClient:
         capability_matrix: Mapping[str, Any] | None = None,
         validate: bool = True,
     ) -> Completion:
-        """One call: a :class:`Completion`, or a typed error."""
+        """One call: a :class:`Completion`, or a typed error.
+
+        With fallbacks, an exhausted entry hands the call to the next one
+        (see docs/fallbacks-and-breakers.md).
+        """
+        kwargs: dict[str, Any] = {
+            "system": system,
+            "response_model": response_model,
+            "tools": tools,
+            "max_output_tokens": max_output_tokens,
+            "capability_matrix": capability_matrix,
+            "validate": validate,
+        }
+        history: list[tuple[LLMClient, AgentExecutionError]] = []
+        for entry in self._entries():
+            try:
+                done = entry._complete_one(messages, **kwargs)
+            except AgentExecutionError as error:
+                self._next_or_raise(entry, error, history)
+                continue
+            return self._answered(entry, done, history)
+        raise self._final_error(history)
+
+    async def acomplete(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
+    ) -> Completion:
+        """The async twin of :meth:`complete`."""
+        kwargs: dict[str, Any] = {
+            "system": system,
+            "response_model": response_model,
+            "tools": tools,
+            "max_output_tokens": max_output_tokens,
+            "capability_matrix": capability_matrix,
+            "validate": validate,
+        }
+        history: list[tuple[LLMClient, AgentExecutionError]] = []
+        for entry in self._entries():
+            try:
+                done = await entry._acomplete_one(messages, **kwargs)
+            except AgentExecutionError as error:
+                self._next_or_raise(entry, error, history)
+                continue
+            return self._answered(entry, done, history)
+        raise self._final_error(history)
+
+    def _complete_one(
+        self,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        response_model: type[BaseModel] | None = None,
+        tools: Tools = None,
+        max_output_tokens: int | None = None,
+        capability_matrix: Mapping[str, Any] | None = None,
+        validate: bool = True,
+    ) -> Completion:
         prepared = self._prepare(
             messages,
             system=system,
@@ -421,7 +559,7 @@ class LLMClient:
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
-    async def acomplete(
+    async def _acomplete_one(
         self,
         messages: Messages,
         *,
@@ -432,7 +570,6 @@ class LLMClient:
         capability_matrix: Mapping[str, Any] | None = None,
         validate: bool = True,
     ) -> Completion:
-        """The async twin of :meth:`complete`."""
         prepared = self._prepare(
             messages,
             system=system,
@@ -457,6 +594,112 @@ class LLMClient:
             send, key=self._key, provider=self.provider, model=self.model
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
+
+    # -- fallbacks and health ----------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    def _entries(self) -> list[LLMClient]:
+        return [self, *self.fallbacks]
+
+    def _remember(self, error: AgentExecutionError) -> None:
+        if error.code not in _CALLER_SIDE:
+            self._last_error = {
+                "error": type(error).__name__,
+                "code": error.code,
+                "message": error.message,
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+
+    def _next_or_raise(
+        self,
+        entry: LLMClient,
+        error: AgentExecutionError,
+        history: list[tuple[LLMClient, AgentExecutionError]],
+    ) -> None:
+        """Record a failed entry; raise unless the call should move to the next one."""
+        entry._remember(error)
+        history.append((entry, error))
+        if not self.fallbacks:
+            raise error
+        if isinstance(error, ProviderAuthError):
+            if self.fallback_on_auth:
+                LOG.warning(
+                    "%s rejected the key [%s]; moving to the next fallback (opted in)",
+                    entry.label,
+                    error.code,
+                )
+                return
+            raise self._with_history(error, history)
+        if isinstance(error, ContextOverflowError) or error.retryable or error.code in _MOVE_ON:
+            LOG.warning("%s failed [%s]; moving to the next fallback", entry.label, error.code)
+            return
+        raise self._with_history(error, history)
+
+    @staticmethod
+    def _with_history(
+        error: AgentExecutionError, history: list[tuple[LLMClient, AgentExecutionError]]
+    ) -> AgentExecutionError:
+        if len(history) < 2:
+            return error
+        attempts = [
+            {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
+            for entry, e in history
+        ]
+        return error.with_details(fallback_attempts=attempts)
+
+    def _final_error(
+        self, history: list[tuple[LLMClient, AgentExecutionError]]
+    ) -> AgentExecutionError:
+        """Every entry failed: the most actionable error, listing them all."""
+        best = min(history, key=lambda item: _actionability(item[1]))[1]
+        final = self._with_history(best, history)
+        if len(history) > 1:
+            final = final.with_details(note=f"all {len(history)} fallback entries failed")
+        return final
+
+    def _answered(
+        self,
+        entry: LLMClient,
+        done: Completion,
+        history: list[tuple[LLMClient, AgentExecutionError]],
+    ) -> Completion:
+        done.answered_by = entry.label
+        done.fallback_errors = [
+            {"entry": e.label, "error": type(err).__name__, "code": err.code} for e, err in history
+        ]
+        return done
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per configured entry: breaker state, cooldown remaining, the last error (sticky)."""
+        now = self.envelope.clock()
+        out: list[dict[str, Any]] = []
+        for entry in self._entries():
+            key = str(entry._key)
+            report: dict[str, Any] = {
+                "entry": entry.label,
+                "breaker": None,
+                "failures": 0,
+                "cooldown_remaining": 0.0,
+                "last_error": entry._last_error,
+            }
+            breaker = self.envelope.breaker
+            if breaker is not None:
+                state = breaker.state(key)
+                report.update(
+                    breaker=state.state, failures=state.failures, opens_in=round(state.opens_for, 3)
+                )
+            if self.envelope.cooldown is not None:
+                report["cooldown_remaining"] = round(self.envelope.cooldown.remaining(key, now), 3)
+            out.append(report)
+        return out
+
+    def clear_last_error(self) -> None:
+        """Forget the sticky last error of every entry."""
+        for entry in self._entries():
+            entry._last_error = None
 
     # -- streaming ------------------------------------------------------------------------
 

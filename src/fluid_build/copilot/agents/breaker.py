@@ -77,6 +77,9 @@ class CircuitBreaker:
             return BreakerState("half_open", failures, 0.0)
         return BreakerState("closed", failures, 0.0)
 
+    def is_open(self, key: str) -> bool:
+        return self.store.remaining(_OPEN + key, self.clock()) > 0
+
     def check(self, key: str, *, provider: str | None = None, model: str | None = None) -> None:
         """Let the call through, or raise ``llm.circuit_open`` at once."""
         now = self.clock()

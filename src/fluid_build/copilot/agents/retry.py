@@ -278,6 +278,14 @@ class _Run:
         self.decision = decide(
             error, state.attempt_number, self.elapsed(), self.env.policy, self.env.random()
         )
+        breaker = self.env.breaker
+        if (
+            not self.decision.gives_up
+            and breaker is not None
+            and self.key is not None
+            and breaker.is_open(self.key)
+        ):  # this failure tripped it: waiting to be refused helps nobody
+            self.decision = Decision(None, "gave up: the circuit breaker opened")
         return error.retryable
 
     def wait(self, state: tenacity.RetryCallState) -> float:

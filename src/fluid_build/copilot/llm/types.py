@@ -53,6 +53,8 @@ class Completion(BaseModel):
     finish_reason: str | None = None
     attempts: int = 1
     request_id: str | None = None
+    answered_by: str | None = None
+    fallback_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class StreamEvent(BaseModel):
