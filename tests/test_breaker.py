@@ -356,3 +356,29 @@ def test_loopback_primary_503_for_good_and_the_fallback_answers() -> None:
     assert done.answered_by == "vllm:backup-model"
     assert len(primary.seen) == 2
     assert len(secondary.seen) == 1
+
+
+def test_doctor_shows_a_breaker_opened_by_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from fluid_build.cli import _register, cli
+    from fluid_build.copilot.agents.cooldown import CooldownKey
+
+    path = tmp_path / "shared.sqlite3"
+    key = str(CooldownKey.for_call("openai", "sk-openai-test", "gpt-4o"))
+    breaker = CircuitBreaker(SqliteCooldownStore(path), threshold=1, cool_off=600)
+    breaker.record_failure(key, ProviderServerError("down"))  # "another worker" trips it
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", f"sqlite://{path}")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-test")
+    monkeypatch.setenv("FLUID_LLM_MODEL", "gpt-4o")
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "home"))
+    _register()
+    result = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)["health"]["entries"]
+    assert entries[0]["entry"] == "openai:gpt-4o"
+    assert entries[0]["breaker"] == "open"
+    text = CliRunner().invoke(cli, ["doctor"]).output
+    assert "health openai:gpt-4o: circuit OPEN, half-opens in" in text

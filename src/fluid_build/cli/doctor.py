@@ -234,7 +234,22 @@ def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
         },
         "cooldown": _cooldown(env),
         "encodings": _encodings(env),
+        "health": _health(effective),
     }
+
+
+def _health(env: Mapping[str, str]) -> dict[str, Any]:
+    """Breaker and cooldown of the configured entry and its fallbacks, from the shared store."""
+    from fluid_build.copilot.client import LLMClient
+
+    try:
+        client = LLMClient(env=env)
+    except Exception as exc:  # noqa: BLE001 - a report: say why there is nothing to show
+        return {"entries": [], "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        return {"entries": client.health(), "error": None}
+    finally:
+        client.close()
 
 
 # -- the table ---------------------------------------------------------------------
@@ -321,5 +336,18 @@ def _render(report: Mapping[str, Any]) -> None:
             "are estimated"
         ),
     ]
+    health = report.get("health") or {}
+    if health.get("error"):
+        lines.append(f"health: no configured entry ({health['error']})")
+    for entry in health.get("entries", []):
+        breaker = entry.get("breaker") or "no breaker"
+        if breaker == "open":
+            breaker = f"OPEN, half-opens in {entry.get('opens_in', 0):.0f} s"
+        cooling = entry.get("cooldown_remaining") or 0
+        wait = f", cooling down {cooling:.0f} s" if cooling else ""
+        lines.append(
+            f"health {entry['entry']}: circuit {breaker} ({entry.get('failures', 0)} recent "
+            f"failures){wait}"
+        )
     for text in lines:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
