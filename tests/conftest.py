@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Iterator
@@ -51,6 +52,15 @@ def _no_remote_network(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_connect(self, address)  # type: ignore[arg-type]
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_leaks() -> Iterator[None]:
+    # An unclosed socket or client warns when it is garbage collected; collect
+    # at the end of each module, so the warning fails in the module that
+    # leaked it, not at some later, unrelated test.
+    yield
+    gc.collect()
 
 
 @pytest.fixture

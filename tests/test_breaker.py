@@ -351,7 +351,8 @@ def test_loopback_primary_503_for_good_and_the_fallback_answers() -> None:
             envelope=envelope_,
             env={**env, "OPENAI_BASE_URL": loopback.base_url(secondary) + "/v1"},
         )
-        done = client.complete("hi")
+        with client:
+            done = client.complete("hi")
     assert done.text == "fallback here"
     assert done.answered_by == "vllm:backup-model"
     assert len(primary.seen) == 2

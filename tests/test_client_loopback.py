@@ -33,8 +33,12 @@ def test_a_broken_stream_raises_typed_with_the_partial_text(
 ) -> None:
     handler = loopback.sse_then(action, FIRST)
     received: list[StreamEvent] = []
-    with loopback.serve(handler) as base, pytest.raises(cls) as caught:
-        received.extend(client(base, timeout).stream("hi"))
+    with (
+        loopback.serve(handler) as base,
+        client(base, timeout) as llm,
+        pytest.raises(cls) as caught,
+    ):
+        received.extend(llm.stream("hi"))
     assert [event.text for event in received] == ["Hello wor"]
     error = caught.value
     assert error.code == code

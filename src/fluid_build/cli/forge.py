@@ -170,6 +170,7 @@ def command(
     from fluid_build.forge.intent import load_intent
 
     console = _console()
+    client: LLMClient | None = None
     try:
         env = _stored_env()
         if cassette is None and intent_file is None and not _has_provider(env):
@@ -215,6 +216,9 @@ def command(
         raise
     except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
         sys.exit(report_error(exc, as_json=as_json))
+    finally:
+        if client is not None:
+            client.close()
     receipt = run.receipt()
     if as_json:
         click.echo(json.dumps({"ok": True, "out": str(out_dir), "receipt": receipt}))

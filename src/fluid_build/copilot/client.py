@@ -281,14 +281,19 @@ class LLMClient:
         return self._ahttp
 
     def close(self) -> None:
+        """Close the connection pools this client (and its fallbacks) opened."""
         if self._owns_http and self._http is not None:
             self._http.close()
             self._http = None
+        for fallback in self.fallbacks:
+            fallback.close()
 
     async def aclose(self) -> None:
         if self._owns_ahttp and self._ahttp is not None:
             await self._ahttp.aclose()
             self._ahttp = None
+        for fallback in self.fallbacks:
+            await fallback.aclose()
         self.close()
 
     def __enter__(self) -> LLMClient:
