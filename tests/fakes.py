@@ -4,23 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fluid_build.copilot.llm.replay import VirtualClock
 
-class FakeClock:
-    """Wall-clock seconds that advance only when someone sleeps."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-        self.waits: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
+# The library's own virtual clock (it drives `fluid forge`'s offline replay):
+# wall-clock seconds that advance only when someone sleeps.
+FakeClock = VirtualClock
 
 
 class Script:
