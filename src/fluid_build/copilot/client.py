@@ -714,6 +714,26 @@ class LLMClient:
         )
         return classify_response(body, provider=self.provider, model=self.model)
 
+    def _feed(
+        self,
+        response: httpx.Response,
+        state: StreamState,
+        spec: CallSpec,
+        event: str,
+        data: Any,
+        *,
+        started: bool,
+    ) -> list[StreamEvent]:
+        """One chunk of a stream: its events, or the typed error it carries.
+
+        Once the caller has had events (``started``), the error carries what
+        had arrived, and the envelope no longer retries it.
+        """
+        if self.adapter.is_error_chunk(data, event):
+            error = self._stream_error(response, data)
+            raise error.with_details(interrupted=True, **state.partial()) if started else error
+        return self.adapter.parse_chunk(data, event, state, spec)
+
     def _interrupted(self, exc: BaseException, state: StreamState) -> AgentExecutionError:
         error = classify_provider_error(exc, provider=self.provider, model=self.model)
         return error.with_details(interrupted=True, **state.partial())
@@ -762,9 +782,7 @@ class LLMClient:
                     response.raise_for_status()
                 chunks = iter_stream(adapter.stream_format, response.iter_lines())
                 for event, data in chunks:
-                    if adapter.is_error_chunk(data, event):
-                        raise self._stream_error(response, data)
-                    first = adapter.parse_chunk(data, event, state, spec)
+                    first = self._feed(response, state, spec, event, data, started=False)
                     if first:
                         return response, chunks, first, state
                 return response, iter(()), [], state
@@ -779,11 +797,7 @@ class LLMClient:
             yield from first
             try:
                 for event, data in chunks:
-                    if adapter.is_error_chunk(data, event):
-                        raise self._stream_error(response, data).with_details(
-                            interrupted=True, **state.partial()
-                        )
-                    yield from adapter.parse_chunk(data, event, state, spec)
+                    yield from self._feed(response, state, spec, event, data, started=True)
             except (httpx.HTTPError, OSError) as exc:
                 raise self._interrupted(exc, state) from exc
         finally:
@@ -832,9 +846,7 @@ class LLMClient:
                     response.raise_for_status()
                 chunks = aiter_stream(adapter.stream_format, response.aiter_lines())
                 async for event, data in chunks:
-                    if adapter.is_error_chunk(data, event):
-                        raise self._stream_error(response, data)
-                    first = adapter.parse_chunk(data, event, state, spec)
+                    first = self._feed(response, state, spec, event, data, started=False)
                     if first:
                         return response, chunks, first, state
                 return response, _empty(), [], state
@@ -850,11 +862,7 @@ class LLMClient:
                 yield item
             try:
                 async for event, data in chunks:
-                    if adapter.is_error_chunk(data, event):
-                        raise self._stream_error(response, data).with_details(
-                            interrupted=True, **state.partial()
-                        )
-                    for item in adapter.parse_chunk(data, event, state, spec):
+                    for item in self._feed(response, state, spec, event, data, started=True):
                         yield item
             except (httpx.HTTPError, OSError) as exc:
                 raise self._interrupted(exc, state) from exc
