@@ -5,7 +5,7 @@ from __future__ import annotations
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
-# bench, fuzz and corpus run on demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`.
+# On demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`, `nox -s chaos`.
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -36,7 +36,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def fuzz(session: nox.Session) -> None:
-    """The property tests with 20,000 fresh examples each (a few minutes)."""
+    """Every property test with 20,000 fresh examples each (10-20 minutes)."""
     session.install(".[test]")
     session.run(
         "python",
@@ -61,3 +61,18 @@ def corpus(session: nox.Session) -> None:
     """Replay every recorded provider exchange in corpus/ and check the outcomes."""
     session.install(".")
     session.run("fluid", "corpus", "replay", "corpus", *session.posargs)
+
+
+@nox.session(python="3.11")
+def chaos(session: nox.Session) -> None:
+    """The chaos test at full size: 1,000 calls at 50 concurrency."""
+    session.install(".[test]")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-s",
+        "tests/test_chaos.py",
+        *session.posargs,
+        env={"CHAOS_CALLS": "1000", "CHAOS_CONCURRENCY": "50"},
+    )

@@ -108,7 +108,8 @@ class Request:
     path: str
     fault: str
     connection: int  # which connection carried it
-    sent_at: float | None = None  # time.time() once the answer (if any) was written
+    sent_at: float | None = None  # time.time() just before the answer (if any) was written
+    dispatched: float | None = None  # the x-sent-at header: when the client decided to send
     window: float | None = None  # for a 429: the seconds it asked the client to wait
 
 
@@ -182,6 +183,7 @@ class ChaosServer:
         self._rng = random.Random(seed)  # noqa: S311 - a test schedule, not cryptography
         self.stall = stall
         self.requests: list[Request] = []
+        self.errors: list[BaseException] = []  # the server's own failures: a test asserts none
         self._lock = threading.Lock()
         self._connections = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -247,6 +249,9 @@ class ChaosServer:
                 await self._connection(reader, writer)
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 pass  # the client went away: nothing to answer
+            except Exception as exc:  # a bug here must fail the test, not vanish
+                with self._lock:
+                    self.errors.append(exc)
             finally:
                 writers.discard(writer)
                 handlers.discard(task)
@@ -260,11 +265,15 @@ class ChaosServer:
         finally:
             server.close()
             await server.wait_closed()
+            # Hang up on every client; each handler then ends on its own (EOF).
             for writer in list(writers):
                 writer.transport.abort()
-            for task in list(handlers):
-                task.cancel()
-            await asyncio.gather(*handlers, return_exceptions=True)
+            pending = list(handlers)
+            if pending:
+                _, late = await asyncio.wait(pending, timeout=5)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
             await asyncio.sleep(0)  # let the transports' close callbacks run
 
     # -- one connection ----------------------------------------------------------------
@@ -320,6 +329,8 @@ class ChaosServer:
                     len(self.requests), time.time(), headers.get("x-key"), path, fault, connection
                 )
                 self.requests.append(record)
+            with contextlib.suppress(ValueError):
+                record.dispatched = float(headers.get("x-sent-at", ""))
             if not await self._serve(fault, window, record, writer, reader, keep_alive):
                 return
 

@@ -331,13 +331,18 @@ class RedisCooldownStore:
 
 
 def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return parts._replace(netloc=f"{user}{host}{port}").geturl()
+    """``url`` with any password masked; never raises, whatever the text."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return parts._replace(netloc=f"{user}{host}{port}").geturl()
+    except ValueError:  # a malformed port or bracket: show nothing after the scheme
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        return f"{scheme}://<unparsable>" if scheme else "<unparsable>"
 
 
 class ResilientCooldownStore:
@@ -458,23 +463,27 @@ def cooldown_store_from_url(
         return None
     if text.lower() in {"memory", "memory://", "mem://"}:
         return MemoryCooldownStore()
-    scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    try:
+        scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    except ValueError:  # "http://[" and friends
+        scheme = "unparsable"
     primary: CooldownStore
     if scheme in {"redis", "rediss", "unix"}:
         try:
             primary = RedisCooldownStore(text)
         except Exception as exc:  # noqa: BLE001 - e.g. the redis package is missing
+            hint = " (install fluid-build[redis])" if isinstance(exc, ImportError) else ""
             LOG.warning(
-                "%s=%s cannot be used (%s: %s); sharing cooldowns in this process only "
-                "(install fluid-build[redis])",
+                "%s=%s cannot be used (%s: %s); sharing cooldowns in this process only%s",
                 COOLDOWN_URL_ENV,
                 _without_password(text),
                 type(exc).__name__,
-                exc,
+                _without_password(str(exc)),
+                hint,
             )
             return MemoryCooldownStore()
     elif scheme in {"sqlite", "file"}:
-        primary = SqliteCooldownStore(unquote(urlsplit(text).path))
+        primary = SqliteCooldownStore(unquote(text.split("://", 1)[1].split("?", 1)[0]))
     elif scheme == "" and text:
         primary = SqliteCooldownStore(Path(text).expanduser())
     else:

@@ -153,8 +153,12 @@ def _base_url(
         return None
     if provider == "ollama" and "://" not in url:
         url = f"http://{url}"  # OLLAMA_HOST is often host:port
-    parts = urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a malformed port raises here rather than at send time
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ProviderError(
             f"{provider} base URL {url!r} is not an http(s) URL",
             provider=provider,

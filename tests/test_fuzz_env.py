@@ -1,0 +1,567 @@
+"""Property tests: whatever the environment holds, reading it gives a value or a typed error.
+
+Each ``from_env``-style reader gets arbitrary values (numbers in every
+spelling, garbage, control characters, keys pasted with a newline) and must
+answer with a bounded value, the documented default or a documented typed
+error, never anything else, and never echo an API key. The classifier, the
+Retry-After parsers, the strict-schema walker and tool arguments have their
+own properties elsewhere (docs/chaos-and-fuzzing.md lists them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import string
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import keyring
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from keyring.backend import KeyringBackend
+
+from fluid_build.aiconfig import apply_stored_config
+from fluid_build.config import env_float, env_int
+from fluid_build.copilot.agents.cooldown import (
+    CooldownStore,
+    ResilientCooldownStore,
+    SqliteCooldownStore,
+    cooldown_store_from_url,
+)
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.agents.loop import LoopSettings
+from fluid_build.copilot.agents.retry import RetryPolicy
+from fluid_build.copilot.llm.base import ProviderConfig
+from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+from tests.loopback import closed_port
+
+NAME = "FLUID_FUZZ_VALUE"
+
+
+SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@contextmanager
+def config_log() -> Iterator[list[logging.LogRecord]]:
+    """The records the ``fluid_build.config`` logger emits inside the block."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("fluid_build.config")
+    handler = Keep(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+# -- values as people type them ----------------------------------------------------------
+
+padding = st.sampled_from(["", " ", "  ", "\t", "\n", " \r\n"])
+
+
+@st.composite
+def padded(draw: st.DrawFn, text: st.SearchStrategy[str]) -> str:
+    return draw(padding) + draw(text) + draw(padding)
+
+
+int_spellings = st.integers(min_value=-(10**30), max_value=10**30).map(str)
+float_spellings = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(min_value=-1e6, max_value=1e6).map(lambda f: f"{f:.3f}"),
+    st.integers(-400, 400).map(lambda e: f"1e{e}"),
+)
+odd_spellings = st.sampled_from(
+    [
+        "",
+        " ",
+        "inf",
+        "-inf",
+        "nan",
+        "NaN",
+        "Infinity",
+        "1e309",
+        "-0",
+        "+7",
+        "0x10",
+        "1_000",
+        "1,5",
+        "٣",  # an Arabic-Indic digit: int() accepts it
+        "\uff11\uff12",  # full-width digits
+        "3 4",
+        "true",
+        "None",
+        "\x00",
+        "12abc",
+    ]
+)
+any_text = st.text(max_size=30)
+env_values = st.one_of(
+    padded(int_spellings), padded(float_spellings), odd_spellings, any_text, st.none()
+)
+
+
+def env_with(**values: str | None) -> dict[str, str]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@st.composite
+def bounds_int(draw: st.DrawFn) -> tuple[int, int, int]:
+    low = draw(st.integers(-1000, 1000))
+    high = draw(st.integers(low, low + 10_000))
+    return low, high, draw(st.integers(low, high))
+
+
+@given(raw=env_values, limits=bounds_int())
+def test_env_int_is_the_value_clamped_or_the_default(
+    raw: str | None, limits: tuple[int, int, int]
+) -> None:
+    low, high, default = limits
+    with config_log() as records:
+        got = env_int(env_with(**{NAME: raw}), NAME, default, minimum=low, maximum=high)
+    assert type(got) is int
+    assert low <= got <= high
+    try:
+        parsed: int | None = int(raw.strip()) if raw is not None and raw.strip() else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        assert got == default
+    else:
+        assert got == min(max(parsed, low), high)
+    # Silent when the value was unset or fine; otherwise one warning naming the variable.
+    quiet = raw is None or not raw.strip() or got == parsed
+    assert len(records) == (0 if quiet else 1)
+    assert all(NAME in r.getMessage() for r in records)
+
+
+@st.composite
+def bounds_float(draw: st.DrawFn) -> tuple[float, float, float | None]:
+    low = draw(st.floats(-1e6, 1e6))
+    high = draw(st.floats(low, low + 1e7))
+    default = draw(st.one_of(st.none(), st.floats(low, high)))
+    return low, high, default
+
+
+@given(raw=env_values, limits=bounds_float())
+def test_env_float_is_finite_and_in_bounds_or_the_default(
+    raw: str | None, limits: tuple[float, float, float | None]
+) -> None:
+    low, high, default = limits
+    with config_log() as records:
+        got = env_float(env_with(**{NAME: raw}), NAME, default, minimum=low, maximum=high)
+    if got is None:
+        assert default is None
+    else:
+        assert math.isfinite(got)
+        assert low <= got <= high or got == default
+    assert len(records) <= 1
+
+
+secret_bodies = st.text("0123456789abcdef", min_size=24, max_size=40)
+key_prefixes = st.sampled_from(["", "sk-", "sk-proj-", "sk-ant-api03-", "AIza", "gsk_"])
+
+
+@given(
+    body=secret_bodies,
+    prefix=key_prefixes.filter(bool),
+    junk=st.sampled_from(["", " x", "garbage", "\n"]),
+)
+def test_a_key_pasted_into_a_number_is_never_logged(body: str, prefix: str, junk: str) -> None:
+    # FLUID_LLM_TIMEOUT_SECONDS=sk-... (a paste into the wrong variable) warns without the key.
+    # Only keys of a known shape: a bare hex string cannot be told from any other value.
+    with config_log() as records:
+        env_float({NAME: f"{prefix}{body}{junk}"}, NAME, 1.0, minimum=0.0, maximum=2.0)
+        env_int({NAME: f"{prefix}{body}{junk}"}, NAME, 1, minimum=0, maximum=2)
+    assert len(records) == 2
+    for record in records:
+        assert body[:20] not in record.getMessage()
+
+
+# -- the factories ----------------------------------------------------------------------
+
+
+@given(attempts=env_values, deadline=env_values)
+def test_retry_policy_from_env_is_always_a_valid_policy(
+    attempts: str | None, deadline: str | None
+) -> None:
+    env = env_with(FLUID_LLM_MAX_ATTEMPTS=attempts, FLUID_LLM_DEADLINE_SECONDS=deadline)
+    policy = RetryPolicy.from_env(env)
+    assert 1 <= policy.attempts <= 100
+    assert policy.deadline is None or 1.0 <= policy.deadline <= 86_400.0
+    assert policy == RetryPolicy.model_validate(policy.model_dump())  # valid as a whole
+
+
+strategies_text = st.one_of(
+    padded(st.sampled_from(["truncate", "summarize", "hybrid", "TRUNCATE", "Hybrid"])), any_text
+)
+
+
+@given(rounds=env_values, compact=env_values, strategy=st.one_of(st.none(), strategies_text))
+def test_loop_settings_from_env_is_always_valid(
+    rounds: str | None, compact: str | None, strategy: str | None
+) -> None:
+    env = env_with(
+        FLUID_AGENT_MAX_ROUNDS=rounds,
+        FLUID_AGENT_COMPACT_AFTER=compact,
+        FLUID_COMPACTION_STRATEGY=strategy,
+    )
+    loop = LoopSettings.from_env(env)
+    assert 1 <= loop.max_rounds <= 200
+    assert 1 <= loop.compact_after <= 200
+    assert loop.compaction in {"truncate", "summarize", "hybrid"}
+    if strategy is not None and strategy.strip().lower() in {"truncate", "summarize", "hybrid"}:
+        assert loop.compaction == strategy.strip().lower()
+
+
+# -- provider configuration -------------------------------------------------------------
+
+KEY_VARS = sorted({v for info in PROVIDERS.values() for v in info.key_vars} | {"FLUID_LLM_API_KEY"})
+URL_VARS = sorted(
+    {info.base_url_var for info in PROVIDERS.values() if info.base_url_var}
+    | {"AZURE_OPENAI_ENDPOINT"}
+)
+KEY_JUNK = ["", "", "\n", "\r\n", " ", "\t", "\x00", "\x7f", " trailing words", "\u200b"]
+
+
+@st.composite
+def api_keys(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A key as it lands in an environment (maybe with a pasted newline or a space inside),
+    and the pieces of it that must never be shown."""
+    body = draw(secret_bodies)
+    prefix = draw(key_prefixes)
+    lead = draw(st.sampled_from(["", "", " ", "\t"]))
+    tail = draw(st.sampled_from(["", "", "", *KEY_JUNK]))
+    if draw(st.integers(0, 3)):
+        return lead + prefix + body + tail, [body]
+    middle = draw(st.sampled_from(KEY_JUNK[2:]))
+    return lead + prefix + body[:12] + middle + body[12:] + tail, [body[:12], body[12:]]
+
+
+provider_names = st.one_of(
+    st.sampled_from(sorted(PROVIDERS)),
+    st.sampled_from(sorted(PROVIDERS)).map(str.upper),
+    padded(st.sampled_from(["openai", "ollama", "azure"])),
+    st.text(string.ascii_letters + "_-", max_size=12),
+)
+hosts = st.sampled_from(
+    [
+        "127.0.0.1",
+        "localhost",
+        "[::1]",
+        "0.0.0.0",  # noqa: S104 - a listen address, as people put in OLLAMA_HOST
+        "gpu-box.lan",
+        "api.example.test",
+        "[::1",
+        "10.0.0.7",
+        "",
+    ]
+)
+urls = st.one_of(
+    st.builds(
+        lambda scheme, host, port, path: f"{scheme}{host}{port}{path}",
+        st.sampled_from(["http://", "https://", "ftp://", "", "http:/", "//"]),
+        hosts,
+        st.sampled_from(["", ":8000", ":11434", ":0", ":99999", ":port"]),
+        st.sampled_from(["", "/", "/v1", "/openai/v1?x=1", "#frag"]),
+    ),
+    any_text,
+)
+
+
+@st.composite
+def provider_envs(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """An environment, the arguments of the call, and the key pieces that must never show."""
+    env: dict[str, str] = {}
+    secrets: list[str] = []
+    for name in draw(st.lists(st.sampled_from(KEY_VARS), max_size=4, unique=True)):
+        key, pieces = draw(api_keys())
+        env[name] = key
+        secrets += pieces
+    for name in draw(st.lists(st.sampled_from(URL_VARS), max_size=3, unique=True)):
+        env[name] = draw(urls)
+    optional = {
+        "FLUID_LLM_PROVIDER": provider_names,
+        "FLUID_LLM_MODEL": st.one_of(st.sampled_from(["gpt-4o", "my-deploy", " "]), any_text),
+        "FLUID_LLM_TIMEOUT_SECONDS": st.one_of(
+            padded(int_spellings), padded(float_spellings), odd_spellings, any_text
+        ),
+        "FLUID_OLLAMA_ALLOW_REMOTE": st.sampled_from(["1", "true", "0", "yes", ""]),
+        "AZURE_OPENAI_API_VERSION": st.sampled_from(["2024-10-21", "", "x"]),
+        "OPENAI_API_VERSION": st.sampled_from(["2024-06-01", ""]),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(optional)), max_size=4, unique=True)):
+        env[name] = draw(optional[name])
+    args: dict[str, Any] = {}
+    if draw(st.booleans()):
+        args["provider"] = draw(st.sampled_from(sorted(PROVIDERS)))
+    if draw(st.booleans()):
+        args["model"] = draw(st.sampled_from(["m", "gpt-4o-mini"]))
+    if draw(st.integers(0, 3)) == 0:
+        key, pieces = draw(api_keys())
+        args["api_key"] = key
+        secrets += pieces
+    if draw(st.integers(0, 3)) == 0:
+        args["base_url"] = draw(urls)
+    return env, args, secrets
+
+
+def _rendered(error: ProviderError) -> str:
+    return "\n".join([str(error), repr(error), json.dumps(error.to_dict())])
+
+
+@SLOW
+@given(case=provider_envs())
+def test_resolve_provider_config_gives_a_config_or_a_documented_error(
+    case: tuple[dict[str, str], dict[str, Any], list[str]],
+) -> None:
+    env, args, secrets = case
+    # A key piece that is also given as a URL or a model is a coincidence, not a leak.
+    others = [v for k, v in env.items() if k not in KEY_VARS]
+    others += [str(v) for k, v in args.items() if k != "api_key"]
+    assume(not any(piece in other for piece in secrets for other in others))
+    try:
+        config: ProviderConfig | ProviderError = resolve_provider_config(**args, env=env)
+    except ProviderError as error:  # anything else fails the property
+        config = error
+    event(type(config).__name__ + (f"[{config.code}]" if isinstance(config, ProviderError) else ""))
+    if isinstance(config, ProviderAuthError):
+        assert config.code == "llm.auth"
+        assert not config.retryable
+        rendered = _rendered(config)
+    elif isinstance(config, ProviderError):
+        assert type(config) is ProviderError
+        assert config.code in {"llm.not_configured", "llm.bad_endpoint"}
+        assert not config.retryable
+        rendered = _rendered(config)
+    else:
+        assert isinstance(config, ProviderConfig)
+        assert config.provider in PROVIDERS
+        assert config.model.strip()
+        assert config.api_key is None or (
+            config.api_key.isprintable() and not any(c.isspace() for c in config.api_key)
+        )
+        assert config.base_url is None or config.base_url.startswith(("http://", "https://"))
+        assert 1.0 <= config.timeout <= 3600.0
+        rendered = repr(config)
+    for piece in secrets:
+        assert piece not in rendered
+
+
+# -- the cooldown store URL ---------------------------------------------------------------
+
+# No separators, escapes, "~", "@" or ":": nothing may name a file outside the test's
+# directory, nor a host other than loopback (a DNS lookup could hang the test).
+url_text = st.text(st.characters(codec="ascii", exclude_characters="/\\~%@:"), max_size=20)
+
+
+@st.composite
+def cooldown_urls(draw: st.DrawFn, tmp: Path, port: int) -> str:
+    # Not drawn: arbitrary text, which names a relative path (a file in the working directory).
+    kind = draw(st.sampled_from(["keyword", "redis", "sqlite", "path", "scheme", "empty"]))
+    if kind == "keyword":
+        word = draw(st.sampled_from(["off", "none", "disabled", "0", "memory", "memory://"]))
+        return draw(padding) + draw(st.sampled_from([word, word.upper()])) + draw(padding)
+    if kind == "redis":
+        scheme = draw(st.sampled_from(["redis", "rediss", "REDIS", "unix"]))
+        auth = draw(st.sampled_from(["", ":pw@", "user:pw@", ":@"]))
+        host = draw(st.sampled_from(["127.0.0.1", "localhost", "[::1]"]))
+        port_text = draw(st.sampled_from([f":{port}", f":{port}", ":notaport", ":-1", ":99999"]))
+        query = draw(st.sampled_from(["", "?socket_timeout=abc", "?db=2", "?decode_responses=1"]))
+        return f"{scheme}://{auth}{host}{port_text}/{draw(url_text)}{query}"
+    if kind == "sqlite":
+        name = draw(url_text).replace(".", "_")
+        return f"{draw(st.sampled_from(['sqlite', 'file', 'SQLITE']))}://{tmp}/{name}.db"
+    if kind == "path":
+        return f"{tmp}/{draw(url_text).replace('.', '_')}.sqlite3"
+    if kind == "scheme":  # unknown schemes fall back to the default file, under XDG_CACHE_HOME
+        return f"{draw(st.sampled_from(['http', 'mysql', 'memcache', 'x']))}://{draw(url_text)}"
+    return draw(padding)
+
+
+@pytest.fixture(scope="module")
+def cooldown_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cooldown")
+
+
+def _close(store: CooldownStore | None) -> None:
+    primary = store.primary if isinstance(store, ResilientCooldownStore) else store
+    if isinstance(primary, SqliteCooldownStore):
+        primary.close()
+
+
+@SLOW
+@given(data=st.data())
+def test_any_cooldown_url_gives_a_store_or_none_that_never_fails_a_call(
+    cooldown_tmp: Path, data: st.DataObject
+) -> None:
+    urls = cooldown_urls(cooldown_tmp, closed_port())
+    url = data.draw(urls, label="url")
+    env = {"XDG_CACHE_HOME": str(cooldown_tmp / "cache"), "FLUID_COOLDOWN_URL": url}
+    store = cooldown_store_from_url(url, env=env)
+    try:
+        assert (store is None) == (url.strip().lower() in {"off", "none", "disabled", "0"})
+        event(repr(store).partition("(")[0] if store is not None else "None")
+        if store is None:
+            return
+        assert isinstance(store, CooldownStore)
+        primary = store.primary if isinstance(store, ResilientCooldownStore) else store
+        if isinstance(primary, SqliteCooldownStore):  # a file, and only inside the test's directory
+            assert Path(os.path.abspath(primary.path)).is_relative_to(cooldown_tmp)
+        # A store that cannot reach its backend degrades; it never raises into a call.
+        now = 1_700_000_000.0
+        assert store.remaining("k", now) >= 0.0
+        assert store.extend("k", 5.0, now) > 0.0
+        assert 0.0 < store.remaining("k", now) <= 5.0
+    finally:
+        _close(store)
+
+
+# -- the stored configuration ---------------------------------------------------------------
+
+
+class MemoryKeyring(KeyringBackend):
+    """A keyring in a dict: no example may reach the machine's real keyring."""
+
+    priority = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passwords: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.passwords.get((service, username))
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.passwords[(service, username)] = password
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.passwords.pop((service, username), None)
+
+
+@pytest.fixture(scope="module")
+def fake_keyring() -> Iterator[MemoryKeyring]:
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    try:
+        yield backend
+    finally:
+        keyring.set_keyring(previous)
+
+
+@pytest.fixture(scope="module")
+def homes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("homes")
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=10))
+source_values = st.one_of(st.sampled_from(["keyring", "file"]), json_scalars)
+
+
+@st.composite
+def stored_files(draw: st.DrawFn) -> tuple[bytes | None, int, dict[str, str]]:
+    """The bytes of ai_config.json (None: no file), its mode, and the plaintext keys in it."""
+    kind = draw(st.sampled_from(["none", "document", "document", "document", "bytes", "json"]))
+    mode = draw(st.sampled_from([0o600, 0o600, 0o600, 0o600, 0o644, 0o640, 0o666]))
+    if kind == "none":
+        return None, mode, {}
+    if kind == "bytes":
+        return draw(st.binary(max_size=200)), mode, {}
+    if kind == "json":
+        return json.dumps(draw(st.one_of(json_scalars, st.lists(json_scalars)))).encode(), mode, {}
+    providers = st.sampled_from(sorted(PROVIDERS))
+    stored_keys = st.builds(lambda b: f"sk-stored-{b}", secret_bodies)
+    provider = draw(providers)
+    keys = draw(st.dictionaries(providers, stored_keys, max_size=3))
+    sources = draw(st.dictionaries(providers, st.sampled_from(["keyring", "file"]), max_size=3))
+    if draw(st.booleans()):  # the stored provider's own key, as setup writes it
+        sources[provider] = draw(st.sampled_from(["keyring", "file"]))
+        if sources[provider] == "file":
+            keys[provider] = draw(stored_keys)
+    document: dict[str, Any] = {
+        "version": 1,
+        "provider": provider,
+        "model": draw(st.sampled_from(["gpt-4o", "my-model", " ", ""])),
+        "key_sources": sources,
+    }
+    if draw(st.integers(0, 2)) == 0:  # one field of the wrong type or value
+        field = draw(st.sampled_from(["version", "provider", "model", "key_sources", "keys"]))
+        document[field] = draw(
+            st.one_of(json_scalars, st.dictionaries(json_scalars.map(str), source_values))
+        )
+    elif keys:
+        document["keys"] = keys
+    return json.dumps(document).encode(), mode, keys
+
+
+KNOWN = sorted(
+    {"FLUID_LLM_PROVIDER", "FLUID_LLM_MODEL", "FLUID_LLM_API_KEY"}
+    | {v for info in PROVIDERS.values() for v in info.key_vars}
+)
+
+
+@SLOW
+@given(
+    stored=stored_files(),
+    env=st.dictionaries(
+        st.sampled_from(KNOWN),
+        st.one_of(provider_names, st.sampled_from(["", " "]), any_text),
+        max_size=3,
+    ),
+    opt_in=st.sampled_from([None, "1", "1", "true", "0", ""]),
+    in_keyring=st.dictionaries(
+        st.sampled_from(sorted(PROVIDERS)),
+        st.builds(lambda b: f"sk-ring-{b}", secret_bodies),
+        max_size=len(PROVIDERS),
+    ),
+)
+def test_apply_stored_config_only_fills_what_the_environment_leaves_unset(
+    fake_keyring: MemoryKeyring,
+    homes: Path,
+    stored: tuple[bytes | None, int, dict[str, str]],
+    env: dict[str, str],
+    opt_in: str | None,
+    in_keyring: dict[str, str],
+) -> None:
+    content, mode, file_keys = stored
+    home = Path(tempfile.mkdtemp(dir=homes))
+    if content is not None:
+        path = home / "ai_config.json"
+        path.write_bytes(content)
+        os.chmod(path, mode)
+    fake_keyring.passwords = {("fluid_build", p): k for p, k in in_keyring.items()}
+    env = {**env, "FLUID_HOME": str(home)}
+    if opt_in is not None:
+        env["FLUID_ALLOW_PLAINTEXT_AI_SECRETS"] = opt_in
+    given_env = dict(env)
+
+    out = apply_stored_config(env)
+
+    event(f"filled {sorted(set(out) - set(env))}")
+    assert env == given_env  # not changed
+    for name, value in env.items():
+        if value.strip():
+            assert out[name] == value  # what the environment sets always wins
+    added = set(out) - set(env) | {n for n in env if out[n] != env[n]}
+    assert added <= set(KNOWN) - {"FLUID_LLM_API_KEY"}
+    if "FLUID_LLM_PROVIDER" in added:
+        assert out["FLUID_LLM_PROVIDER"] in PROVIDERS
+    # A plaintext key is used only with the opt-in, from a file only its owner can read.
+    private = mode & 0o077 == 0
+    if opt_in not in {"1", "true"} or not private:
+        assert not set(file_keys.values()) & set(out.values())
+    # A key comes only from where setup put it.
+    for name in added & {v for info in PROVIDERS.values() for v in info.key_vars}:
+        assert out[name] in set(file_keys.values()) | set(in_keyring.values())
