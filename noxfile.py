@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
@@ -50,10 +52,51 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks, as ratios against a baseline measured in the same run."""
-    session.install(".")
-    session.run("python", "benchmarks/bench_envelope.py", *session.posargs)
-    session.run("python", "benchmarks/bench_preflight.py", *session.posargs)
+    """Benchmarks as ratios against baselines in the same run; peers in this env only."""
+    session.install(".", "openai>=3", "matplotlib>=3.8")
+    out = Path(session.create_tmp()) / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    lite = out / "litellm-venv"  # litellm wants openai<3: its own venv, for import timing
+    session.run("python", "-m", "venv", "--clear", str(lite))
+    session.run(
+        str(lite / "bin/python"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "litellm!=1.107.0",
+        external=True,
+        success_codes=[0, 1],
+    )
+    for name in ("envelope", "preflight"):
+        text = session.run(
+            "python",
+            f"benchmarks/bench_{name}.py",
+            *session.posargs,
+            silent=True,
+            success_codes=[0, 1],
+        )
+        print(text)
+        (out / f"{name}.md").write_text(str(text))
+    session.run(
+        "python",
+        "benchmarks/bench_client.py",
+        "--no-fail",
+        "--json",
+        str(out / "client.json"),
+        *session.posargs,
+    )
+    session.run(
+        "python",
+        "benchmarks/bench_import.py",
+        "--no-fail",
+        "--json",
+        str(out / "import.json"),
+        "--extra-python",
+        str(lite / "bin/python"),
+        *session.posargs,
+    )
+    session.run("python", "benchmarks/plot_ratios.py", "--dir", str(out), "--check")
 
 
 @nox.session(python="3.11")

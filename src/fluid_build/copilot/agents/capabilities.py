@@ -17,6 +17,7 @@ at the start of a run (or only logs their count under ``FLUID_QUIET=1`` /
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -362,7 +363,29 @@ def capabilities_for(
     value of the wrong type, or an unknown key, raises ValueError. An empty
     ``provider`` searches every section by model name.
     """
-    checked = _validated(overrides or {})
+    checked = _validated(overrides) if overrides else {}
+    caps = _base_capabilities(provider, model)
+    applied: dict[str, Any] = {
+        key: checked[key]
+        for key in (
+            "context_window",
+            "max_output_tokens",
+            "tools",
+            "strict_schema",
+            "json_mode",
+            "tokenizer",
+        )
+        if key in checked
+    }
+    if "context_window" in applied:
+        # The caller's window replaces the provider's own input cap too.
+        applied["max_input_tokens"] = None
+    return replace(caps, **applied) if applied else caps
+
+
+@functools.lru_cache(maxsize=1024)
+def _base_capabilities(provider: str, model: str) -> ModelCapabilities:
+    # Every call's pre-flight asks; the answer for a name never changes.
     provider_name = provider.strip().lower()
     found = _lookup(provider_name, _normalise(model))
     shown_model = model.strip()
@@ -394,22 +417,7 @@ def capabilities_for(
             known=True,
             max_input_tokens=row.max_input_tokens,
         )
-    applied: dict[str, Any] = {
-        key: checked[key]
-        for key in (
-            "context_window",
-            "max_output_tokens",
-            "tools",
-            "strict_schema",
-            "json_mode",
-            "tokenizer",
-        )
-        if key in checked
-    }
-    if "context_window" in applied:
-        # The caller's window replaces the provider's own input cap too.
-        applied["max_input_tokens"] = None
-    return replace(caps, **applied) if applied else caps
+    return caps
 
 
 def models_with_larger_window(

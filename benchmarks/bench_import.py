@@ -1,0 +1,263 @@
+"""Cold import time: fluid_build's LLM layer against the openai SDK (and litellm).
+
+Each figure is the median of 7 fresh interpreters (``--quick``: 3), each
+timing one statement with ``time.perf_counter`` around it, so interpreter
+start-up is not counted; one discarded run first writes any bytecode caches,
+so "cold" means a new process with a warm disk cache, as a CLI starts. Each
+row also gives the modules the statement loaded. Target: ``from
+fluid_build.copilot import LLMClient`` (plus a first attribute access) below
+``from openai import OpenAI``, measured in the same run.
+
+A peer that is not importable here is measured with the first interpreter
+given by ``--extra-python`` that has it (litellm pins openai<3, so it
+usually lives in its own environment); if none has it, its row says so.
+
+    python benchmarks/bench_import.py [--quick] [--json PATH] [--extra-python PYTHON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGET_RATIO = 1.0  # fluid_build's LLMClient import below the openai SDK's client import
+BASELINE = "openai-client"
+
+# (key, statement, distribution whose version is shown, module that must be importable)
+TARGETS: tuple[tuple[str, str, str, str], ...] = (
+    ("httpx", "import httpx", "httpx", "httpx"),
+    ("pydantic", "import pydantic", "pydantic", "pydantic"),
+    ("fluid-copilot", "import fluid_build.copilot", "fluid-build", "fluid_build"),
+    (
+        "fluid-llmclient",
+        "from fluid_build.copilot import LLMClient; LLMClient.complete",
+        "fluid-build",
+        "fluid_build",
+    ),
+    ("openai", "import openai", "openai", "openai"),
+    ("openai-client", "from openai import OpenAI; OpenAI.chat", "openai", "openai"),
+    ("litellm", "import litellm", "litellm", "litellm"),
+)
+CONTEXT = {"httpx", "pydantic"}  # shown for scale, not judged
+
+# Runs in the fresh interpreter: time the statement, count the modules it loaded.
+PROBE = """
+import sys, time
+before = len(sys.modules)
+started = time.perf_counter()
+exec(compile(sys.argv[1], "<bench>", "exec"), {})
+elapsed = time.perf_counter() - started
+print(elapsed, len(sys.modules) - before)
+"""
+
+VERSION = """
+import sys
+from importlib.metadata import version
+from importlib.util import find_spec
+try:
+    found = find_spec(sys.argv[2]) is not None
+except Exception:
+    found = False
+print(version(sys.argv[1]) if found else "")
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("PYTHONPROFILEIMPORTTIME", "PYTHONDONTWRITEBYTECODE", "PYTHONSTARTUP"):
+        env.pop(name, None)
+    return env
+
+
+def installed(python: str, dist: str, module: str) -> str | None:
+    """The distribution's version if ``module`` is importable by ``python``."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(  # noqa: S603 - an interpreter the caller named
+            [python, "-c", VERSION, dist, module],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env=_env(),
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return None
+
+
+def time_import(python: str, statement: str, runs: int) -> tuple[list[float], int]:
+    """Seconds for ``statement`` in ``runs`` fresh interpreters (after one discarded run)."""
+    times: list[float] = []
+    modules = 0
+    for index in range(runs + 1):
+        done = subprocess.run(  # noqa: S603 - an interpreter the caller named
+            [python, "-c", PROBE, statement],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env=_env(),
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{statement!r} failed under {python}:\n{done.stderr[-2000:]}")
+        elapsed, loaded = done.stdout.split()
+        if index:  # the first run may write bytecode caches
+            times.append(float(elapsed))
+            modules = int(loaded)
+    return times, modules
+
+
+def heaviest(python: str, statement: str, top: int) -> list[tuple[str, float]]:
+    """The ``top`` top-level packages by summed ``-X importtime`` self time (ms), one run."""
+    done = subprocess.run(  # noqa: S603 - an interpreter the caller named
+        [python, "-X", "importtime", "-c", statement],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=_env(),
+    )
+    totals: dict[str, float] = {}
+    for line in done.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if not line.startswith("import time:") or len(parts) != 3 or not parts[0].strip().isdigit():
+            continue
+        root = parts[2].strip().split(".")[0]
+        totals[root] = totals.get(root, 0.0) + int(parts[0]) / 1000
+    return sorted(totals.items(), key=lambda item: -item[1])[:top]
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "os": platform.platform(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 interpreters a row, not 7")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even if a target is missed")
+    parser.add_argument(
+        "--extra-python",
+        metavar="PYTHON",
+        action="append",
+        default=[],
+        help="another interpreter for a peer not importable here (repeatable)",
+    )
+    args = parser.parse_args()
+    runs = 3 if args.quick else 7
+    pythons = [sys.executable, *args.extra_python]
+
+    rows: list[dict[str, Any]] = []
+    for key, statement, dist, module in TARGETS:
+        where = next(
+            ((python, v) for python in pythons if (v := installed(python, dist, module))), None
+        )
+        if where is None:
+            rows.append(
+                {"key": key, "statement": statement, "dist": dist, "skipped": "not installed"}
+            )
+            continue
+        python, version = where
+        times, modules = time_import(python, statement, runs)
+        rows.append(
+            {
+                "key": key,
+                "statement": statement,
+                "dist": dist,
+                "version": version,
+                "python": python,
+                "ms": statistics.median(times) * 1000,
+                "ms_runs": [t * 1000 for t in times],
+                "modules": modules,
+            }
+        )
+    base = next((r for r in rows if r["key"] == BASELINE and "ms" in r), None)
+    for row in rows:
+        if base is not None and "ms" in row:
+            row["ratio"] = row["ms"] / base["ms"]
+
+    info = machine()
+    print(
+        f"machine: {info['cores']} cores, {info['cpu']}, {info['python']}, {info['os']}; "
+        f"{info['date']}"
+    )
+    print()
+    print(
+        f"Cold import, median of {runs} fresh interpreters (start-up not counted); ratio to "
+        "`from openai import OpenAI`:"
+    )
+    print()
+    print(
+        "| statement | version | import (ms) | modules loaded | ratio to openai client | target |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    missed: list[str] = []
+    for row in rows:
+        statement = f"`{row['statement']}`"
+        if "skipped" in row:
+            print(f"| {statement} | {row['skipped']} here | | | | |")
+            continue
+        ratio = f"{row['ratio']:.2f}x" if "ratio" in row else "n/a"
+        verdict = "for scale" if row["key"] in CONTEXT else ""
+        if row["key"] == BASELINE:
+            verdict = "baseline"
+        elif row["key"] == "fluid-llmclient":
+            if base is None:
+                verdict = "n/a (openai not installed)"
+            else:
+                ok = row["ratio"] < TARGET_RATIO
+                verdict = f"< openai client: {'met' if ok else 'MISSED'}"
+                if not ok:
+                    missed.append(f"LLMClient import {row['ratio']:.2f}x the openai client's")
+        if row["python"] != sys.executable:
+            verdict = (verdict + "; " if verdict else "") + "own environment"
+        print(
+            f"| {statement} | {row['dist']} {row['version']} | {row['ms']:.1f} | "
+            f"{row['modules']:,} | {ratio} | {verdict} |"
+        )
+    fluid = next((r for r in rows if r["key"] == "fluid-llmclient" and "ms" in r), None)
+    if fluid is not None:
+        top = heaviest(fluid["python"], fluid["statement"], 6)
+        fluid["heaviest"] = top
+        print()
+        print(
+            "Where `from fluid_build.copilot import LLMClient` spends it (-X importtime, "
+            "self time by package, one run): "
+            + ", ".join(f"{name} {ms:.1f} ms" for name, ms in top)
+        )
+    print()
+    if args.json:
+        results = {"machine": info, "runs": runs, "target": TARGET_RATIO, "rows": rows}
+        results["missed"] = missed
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if missed:
+        print("over target: " + "; ".join(missed))
+        return 0 if args.no_fail else 1
+    if base is not None:
+        print("fluid_build's LLMClient imports faster than the openai SDK's client")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
