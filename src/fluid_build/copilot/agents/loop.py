@@ -558,27 +558,46 @@ class AgentLoop:
 
     # -- drivers ---------------------------------------------------------------------
 
-    def _compact(self, state: _State) -> None:
+    def _begin_compaction(self, state: _State) -> tuple[list[dict[str, Any]], int, int] | None:
+        """Truncate as the strategy says; return a summary request when one is due."""
         strategy = self.settings.compaction
         if strategy in {"truncate", "hybrid"}:
             _truncate_middle(state.messages, self.settings.keep_last)
         if strategy in {"summarize", "hybrid"} and self._summary_due(state):
             request = self._summary_request(state)
             if request is not None:
-                prompt, start, tail = request
-                try:
-                    self._check_budget(state)
-                    completion = self.client.complete(prompt, max_output_tokens=1024)
-                    self._account(state, completion)
-                    self._apply_summary(state, completion.text, start, tail)
-                except AgentExecutionError as error:
-                    if error.code.startswith("budget."):
-                        raise
-                    LOG.warning(
-                        "summary for compaction failed [%s]; truncating instead", error.code
-                    )
-                    _truncate_middle(state.messages, self.settings.keep_last)
+                self._check_budget(state)
+                return request
         self._compacted(state)
+        return None
+
+    def _end_compaction(
+        self,
+        state: _State,
+        request: tuple[list[dict[str, Any]], int, int],
+        completion: Completion | None,
+        error: AgentExecutionError | None,
+    ) -> None:
+        """Apply the summary, or fall back to truncation when it failed."""
+        if completion is not None:
+            self._account(state, completion)
+            self._apply_summary(state, completion.text, request[1], request[2])
+        else:
+            assert error is not None
+            LOG.warning("summary for compaction failed [%s]; truncating instead", error.code)
+            _truncate_middle(state.messages, self.settings.keep_last)
+        self._compacted(state)
+
+    def _compact(self, state: _State) -> None:
+        request = self._begin_compaction(state)
+        if request is None:
+            return
+        try:
+            completion = self.client.complete(request[0], max_output_tokens=1024)
+        except AgentExecutionError as error:
+            self._end_compaction(state, request, None, error)
+            return
+        self._end_compaction(state, request, completion, None)
 
     def run(self, task: str) -> AgentResult:
         """Run ``task`` to a validated final answer, or raise the typed error that stopped it."""
@@ -605,26 +624,15 @@ class AgentLoop:
         return self._finish(state)
 
     async def _acompact(self, state: _State) -> None:
-        strategy = self.settings.compaction
-        if strategy in {"truncate", "hybrid"}:
-            _truncate_middle(state.messages, self.settings.keep_last)
-        if strategy in {"summarize", "hybrid"} and self._summary_due(state):
-            request = self._summary_request(state)
-            if request is not None:
-                prompt, start, tail = request
-                try:
-                    self._check_budget(state)
-                    completion = await self.client.acomplete(prompt, max_output_tokens=1024)
-                    self._account(state, completion)
-                    self._apply_summary(state, completion.text, start, tail)
-                except AgentExecutionError as error:
-                    if error.code.startswith("budget."):
-                        raise
-                    LOG.warning(
-                        "summary for compaction failed [%s]; truncating instead", error.code
-                    )
-                    _truncate_middle(state.messages, self.settings.keep_last)
-        self._compacted(state)
+        request = self._begin_compaction(state)
+        if request is None:
+            return
+        try:
+            completion = await self.client.acomplete(request[0], max_output_tokens=1024)
+        except AgentExecutionError as error:
+            self._end_compaction(state, request, None, error)
+            return
+        self._end_compaction(state, request, completion, None)
 
     async def arun(self, task: str) -> AgentResult:
         """The async twin of :meth:`run`."""
