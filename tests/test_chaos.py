@@ -24,7 +24,7 @@ import pytest
 from pydantic import BaseModel
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.cooldown import CooldownKey, MemoryCooldownStore
+from fluid_build.copilot.agents.cooldown import CooldownKey, MemoryCooldownStore, key_fingerprint
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ProviderError,
@@ -32,7 +32,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderTimeoutError,
     RateLimitError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryEvent, RetryPolicy
+from fluid_build.copilot.agents.retry import COOLDOWN, RetryEnvelope, RetryEvent, RetryPolicy
 from fluid_build.copilot.llm.types import Completion
 from tests.chaos_server import FAULTS, ChaosServer, Request, chaos_server
 
@@ -57,7 +57,8 @@ def api_key(i: int) -> str:
 
 
 # The envelope's cooldown key of each client -> the x-key that client sends.
-X_KEY: Final = {str(CooldownKey.for_call("vllm", api_key(i), MODEL)): f"k{i}" for i in range(KEYS)}
+# The x-key of each API key, by its fingerprint in the store's keys.
+X_KEY: Final = {key_fingerprint(api_key(i)): f"k{i}" for i in range(KEYS)}
 
 
 class Answer(BaseModel):
@@ -89,9 +90,11 @@ class RecordingStore(MemoryCooldownStore):
         self.honour = honour
         self.opened: list[Opened] = []
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
-        self.opened.append(Opened(X_KEY.get(key, key), now, seconds))
-        return super().extend(key, seconds, now)
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        parsed = CooldownKey.parse(key.removeprefix(COOLDOWN))
+        name = X_KEY.get(parsed.fingerprint, key) if parsed is not None else key
+        self.opened.append(Opened(name, now, seconds))
+        return super().extend(key, seconds, now, note)
 
     def remaining(self, key: str, now: float) -> float:
         return super().remaining(key, now) if self.honour else 0.0

@@ -142,7 +142,7 @@ class Broken:
         self.calls += 1
         raise ConnectionError("store is down")
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         self.calls += 1
         raise ConnectionError("store is down")
 

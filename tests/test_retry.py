@@ -23,6 +23,7 @@ from fluid_build.copilot.agents.errors import (
     ToolValidationError,
 )
 from fluid_build.copilot.agents.retry import (
+    COOLDOWN,
     RetryEnvelope,
     RetryEvent,
     RetryPolicy,
@@ -368,7 +369,7 @@ def test_a_retry_after_makes_other_calls_on_the_key_wait(mode: str) -> None:
     # One call gets a 429 asking for 30 s (and, with one attempt, gives up).
     first = Script(http_429("30"), clock=clock)
     assert isinstance(run_error(env, first, mode, key=KEY), RateLimitError)
-    assert store.remaining(str(KEY), start) == pytest.approx(30.0)
+    assert store.remaining(COOLDOWN + str(KEY), start) == pytest.approx(30.0)
     # Ten seconds later another call on the same key waits out the other 20 s.
     clock.now = start + 10
     other = Script("ok", clock=clock)
@@ -389,7 +390,7 @@ def test_a_retry_after_makes_other_calls_on_the_key_wait(mode: str) -> None:
 def test_cooldown_longer_than_the_deadline_gives_up_without_sending(mode: str) -> None:
     clock = FakeClock()
     store = MemoryCooldownStore()
-    store.extend(str(KEY), 120, clock.now)
+    store.extend(COOLDOWN + str(KEY), 120, clock.now)
     script = Script("never", clock=clock)
     env = envelope(clock, cooldown=store, policy_args={"deadline": 30})
     error = run_error(env, script, mode, key=KEY, provider="openai")

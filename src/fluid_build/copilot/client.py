@@ -197,8 +197,9 @@ class LLMClient:
         self._owns_http = http_client is None
         self._ahttp = async_http_client
         self._owns_ahttp = async_http_client is None
+        # Who shares a cooldown and a breaker: never two endpoints, keys or models.
         self._key = CooldownKey.for_call(
-            self.config.provider, self.config.api_key, self.config.model
+            self.config.provider, self.config.api_key, self.config.model, self.adapter.endpoint
         )
         self._env = env
         self._last_error: dict[str, Any] | None = None
@@ -677,14 +678,23 @@ class LLMClient:
         ]
         return done
 
+    @property
+    def health_key(self) -> CooldownKey:
+        """The key of this client's cooldown and breaker: provider, endpoint, key, model."""
+        return self._key
+
     def health(self) -> list[dict[str, Any]]:
         """Per configured entry: breaker state, cooldown remaining, the last error (sticky)."""
-        now = self.envelope.clock()
+        from fluid_build.copilot.agents.cooldown import trusted
+        from fluid_build.copilot.agents.retry import COOLDOWN
+
+        now = self.envelope.wall()
         out: list[dict[str, Any]] = []
         for entry in self._entries():
             key = str(entry._key)
             report: dict[str, Any] = {
                 "entry": entry.label,
+                "key": key,
                 "breaker": None,
                 "failures": 0,
                 "cooldown_remaining": 0.0,
@@ -694,12 +704,33 @@ class LLMClient:
             if breaker is not None:
                 state = breaker.state(key)
                 report.update(
-                    breaker=state.state, failures=state.failures, opens_in=round(state.opens_for, 3)
+                    breaker=state.state,
+                    failures=state.failures,
+                    opens_in=round(state.opens_for, 3),
+                    since=state.since,
+                    until=state.until,
+                    reason=state.reason,
+                    trial_owner=state.trial_owner,
                 )
-            if self.envelope.cooldown is not None:
-                report["cooldown_remaining"] = round(self.envelope.cooldown.remaining(key, now), 3)
+            store = self.envelope.cooldown
+            if store is not None:
+                cap = self.envelope.policy.retry_after_cap
+                left = store.remaining(COOLDOWN + key, now)
+                report["cooldown_remaining"] = round(
+                    trusted(store, COOLDOWN + key, left, cap, now), 3
+                )
             out.append(report)
         return out
+
+    def reset_health(self) -> None:
+        """Clear the breaker and cooldown of every entry, for every process sharing the store.
+
+        The Python twin of ``fluid doctor --reset --provider P --model M``; the
+        sticky last errors are forgotten too.
+        """
+        for entry in self._entries():
+            self.envelope.reset(entry._key)
+        self.clear_last_error()
 
     def clear_last_error(self) -> None:
         """Forget the sticky last error of every entry."""

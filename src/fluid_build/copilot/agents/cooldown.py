@@ -1,10 +1,16 @@
-"""A cooldown shared by every call on one key: in this process, on this machine, or across machines.
+"""Shared failure state: cooldown windows, breaker counts and trial leases, with a lifetime.
 
 When a provider answers one call with Retry-After, every other call with the
-same key (provider + a fingerprint of the API key + model) waits out that
-window before sending, instead of hammering the provider into longer
+same key (provider + endpoint + a fingerprint of the API key + model) waits
+out that window before sending, instead of hammering the provider into longer
 cool-downs. A window only ever grows: a second Retry-After extends it to the
-later deadline, never shortens it.
+later deadline, never shortens it. The circuit breaker keeps its failure
+count and its half-open trial lease in the same store.
+
+Every entry expires by itself: a window at its end, a counter ``ttl`` seconds
+after its last increment, a lease at the expiry its owner gave it (so a
+killed owner frees it). Nothing needs a human to clear it, and
+:meth:`CooldownStore.clear` (``fluid doctor --reset``) clears it anyway.
 
 Stores:
 
@@ -26,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
@@ -43,15 +49,23 @@ __all__ = [
     "RedisCooldownStore",
     "ResilientCooldownStore",
     "SqliteCooldownStore",
+    "StoreEntry",
     "cooldown_store_from_env",
     "cooldown_store_from_url",
     "default_cooldown_path",
     "key_fingerprint",
+    "normalize_endpoint",
+    "trusted",
 ]
 
 LOG = logging.getLogger("fluid_build.cooldown")
 
 COOLDOWN_URL_ENV: Final = "FLUID_COOLDOWN_URL"
+
+# A store holds at most this many live entries; the ones ending soonest go first.
+MAX_ENTRIES: Final = 10_000
+# What one key of a store holds; the part after the kind prefix is a CooldownKey.
+SEPARATOR: Final = "|"
 
 
 def key_fingerprint(api_key: str | None) -> str:
@@ -62,84 +76,270 @@ def key_fingerprint(api_key: str | None) -> str:
     return digest.hexdigest()
 
 
+def normalize_endpoint(url: str | None) -> str:
+    """``url`` as it scopes shared state: scheme://host[:port]/path, lower-cased host.
+
+    User, password, query and fragment are dropped (they may hold credentials
+    and never name another server); a default port and a trailing slash too.
+    """
+    if not url:
+        return "-"
+    try:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower() or "https"
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return "-"
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None and (scheme, port) not in {("http", 80), ("https", 443)}:
+        host = f"{host}:{port}"
+    path = parts.path.rstrip("/").replace(SEPARATOR, "%7C")
+    return f"{scheme}://{host}{path}"
+
+
 @dataclass(frozen=True, slots=True)
 class CooldownKey:
-    """Who shares a cooldown: one provider, one API key, one model."""
+    """Who shares a cooldown and a breaker: one provider, endpoint, API key and model."""
 
     provider: str
     fingerprint: str
     model: str
+    endpoint: str = "-"
 
     @classmethod
-    def for_call(cls, provider: str, api_key: str | None, model: str) -> CooldownKey:
-        return cls(provider, key_fingerprint(api_key), model)
+    def for_call(
+        cls, provider: str, api_key: str | None, model: str, endpoint: str | None = None
+    ) -> CooldownKey:
+        return cls(provider, key_fingerprint(api_key), model, normalize_endpoint(endpoint))
+
+    @classmethod
+    def parse(cls, text: str) -> CooldownKey | None:
+        """The key :meth:`__str__` wrote, or None for text in another shape."""
+        parts = text.split(SEPARATOR)
+        if len(parts) < 4:
+            return None
+        provider, fingerprint, model = parts[0], parts[-2], parts[-1]
+        return cls(provider, fingerprint, model, SEPARATOR.join(parts[1:-2]))
 
     def __str__(self) -> str:
-        return f"{self.provider}:{self.fingerprint}:{self.model}"
+        return SEPARATOR.join((self.provider, self.endpoint, self.fingerprint, self.model))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEntry:
+    """One live entry of a store, as ``fluid doctor`` lists it. Times are wall-clock seconds."""
+
+    key: str
+    until: float
+    since: float
+    count: int = 0
+    owner: str | None = None
+    note: str = ""
 
 
 @runtime_checkable
 class CooldownStore(Protocol):
-    """Where cooldown windows live. ``now`` is wall-clock seconds (``time.time()``)."""
+    """Where shared state lives. ``now`` is wall-clock seconds (``time.time()``).
+
+    Every write gives its entry an end; nothing lives forever.
+    """
 
     def remaining(self, key: str, now: float) -> float:
-        """Seconds left in ``key``'s window (0.0 when it is not cooling down)."""
+        """Seconds left before ``key`` ends (0.0 when it is not there)."""
         ...
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
-        """Make ``key`` cool down for at least ``seconds``; return the seconds now left."""
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        """Make ``key`` last at least ``seconds`` more; return the seconds now left."""
         ...
 
-    def incr(self, key: str) -> int:
-        """Add one to ``key``'s shared counter (the circuit breaker's failures); return it."""
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        """Make ``key`` end within ``seconds`` (repairs a skewed or planted entry)."""
         ...
 
-    def count(self, key: str) -> int:
-        """The counter's value (0 when unset)."""
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        """Add one to ``key``'s counter, which now ends ``ttl`` s from ``now``; return it.
+
+        A counter that has ended starts again from one.
+        """
         ...
 
-    def reset(self, key: str) -> None:
-        """Clear the counter."""
+    def count(self, key: str, now: float) -> int:
+        """The counter's value (0 when it is not there or has ended)."""
         ...
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        """``(remaining, count)`` of each key, read together (one ``stat()`` for sqlite)."""
+        ...
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        """Take (or renew) the lease ``key`` for ``owner`` until ``now + ttl``.
+
+        False when another owner holds a lease that has not ended. Atomic.
+        """
+        ...
+
+    def release(self, key: str, owner: str) -> None:
+        """Give the lease back, if ``owner`` still holds it."""
+        ...
+
+    def delete(self, *keys: str) -> None:
+        """Remove these entries, whatever they hold."""
+        ...
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        """Every live entry, for ``fluid doctor``."""
+        ...
+
+    def clear(self) -> int:
+        """Remove every entry this store holds; return how many there were."""
+        ...
+
+
+_CLAMPED: set[str] = set()
+
+
+def trusted(store: CooldownStore, key: str, left: float, cap: float, now: float) -> float:
+    """``left``, read back from ``store``, never longer than ``cap``.
+
+    A longer entry can only come from a skewed clock or a planted value: it
+    is logged once, cut down to ``cap`` in the store, and ``cap`` is returned.
+    """
+    if left <= cap:
+        return left
+    if left > cap + 1.0:  # past the writers' clock differences: repair it
+        if key not in _CLAMPED and len(_CLAMPED) < 1000:
+            _CLAMPED.add(key)
+            LOG.warning(
+                "shared state %s ends in %.0f s, beyond its %g s cap (a skewed clock or a "
+                "planted entry); cut down to %g s",
+                key,
+                left,
+                cap,
+                cap,
+            )
+        store.cap(key, cap, now)
+    return cap
 
 
 def _valid(seconds: float) -> bool:
     return math.isfinite(seconds) and seconds > 0
 
 
+class _Record:
+    __slots__ = ("count", "note", "owner", "since", "until")
+
+    def __init__(self, until: float, since: float) -> None:
+        self.until = until
+        self.since = since
+        self.count = 0
+        self.owner: str | None = None
+        self.note = ""
+
+
 class MemoryCooldownStore:
-    """Windows in a dict: shared by the threads and tasks of one process."""
+    """Entries in a dict: shared by the threads and tasks of one process."""
 
     def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
+        self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
 
-    def incr(self, key: str) -> int:
-        with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + 1
-            return self._counts[key]
+    def _live(self, key: str, now: float) -> _Record | None:
+        record = self._records.get(key)
+        return record if record is not None and record.until > now else None
 
-    def count(self, key: str) -> int:
-        return self._counts.get(key, 0)
-
-    def reset(self, key: str) -> None:
-        with self._lock:
-            self._counts.pop(key, None)
+    def _fresh(self, key: str, until: float, now: float) -> _Record:
+        record = _Record(until, now)
+        self._records[key] = record
+        if len(self._records) > MAX_ENTRIES:
+            live = sorted(
+                ((k, r) for k, r in self._records.items() if r.until > now),
+                key=lambda item: item[1].until,
+            )
+            self._records = dict(live[-MAX_ENTRIES:])
+            self._records[key] = record
+        return record
 
     def remaining(self, key: str, now: float) -> float:
-        until = self._until.get(key)
-        return until - now if until is not None and until > now else 0.0
+        record = self._records.get(key)
+        return record.until - now if record is not None and record.until > now else 0.0
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         if not _valid(seconds):
             return self.remaining(key, now)
         with self._lock:
-            until = max(self._until.get(key, 0.0), now + seconds)
-            self._until[key] = until
-            if len(self._until) > 10_000:  # drop long-expired windows
-                self._until = {k: v for k, v in self._until.items() if v > now}
-        return until - now
+            record = self._live(key, now) or self._fresh(key, now, now)
+            record.until = max(record.until, now + seconds)
+            if note:
+                record.note = note
+            return record.until - now
+
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        with self._lock:
+            record = self._live(key, now)
+            if record is not None:
+                record.until = min(record.until, now + max(seconds, 0.0))
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        with self._lock:
+            record = self._live(key, now) or self._fresh(key, now, now)
+            record.count += 1
+            record.until = now + max(ttl, 0.001)
+            if note:
+                record.note = note
+            return record.count
+
+    def count(self, key: str, now: float) -> int:
+        record = self._records.get(key)
+        return record.count if record is not None and record.until > now else 0
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        out = []
+        for key in keys:
+            record = self._records.get(key)
+            if record is None or record.until <= now:
+                out.append((0.0, 0))
+            else:
+                out.append((record.until - now, record.count))
+        return out
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        with self._lock:
+            record = self._live(key, now)
+            if record is not None and record.owner not in (None, owner):
+                return False
+            if record is None or record.owner != owner:
+                record = self._fresh(key, now, now)
+                record.owner = owner
+            record.until = now + max(ttl, 0.001)
+            return True
+
+    def release(self, key: str, owner: str) -> None:
+        with self._lock:
+            record = self._records.get(key)
+            if record is not None and record.owner == owner:
+                del self._records[key]
+
+    def delete(self, *keys: str) -> None:
+        with self._lock:
+            for key in keys:
+                self._records.pop(key, None)
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        with self._lock:
+            items = list(self._records.items())
+        return [
+            StoreEntry(key, r.until, r.since, r.count, r.owner, r.note)
+            for key, r in items
+            if r.until > now
+        ]
+
+    def clear(self) -> int:
+        with self._lock:
+            gone = len(self._records)
+            self._records = {}
+        return gone
 
     def __repr__(self) -> str:
         return "MemoryCooldownStore()"
@@ -152,39 +352,75 @@ def default_cooldown_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "fluid_build" / "cooldown.sqlite3"
 
 
-class SqliteCooldownStore:
-    """Windows in a sqlite file, shared by every process on the machine.
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS fluid_state (key TEXT PRIMARY KEY, until REAL NOT NULL, "
+    "since REAL NOT NULL, n INTEGER NOT NULL DEFAULT 0, owner TEXT, note TEXT NOT NULL DEFAULT '')"
+)
+# Before the state had a lifetime: counters without an end. Dropping them heals
+# a machine that an older version locked out.
+_LEGACY_TABLES: Final = ("cooldown", "counters")
 
-    Writers upsert with ``max()`` in one statement, so concurrent writers can
-    only lengthen a window. Readers do not query sqlite on every call: a
-    sidecar file grows by one byte per write, and a reader re-reads the table
-    only when that file's size changed. A call on a key that is not cooling
-    down costs one ``stat()``.
+_EXTEND_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, note) VALUES (:key, :until, :now, :note) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "since = CASE WHEN until > :now THEN since ELSE :now END, "
+    "n = CASE WHEN until > :now THEN n ELSE 0 END, "
+    "owner = CASE WHEN until > :now THEN owner ELSE NULL END, "
+    "note = CASE WHEN :note != '' THEN :note ELSE note END, "
+    "until = max(CASE WHEN until > :now THEN until ELSE 0 END, :until) "
+    "RETURNING until"
+)
+_INCR_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, n, note) VALUES (:key, :until, :now, 1, :note) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "n = CASE WHEN until > :now THEN n + 1 ELSE 1 END, "
+    "since = CASE WHEN until > :now THEN since ELSE :now END, "
+    "owner = NULL, "
+    "note = CASE WHEN :note != '' THEN :note ELSE note END, "
+    "until = :until "
+    "RETURNING n"
+)
+_ACQUIRE_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, owner) VALUES (:key, :until, :now, :owner) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "since = CASE WHEN owner IS :owner AND until > :now THEN since ELSE :now END, "
+    "n = 0, note = '', owner = :owner, until = :until "
+    "WHERE until <= :now OR owner IS NULL OR owner = :owner "
+    "RETURNING owner"
+)
+
+
+class SqliteCooldownStore:
+    """Entries in a sqlite file, shared by every process on the machine.
+
+    Each change is one upsert, so concurrent writers cannot lose each other's
+    updates. Readers do not query sqlite on every call: a sidecar file grows
+    by one byte per write, and a reader re-reads the table only when that
+    file's size changed. A call on a key with nothing stored costs one
+    ``stat()``.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 2.0) -> None:
         self.path = Path(path)
         self._generation_path = self.path.with_name(self.path.name + ".gen")
+        self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._seen_generation = -1
-        self._cache: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
+        self._cache: dict[str, tuple[float, int]] = {}
+        self._writes = 0
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=10000")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS cooldown (key TEXT PRIMARY KEY, until REAL NOT NULL)"
-            )
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, n INTEGER NOT NULL)"
-            )
-            conn.commit()
+            with conn:
+                conn.execute(_SCHEMA)
+                for table in _LEGACY_TABLES:
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
             self._generation_path.touch(exist_ok=True)
             self._conn, self._pid = conn, os.getpid()
             self._seen_generation = -1
@@ -202,10 +438,28 @@ class SqliteCooldownStore:
             with self._lock:
                 conn = self._connection()
                 generation = self._generation()
-                rows = conn.execute("SELECT key, until FROM cooldown WHERE until > ?", (now,))
-                self._cache = dict(rows.fetchall())
-                self._counts = dict(conn.execute("SELECT key, n FROM counters").fetchall())
+                rows = conn.execute(
+                    "SELECT key, until, n FROM fluid_state WHERE until > ?", (now,)
+                ).fetchall()
+                self._cache = {key: (float(until), int(n)) for key, until, n in rows}
                 self._seen_generation = generation
+
+    def _write(self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float) -> Any:
+        """Run one change in its own transaction; return its first row."""
+        with self._lock:
+            conn = self._connection()
+            with conn:
+                row = conn.execute(sql, params).fetchone()
+                self._writes += 1
+                conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
+                if self._writes % 100 == 0:
+                    conn.execute(
+                        "DELETE FROM fluid_state WHERE key NOT IN "
+                        "(SELECT key FROM fluid_state ORDER BY until DESC LIMIT ?)",
+                        (MAX_ENTRIES,),
+                    )
+            self._bump()
+        return row
 
     def _bump(self) -> None:
         # Grow the sidecar only after the change is committed: a reader that
@@ -216,48 +470,87 @@ class SqliteCooldownStore:
 
     def remaining(self, key: str, now: float) -> float:
         self._refresh(now)
-        until = self._cache.get(key)
-        return until - now if until is not None and until > now else 0.0
+        cached = self._cache.get(key)
+        return cached[0] - now if cached is not None and cached[0] > now else 0.0
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         if not _valid(seconds):
             return self.remaining(key, now)
-        with self._lock:
-            conn = self._connection()
-            with conn:
-                conn.execute(
-                    "INSERT INTO cooldown (key, until) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET until = max(until, excluded.until)",
-                    (key, now + seconds),
-                )
-                conn.execute("DELETE FROM cooldown WHERE until < ?", (now - 3600,))
-                until = conn.execute("SELECT until FROM cooldown WHERE key = ?", (key,)).fetchone()
-            self._bump()
-        return max(float(until[0]) - now, 0.0) if until else seconds
+        row = self._write(
+            _EXTEND_SQL, {"key": key, "until": now + seconds, "now": now, "note": note}, now
+        )
+        return max(float(row[0]) - now, 0.0) if row else seconds
 
-    def incr(self, key: str) -> int:
-        with self._lock:
-            conn = self._connection()
-            with conn:
-                row = conn.execute(
-                    "INSERT INTO counters (key, n) VALUES (?, 1) "
-                    "ON CONFLICT(key) DO UPDATE SET n = n + 1 RETURNING n",
-                    (key,),
-                ).fetchone()
-            self._bump()
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        self._write(
+            "UPDATE fluid_state SET until = min(until, ?) WHERE key = ? RETURNING until",
+            (now + max(seconds, 0.0), key),
+            now,
+        )
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        until = now + max(ttl, 0.001)
+        row = self._write(_INCR_SQL, {"key": key, "until": until, "now": now, "note": note}, now)
         return int(row[0])
 
-    def count(self, key: str) -> int:
-        self._refresh(time.time())
-        return self._counts.get(key, 0)
+    def count(self, key: str, now: float) -> int:
+        self._refresh(now)
+        cached = self._cache.get(key)
+        return cached[1] if cached is not None and cached[0] > now else 0
 
-    def reset(self, key: str) -> None:
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        self._refresh(now)
+        out = []
+        for key in keys:
+            cached = self._cache.get(key)
+            if cached is None or cached[0] <= now:
+                out.append((0.0, 0))
+            else:
+                out.append((cached[0] - now, cached[1]))
+        return out
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        until = now + max(ttl, 0.001)
+        row = self._write(
+            _ACQUIRE_SQL, {"key": key, "until": until, "now": now, "owner": owner}, now
+        )
+        return row is not None
+
+    def release(self, key: str, owner: str) -> None:
+        self._write(
+            "DELETE FROM fluid_state WHERE key = ? AND owner = ? RETURNING key",
+            (key, owner),
+            time.time(),
+        )
+
+    def delete(self, *keys: str) -> None:
+        if not keys:
+            return
+        marks = ",".join("?" * len(keys))
+        self._write(f"DELETE FROM fluid_state WHERE key IN ({marks}) RETURNING key", keys, 0.0)  # noqa: S608 - only placeholders
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        with self._lock:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT key, until, since, n, owner, note FROM fluid_state WHERE until > ? "
+                    "ORDER BY key LIMIT ?",
+                    (now, MAX_ENTRIES),
+                )
+                .fetchall()
+            )
+        return [
+            StoreEntry(k, float(u), float(s), int(n), o, str(t or "")) for k, u, s, n, o, t in rows
+        ]
+
+    def clear(self) -> int:
         with self._lock:
             conn = self._connection()
             with conn:
-                gone = conn.execute("DELETE FROM counters WHERE key = ?", (key,)).rowcount
-            if gone:
-                self._bump()
+                gone = conn.execute("DELETE FROM fluid_state").rowcount
+            self._bump()
+        return int(gone)
 
     def close(self) -> None:
         with self._lock:
@@ -269,28 +562,68 @@ class SqliteCooldownStore:
         return f"SqliteCooldownStore({str(self.path)!r})"
 
 
-# Extend-only, in Redis time: the window is the key's TTL, so machines with
-# skewed clocks still agree on when it ends.
-_EXTEND_SCRIPT: Final = """
+# Each entry is a Redis hash whose TTL is its end, in Redis time: machines with
+# skewed clocks still agree on when it ends. ARGV[1] is always milliseconds.
+_REDIS_EXTEND: Final = """
 local ttl = redis.call('PTTL', KEYS[1])
 local want = tonumber(ARGV[1])
-if ttl < want then
-  redis.call('SET', KEYS[1], '1', 'PX', want)
-  return want
+if ttl >= want then return ttl end
+if ttl < 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[2])
 end
-return ttl
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
+redis.call('PEXPIRE', KEYS[1], want)
+return want
+"""
+_REDIS_CAP: Final = """
+local ttl = redis.call('PTTL', KEYS[1])
+local want = tonumber(ARGV[1])
+if ttl == -1 or ttl > want then
+  if want <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], want) end
+end
+return 0
+"""
+_REDIS_INCR: Final = """
+if redis.call('HEXISTS', KEYS[1], 'owner') == 1 then redis.call('DEL', KEYS[1]) end
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+if n == 1 then redis.call('HSET', KEYS[1], 'since', ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return n
+"""
+_REDIS_ACQUIRE: Final = """
+local held = redis.call('HGET', KEYS[1], 'owner')
+if held and held ~= ARGV[2] then return 0 end
+if not held then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'since', ARGV[3])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+_REDIS_RELEASE: Final = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
+def _ms(seconds: float) -> int:
+    return max(math.ceil(seconds * 1000), 1)
+
+
 class RedisCooldownStore:
-    """Windows as Redis keys with a TTL, shared by every machine on one Redis."""
+    """Entries as Redis hashes with a TTL, shared by every machine on one Redis."""
+
+    # Before entries were hashes with a lifetime; ``clear`` removes these too.
+    LEGACY_PREFIX: Final = "fluid:cooldown:"
 
     def __init__(
         self,
         url: str | None = None,
         *,
         client: redis.Redis | None = None,
-        prefix: str = "fluid:cooldown:",
+        prefix: str = "fluid:health:",
         timeout: float = 0.5,
     ) -> None:
         if client is None:
@@ -303,31 +636,105 @@ class RedisCooldownStore:
             )
         self._client = client
         self._prefix = prefix
-        self._extend: Callable[..., Any] = client.register_script(_EXTEND_SCRIPT)
+        scripts = (_REDIS_EXTEND, _REDIS_CAP, _REDIS_INCR, _REDIS_ACQUIRE, _REDIS_RELEASE)
+        self._extend, self._cap, self._incr, self._acquire, self._release = (
+            client.register_script(script) for script in scripts
+        )
         self._url = _without_password(url) if url else repr(client)
 
     def remaining(self, key: str, now: float) -> float:
         ttl = self._client.pttl(self._prefix + key)
         return float(ttl) / 1000.0 if isinstance(ttl, int) and ttl > 0 else 0.0
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         if not _valid(seconds):
             return self.remaining(key, now)
-        left = self._extend(keys=[self._prefix + key], args=[max(int(seconds * 1000), 1)])
+        left = self._extend(keys=[self._prefix + key], args=[_ms(seconds), repr(now), note])
         return float(left) / 1000.0
 
-    def incr(self, key: str) -> int:
-        return int(self._client.incr(self._prefix + "n:" + key))
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        self._cap(keys=[self._prefix + key], args=[int(max(seconds, 0.0) * 1000)])
 
-    def count(self, key: str) -> int:
-        value = self._client.get(self._prefix + "n:" + key)
-        return int(value) if value is not None else 0
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        return int(self._incr(keys=[self._prefix + key], args=[_ms(ttl), repr(now), note]))
 
-    def reset(self, key: str) -> None:
-        self._client.delete(self._prefix + "n:" + key)
+    def count(self, key: str, now: float) -> int:
+        return self.peek([key], now)[0][1]
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(self._prefix + key)
+            pipe.hget(self._prefix + key, "n")
+        replies = pipe.execute()
+        out = []
+        for i in range(len(keys)):
+            ttl, n = replies[2 * i], replies[2 * i + 1]
+            left = float(ttl) / 1000.0 if isinstance(ttl, int) and ttl > 0 else 0.0
+            out.append((left, int(n) if n is not None and left > 0 else 0))
+        return out
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        return bool(self._acquire(keys=[self._prefix + key], args=[_ms(ttl), owner, repr(now)]))
+
+    def release(self, key: str, owner: str) -> None:
+        self._release(keys=[self._prefix + key], args=[owner])
+
+    def delete(self, *keys: str) -> None:
+        if keys:
+            self._client.delete(*(self._prefix + key for key in keys))
+
+    def _scan(self, prefix: str) -> list[bytes]:
+        found: list[bytes] = []
+        for name in self._client.scan_iter(match=prefix + "*", count=1000):
+            found.append(name)
+            if len(found) >= MAX_ENTRIES:
+                break
+        return found
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        names = self._scan(self._prefix)
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+            pipe.pttl(name)
+        replies = pipe.execute() if names else []
+        out: list[StoreEntry] = []
+        for i, name in enumerate(names):
+            fields, ttl = replies[2 * i], replies[2 * i + 1]
+            if not isinstance(fields, dict) or not isinstance(ttl, int) or ttl <= 0:
+                continue
+            text = {
+                k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()
+            }
+            out.append(
+                StoreEntry(
+                    name.decode(errors="replace")[len(self._prefix) :],
+                    now + ttl / 1000.0,
+                    _float(text.get("since"), now),
+                    int(_float(text.get("n"), 0.0)),
+                    text.get("owner"),
+                    text.get("note", ""),
+                )
+            )
+        return sorted(out, key=lambda entry: entry.key)
+
+    def clear(self) -> int:
+        names = self._scan(self._prefix) + self._scan(self.LEGACY_PREFIX)
+        if names:
+            self._client.delete(*names)
+        return len(names)
 
     def __repr__(self) -> str:
         return f"RedisCooldownStore({self._url!r})"
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        return default
+    return value if math.isfinite(value) else default
 
 
 def _without_password(url: str) -> str:
@@ -348,8 +755,10 @@ def _without_password(url: str) -> str:
 class ResilientCooldownStore:
     """A store that never fails a call: on error it degrades to memory.
 
-    The first failure logs one warning; the store is tried again every
-    ``retry_every`` seconds and a recovery is logged too.
+    Every change is mirrored in memory, so the process keeps its own windows,
+    counts and leases while the shared store is down. The first failure logs
+    one warning; the store is tried again every ``retry_every`` seconds and a
+    recovery is logged too.
     """
 
     def __init__(
@@ -379,7 +788,7 @@ class ResilientCooldownStore:
                 "until it answers again",
                 self.primary,
                 type(exc).__name__,
-                exc,
+                _without_password(str(exc)),
             )
         self._down_since = self._clock()
 
@@ -388,61 +797,78 @@ class ResilientCooldownStore:
             LOG.warning("cooldown store %r answers again", self.primary)
             self._down_since = None
 
+    def _shared(self, op: str, *args: Any) -> tuple[bool, Any]:
+        """``(True, result)`` from the primary, or ``(False, None)`` when it is down."""
+        if not self._usable():
+            return False, None
+        try:
+            result = getattr(self.primary, op)(*args)
+        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
+            self._failed(exc)
+            return False, None
+        self._recovered()
+        return True, result
+
     def remaining(self, key: str, now: float) -> float:
         local = self.fallback.remaining(key, now)
-        if not self._usable():
-            return local
-        try:
-            shared = self.primary.remaining(key, now)
-        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
-            return local
-        self._recovered()
-        return max(shared, local)
+        ok, shared = self._shared("remaining", key, now)
+        return max(shared, local) if ok else local
 
-    def extend(self, key: str, seconds: float, now: float) -> float:
-        local = self.fallback.extend(key, seconds, now)
-        if not self._usable():
-            return local
-        try:
-            shared = self.primary.extend(key, seconds, now)
-        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
-            return local
-        self._recovered()
-        return max(shared, local)
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        local = self.fallback.extend(key, seconds, now, note)
+        ok, shared = self._shared("extend", key, seconds, now, note)
+        return max(shared, local) if ok else local
 
-    def incr(self, key: str) -> int:
-        local = self.fallback.incr(key)
-        if not self._usable():
-            return local
-        try:
-            shared = self.primary.incr(key)
-        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
-            return local
-        self._recovered()
-        return shared
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        self.fallback.cap(key, seconds, now)
+        self._shared("cap", key, seconds, now)
 
-    def count(self, key: str) -> int:
-        if not self._usable():
-            return self.fallback.count(key)
-        try:
-            return self.primary.count(key)
-        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
-            return self.fallback.count(key)
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        local = self.fallback.incr(key, ttl, now, note)
+        ok, shared = self._shared("incr", key, ttl, now, note)
+        return int(shared) if ok else local
 
-    def reset(self, key: str) -> None:
-        self.fallback.reset(key)
-        if not self._usable():
-            return
-        try:
-            self.primary.reset(key)
-        except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
-            return
-        self._recovered()
+    def count(self, key: str, now: float) -> int:
+        ok, shared = self._shared("count", key, now)
+        return int(shared) if ok else self.fallback.count(key, now)
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        local = self.fallback.peek(keys, now)
+        ok, shared = self._shared("peek", keys, now)
+        if not ok:
+            return local
+        return [(max(s[0], m[0]), s[1]) for s, m in zip(shared, local, strict=True)]
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        local = self.fallback.acquire(key, owner, ttl, now)
+        ok, shared = self._shared("acquire", key, owner, ttl, now)
+        if not ok:
+            return local
+        if not shared:
+            self.fallback.release(key, owner)
+        return bool(shared)
+
+    def release(self, key: str, owner: str) -> None:
+        self.fallback.release(key, owner)
+        self._shared("release", key, owner)
+
+    def delete(self, *keys: str) -> None:
+        self.fallback.delete(*keys)
+        self._shared("delete", *keys)
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        ok, shared = self._shared("entries", now)
+        return list(shared) if ok else self.fallback.entries(now)
+
+    def clear(self) -> int:
+        local = self.fallback.clear()
+        ok, shared = self._shared("clear")
+        return int(shared) if ok else local
+
+    def close(self) -> None:
+        close = getattr(self.primary, "close", None)
+        if callable(close):
+            close()
 
     def __repr__(self) -> str:
         return f"ResilientCooldownStore({self.primary!r})"
@@ -483,7 +909,16 @@ def cooldown_store_from_url(
             )
             return MemoryCooldownStore()
     elif scheme in {"sqlite", "file"}:
-        primary = SqliteCooldownStore(unquote(text.split("://", 1)[1].split("?", 1)[0]))
+        path = unquote(text.split("://", 1)[1].split("?", 1)[0])
+        if not path.strip():
+            LOG.warning(
+                "%s=%r names no file; using the sqlite file at %s",
+                COOLDOWN_URL_ENV,
+                text,
+                default_cooldown_path(env),
+            )
+            path = str(default_cooldown_path(env))
+        primary = SqliteCooldownStore(path)
     elif scheme == "" and text:
         primary = SqliteCooldownStore(Path(text).expanduser())
     else:

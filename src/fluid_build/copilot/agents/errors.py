@@ -164,9 +164,10 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
     ReasonCode(
         "llm.circuit_open",
         True,
-        "The circuit breaker for this provider, model and key is open after repeated failures.",
-        "Wait until it half-opens (the message says when), or configure fallbacks "
-        "(FLUID_LLM_FALLBACKS); see docs/fallbacks-and-breakers.md.",
+        "The circuit breaker for this endpoint, model and key is open after repeated failures.",
+        "Wait until it half-opens (the message says when), run `fluid doctor --reset` once "
+        "the provider is healthy again, or configure fallbacks (FLUID_LLM_FALLBACKS); see "
+        "docs/fallbacks-and-breakers.md.",
     ),
     ReasonCode(
         "llm.insufficient_resources",

@@ -38,6 +38,7 @@ from fluid_build.copilot.agents.cooldown import (
     CooldownKey,
     CooldownStore,
     cooldown_store_from_env,
+    trusted,
 )
 from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import (
@@ -63,9 +64,8 @@ LOG = logging.getLogger("fluid_build.retry")
 T = TypeVar("T")
 WaitReason = Literal["retry_after", "backoff", "cooldown"]
 
-# A key that other calls keep extending could hold a call forever; after this
-# many cooldown waits in a row the call sends anyway and lets the provider judge.
-_MAX_COOLDOWN_WAITS: Final = 100
+#: The store's name for a key's cooldown window (breaker entries have their own).
+COOLDOWN: Final = "cooldown:"
 
 
 class RetryPolicy(BaseModel):
@@ -122,9 +122,19 @@ class Decision:
 
 
 def decide(
-    error: BaseException, attempt: int, elapsed: float, policy: RetryPolicy, u: float
+    error: BaseException,
+    attempt: int,
+    elapsed: float,
+    policy: RetryPolicy,
+    u: float,
+    deadline: float | Literal["policy"] | None = "policy",
 ) -> Decision:
-    """The retry decision after ``attempt`` failed with ``error``, ``elapsed`` s into the call."""
+    """The retry decision after ``attempt`` failed with ``error``, ``elapsed`` s into the call.
+
+    ``deadline`` overrides the policy's (a half-open trial runs under a shorter one).
+    """
+    if deadline == "policy":
+        deadline = policy.deadline
     if not isinstance(error, AgentExecutionError) or not error.retryable:
         return Decision(None, "not retryable")
     if error.code == "llm.circuit_open":
@@ -140,14 +150,14 @@ def decide(
         wait = backoff_wait(attempt, policy, u)
         asked = wait
         reason = "backoff"
-    if policy.deadline is not None:
-        left = max(policy.deadline - elapsed, 0.0)
+    if deadline is not None:
+        left = max(deadline - elapsed, 0.0)
         if max(asked, wait) > left:
             who = "the server asked to wait" if reason == "retry_after" else "the next backoff is"
             return Decision(
                 None,
                 f"gave up: {who} {asked:.3g} s but only {left:.3g} s of the "
-                f"{policy.deadline:g} s deadline are left",
+                f"{deadline:g} s deadline are left",
             )
     return Decision(wait, reason)
 
@@ -201,6 +211,7 @@ class _Run:
         provider: str | None,
         model: str | None,
         started: float,
+        trial: str | None,
     ) -> None:
         self.env = envelope
         self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
@@ -210,54 +221,101 @@ class _Run:
         self.sent = 0
         self.waits: list[dict[str, Any]] = []
         self.decision: Decision | None = None
+        self.deadline = envelope.policy.deadline
+        self.trial: str | None = None
+        if trial is not None:
+            self.became_trial(trial)
 
     def elapsed(self) -> float:
         return self.env.clock() - self.started
 
+    def left(self) -> float | None:
+        """Seconds left before the call's deadline (None: no deadline)."""
+        return None if self.deadline is None else max(self.deadline - self.elapsed(), 0.0)
+
+    def became_trial(self, owner: str) -> None:
+        """This call holds the half-open lease: it must end before the lease does."""
+        self.trial = owner
+        assert self.env.breaker is not None
+        bound = self.elapsed() + self.env.breaker.trial_seconds
+        self.deadline = bound if self.deadline is None else min(self.deadline, bound)
+
     # -- attempts --------------------------------------------------------------
 
     def failed(self, exc: Exception) -> AgentExecutionError:
-        """Classify a failed attempt and share its Retry-After with the key."""
+        """Classify a failed attempt, count it, and share its Retry-After with the key."""
+        env = self.env
         error = classify_provider_error(
-            exc, provider=self.provider, model=self.model, now=self.env.clock()
+            exc, provider=self.provider, model=self.model, now=env.wall()
         )
         if error is not exc:
             error.__cause__ = exc
-        if self.env.breaker is not None and self.key is not None:
-            self.env.breaker.record_failure(self.key, error)
-        store = self.env.cooldown
+        if self.key is None:
+            return error
+        if env.breaker is not None and env.breaker.record_failure(
+            self.key, error, trial=self.trial
+        ):
+            self.trial = None  # reopened: the breaker gave the lease back
+        store = env.cooldown
         if (
             store is not None
-            and self.key is not None
             and error.retryable
             and error.retry_after is not None
             and error.retry_after > 0
         ):
-            store.extend(
-                self.key, min(error.retry_after, self.env.policy.retry_after_cap), self.env.clock()
-            )
+            name = COOLDOWN + self.key
+            now = env.wall()
+            window = min(error.retry_after, env.policy.retry_after_cap)
+            if store.remaining(name, now) <= 0:
+                LOG.warning(
+                    "%s: key %s cools down for %.3g s after a Retry-After [%s]; every call on "
+                    "it waits",
+                    self.provider or "provider",
+                    self.key,
+                    window,
+                    error.code,
+                )
+            store.extend(name, window, now, error.code)
         return error
 
     def before_send(self) -> None:
-        if self.env.breaker is not None and self.key is not None:
-            self.env.breaker.check(self.key, provider=self.provider, model=self.model)
+        breaker = self.env.breaker
+        if breaker is not None and self.key is not None:
+            owner = breaker.check(
+                self.key,
+                provider=self.provider,
+                model=self.model,
+                deadline=self.left(),
+                owner=self.trial,
+            )
+            if owner is not None and self.trial is None:
+                self.became_trial(owner)
         self.sent += 1
 
     def succeeded(self) -> None:
         if self.env.breaker is not None and self.key is not None:
-            self.env.breaker.record_success(self.key)
+            self.env.breaker.record_success(self.key)  # clears the lease too
+            self.trial = None
 
     def cooldown_waits(self) -> Iterator[float]:
-        """The waits to take before sending, while the key is cooling down."""
+        """The waits to take before sending, while the key is cooling down.
+
+        Together they never exceed the Retry-After cap: a window read back
+        longer than that (a skewed clock, a planted entry) is cut down.
+        """
         store = self.env.cooldown
         if store is None or self.key is None:
             return
-        for _ in range(_MAX_COOLDOWN_WAITS):
-            left = store.remaining(self.key, self.env.clock())
+        name = COOLDOWN + self.key
+        cap = self.env.policy.retry_after_cap
+        budget = cap
+        while budget > 0:
+            now = self.env.wall()
+            left = min(trusted(store, name, store.remaining(name, now), cap, now), budget)
             if left <= 0:
                 return
-            deadline = self.env.policy.deadline
-            if deadline is not None and left > deadline - self.elapsed():
+            deadline_left = self.left()
+            if deadline_left is not None and left > deadline_left:
                 raise RateLimitError(
                     f"{self.provider or 'provider'} key {self.key} is cooling down for "
                     f"{left:.3g} s after another call got Retry-After",
@@ -266,6 +324,7 @@ class _Run:
                     retry_after=left,
                     details={"cooldown": True, "cooldown_key": self.key},
                 )
+            budget -= left
             self.report(left, "cooldown", None)
             yield left
 
@@ -276,7 +335,12 @@ class _Run:
         if not isinstance(error, AgentExecutionError):
             return False  # success, cancellation, or a bug: never retried
         self.decision = decide(
-            error, state.attempt_number, self.elapsed(), self.env.policy, self.env.random()
+            error,
+            state.attempt_number,
+            self.elapsed(),
+            self.env.policy,
+            self.env.random(),
+            deadline=self.deadline,
         )
         breaker = self.env.breaker
         if (
@@ -337,17 +401,25 @@ class _Run:
         final.__traceback__ = error.__traceback__
         return final
 
+    def end(self) -> None:
+        """However the call ended (an answer, any error, a cancellation): give the lease back."""
+        if self.trial is not None and self.env.breaker is not None and self.key is not None:
+            self.env.breaker.release(self.key, self.trial)
+            self.trial = None
+
 
 def _default_random() -> float:
     return random.random()  # noqa: S311 - jitter, not cryptography
 
 
 class RetryEnvelope:
-    """Run a provider call with the policy's retries, waits and shared cooldown.
+    """Run a provider call with the policy's retries, waits, shared cooldown and breaker.
 
-    ``clock`` is wall-clock seconds (it also stamps cooldown windows, which
-    other processes read); ``sleep`` / ``asleep`` do the waiting. Tests inject
-    all three and assert the exact waits without sleeping.
+    ``clock`` measures elapsed time and deadlines (monotonic by default);
+    ``wall`` stamps what goes into the shared store, which other processes
+    read (``time.time`` by default; an injected ``clock`` drives both unless
+    ``wall`` is given too). ``sleep`` / ``asleep`` do the waiting. Tests
+    inject them and assert the exact waits without sleeping.
     """
 
     def __init__(
@@ -357,7 +429,8 @@ class RetryEnvelope:
         cooldown: CooldownStore | None = None,
         breaker: CircuitBreaker | None = None,
         hook: RetryHook = log_wait,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
+        wall: Callable[[], float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         asleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _default_random,
@@ -366,7 +439,8 @@ class RetryEnvelope:
         self.cooldown = cooldown
         self.breaker = breaker
         self.hook = hook
-        self.clock = clock
+        self.clock = clock or time.monotonic
+        self.wall = wall or clock or time.time
         self.sleep = sleep
         self.asleep = asleep
         self.random = random
@@ -378,16 +452,37 @@ class RetryEnvelope:
         if "cooldown" not in kwargs:
             kwargs["cooldown"] = cooldown_store_from_env(env)
         if "breaker" not in kwargs and kwargs["cooldown"] is not None:
-            kwargs["breaker"] = CircuitBreaker.from_env(kwargs["cooldown"], env)
+            breaker_kwargs = {}
+            if kwargs.get("wall") or kwargs.get("clock"):
+                breaker_kwargs["clock"] = kwargs.get("wall") or kwargs["clock"]
+            kwargs["breaker"] = CircuitBreaker.from_env(kwargs["cooldown"], env, **breaker_kwargs)
         return cls(**kwargs)
 
     def __repr__(self) -> str:
         return f"RetryEnvelope({self.policy!r}, cooldown={self.cooldown!r})"
 
-    def _cooling(self, key: str | None, now: float) -> bool:
-        return (
-            key is not None and self.cooldown is not None and self.cooldown.remaining(key, now) > 0
+    def _admit(self, key: str | None, provider: str | None, model: str | None) -> str | None:
+        """The breaker's gate before the first attempt: the trial lease owner, or None."""
+        if key is None or self.breaker is None:
+            return None
+        return self.breaker.check(
+            key, provider=provider, model=model, deadline=self.policy.deadline
         )
+
+    def _cooling(self, key: str | None) -> bool:
+        return (
+            key is not None
+            and self.cooldown is not None
+            and self.cooldown.remaining(COOLDOWN + key, self.wall()) > 0
+        )
+
+    def reset(self, key: CooldownKey | str) -> None:
+        """Clear ``key``'s cooldown window and breaker in the shared store, for every process."""
+        skey = str(key)
+        if self.cooldown is not None:
+            self.cooldown.delete(COOLDOWN + skey)
+        if self.breaker is not None:
+            self.breaker.reset(skey)
 
     # -- sync -----------------------------------------------------------------------
 
@@ -402,43 +497,52 @@ class RetryEnvelope:
         """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error."""
         started = self.clock()
         skey = None if key is None else str(key)
-        breaker = self.breaker if skey is not None else None
-        if breaker is not None:
-            breaker.check(skey, provider=provider, model=model)  # type: ignore[arg-type]
-        first: Exception | None = None
-        if not self._cooling(skey, started):
-            # The fast path: a first attempt that succeeds pays for nothing else.
-            try:
-                result = fn()
-            except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
-                first = exc
-            else:
-                if breaker is not None:
-                    breaker.record_success(skey)  # type: ignore[arg-type]
-                return result
-        run = _Run(self, skey, provider, model, started)
-        pending: AgentExecutionError | None = None
-        if first is not None:
-            run.sent = 1
-            pending = run.failed(first)
+        trial = self._admit(skey, provider, model)
+        run: _Run | None = None
         try:
-            for attempt in tenacity.Retrying(sleep=self.sleep, **run.tenacity_kwargs()):
-                with attempt:
-                    if pending is not None:
-                        error, pending = pending, None
-                        raise error
-                    for wait in run.cooldown_waits():
-                        self.sleep(wait)
-                    run.before_send()
-                    try:
-                        result = fn()
-                    except Exception as exc:  # noqa: BLE001 - classified, then judged
-                        raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
-                    run.succeeded()
+            first: Exception | None = None
+            if trial is None and not self._cooling(skey):
+                # The fast path: a first attempt that succeeds pays for nothing else.
+                try:
+                    result = fn()
+                except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
+                    first = exc
+                else:
+                    if self.breaker is not None and skey is not None:
+                        self.breaker.record_success(skey)
                     return result
-        except AgentExecutionError as error:
-            raise run.final(error) from error.__cause__
-        raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover
+            run = _Run(self, skey, provider, model, started, trial)
+            trial = None  # the run holds it now
+            pending: AgentExecutionError | None = None
+            if first is not None:
+                run.sent = 1
+                pending = run.failed(first)
+            try:
+                for attempt in tenacity.Retrying(sleep=self.sleep, **run.tenacity_kwargs()):
+                    with attempt:
+                        if pending is not None:
+                            error, pending = pending, None
+                            raise error
+                        for wait in run.cooldown_waits():
+                            self.sleep(wait)
+                        run.before_send()
+                        try:
+                            result = fn()
+                        except Exception as exc:  # noqa: BLE001 - classified, then judged
+                            raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                        run.succeeded()
+                        return result
+            except AgentExecutionError as error:
+                raise run.final(error) from error.__cause__
+            raise AssertionError("unreachable: tenacity ended with no outcome")  # pragma: no cover
+        finally:
+            self._end(skey, trial, run)
+
+    def _end(self, key: str | None, trial: str | None, run: _Run | None) -> None:
+        if run is not None:
+            run.end()
+        elif trial is not None and self.breaker is not None and key is not None:
+            self.breaker.release(key, trial)
 
     # -- async ----------------------------------------------------------------------
 
@@ -453,39 +557,44 @@ class RetryEnvelope:
         """The async twin of :meth:`call`: same decisions, awaited sleeps."""
         started = self.clock()
         skey = None if key is None else str(key)
-        breaker = self.breaker if skey is not None else None
-        if breaker is not None:
-            breaker.check(skey, provider=provider, model=model)  # type: ignore[arg-type]
-        first: Exception | None = None
-        if not self._cooling(skey, started):
-            try:
-                result = await fn()
-            except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
-                first = exc
-            else:
-                if breaker is not None:
-                    breaker.record_success(skey)  # type: ignore[arg-type]
-                return result
-        run = _Run(self, skey, provider, model, started)
-        pending: AgentExecutionError | None = None
-        if first is not None:
-            run.sent = 1
-            pending = run.failed(first)
+        trial = self._admit(skey, provider, model)
+        run: _Run | None = None
         try:
-            async for attempt in tenacity.AsyncRetrying(sleep=self.asleep, **run.tenacity_kwargs()):
-                with attempt:
-                    if pending is not None:
-                        error, pending = pending, None
-                        raise error
-                    for wait in run.cooldown_waits():
-                        await self.asleep(wait)
-                    run.before_send()
-                    try:
-                        result = await fn()
-                    except Exception as exc:  # noqa: BLE001 - classified, then judged
-                        raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
-                    run.succeeded()
+            first: Exception | None = None
+            if trial is None and not self._cooling(skey):
+                try:
+                    result = await fn()
+                except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
+                    first = exc
+                else:
+                    if self.breaker is not None and skey is not None:
+                        self.breaker.record_success(skey)
                     return result
-        except AgentExecutionError as error:
-            raise run.final(error) from error.__cause__
-        raise AssertionError("unreachable: tenacity ended without an outcome")  # pragma: no cover
+            run = _Run(self, skey, provider, model, started, trial)
+            trial = None  # the run holds it now
+            pending: AgentExecutionError | None = None
+            if first is not None:
+                run.sent = 1
+                pending = run.failed(first)
+            try:
+                async for attempt in tenacity.AsyncRetrying(
+                    sleep=self.asleep, **run.tenacity_kwargs()
+                ):
+                    with attempt:
+                        if pending is not None:
+                            error, pending = pending, None
+                            raise error
+                        for wait in run.cooldown_waits():
+                            await self.asleep(wait)
+                        run.before_send()
+                        try:
+                            result = await fn()
+                        except Exception as exc:  # noqa: BLE001 - classified, then judged
+                            raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                        run.succeeded()
+                        return result
+            except AgentExecutionError as error:
+                raise run.final(error) from error.__cause__
+            raise AssertionError("unreachable: tenacity ended with no outcome")  # pragma: no cover
+        finally:
+            self._end(skey, trial, run)

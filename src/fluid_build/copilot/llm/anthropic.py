@@ -54,6 +54,7 @@ def anthropic_messages(spec: CallSpec) -> list[dict[str, Any]]:
 
 class AnthropicAdapter(Adapter):
     provider = "anthropic"
+    default_base_url = ANTHROPIC_BASE_URL
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")

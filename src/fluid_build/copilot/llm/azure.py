@@ -13,6 +13,7 @@ class AzureOpenAIAdapter(OpenAIAdapter):
     """``model`` is the deployment name; ``base_url`` the resource endpoint."""
 
     provider = "azure"
+    default_base_url = None
 
     def url(self) -> str:
         endpoint = (self.config.base_url or "").rstrip("/")

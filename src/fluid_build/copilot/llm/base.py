@@ -147,9 +147,16 @@ class Adapter:
 
     provider: ClassVar[str] = "provider"
     stream_format: ClassVar[Literal["sse", "ndjson"]] = "sse"
+    #: Where requests go when no base URL is configured (None: one must be).
+    default_base_url: ClassVar[str | None] = None
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
+
+    @property
+    def endpoint(self) -> str | None:
+        """The base URL requests go to: the configured one, or the provider's default."""
+        return self.config.base_url or self.default_base_url
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError

@@ -46,6 +46,7 @@ def _usage(data: dict[str, Any]) -> Usage:
 
 class GeminiAdapter(Adapter):
     provider = "gemini"
+    default_base_url = GEMINI_BASE_URL
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")

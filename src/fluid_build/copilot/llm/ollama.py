@@ -53,6 +53,7 @@ def _calls(message: dict[str, Any]) -> list[ToolCall]:
 
 class OllamaAdapter(Adapter):
     provider = "ollama"
+    default_base_url = OLLAMA_DEFAULT_HOST
     stream_format = "ndjson"
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:

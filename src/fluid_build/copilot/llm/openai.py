@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
@@ -52,6 +52,7 @@ def _usage(data: Any) -> Usage:
 
 class OpenAIAdapter(Adapter):
     provider = "openai"
+    default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
 
     def url(self) -> str:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")

@@ -14,6 +14,7 @@ class OpenAICompatibleAdapter(OpenAIAdapter):
     """The OpenAI adapter on another base URL; the key is optional (local servers need none)."""
 
     provider = "openai_compatible"
+    default_base_url = None
 
     def body(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
         body = super().body(spec, stream=stream)
