@@ -48,8 +48,8 @@ BREAKER_PREFIXES: Final = (FAILS, OPEN, HALF, TRIAL)
 #: What the operator runs to clear breakers and cooldowns by hand.
 RESET_HINT: Final = "fluid doctor --reset"
 
-# A trial's lease outlives the trial's own deadline by this much, for the
-# answer in flight and the release itself.
+# A trial's lease outlives the trial's own deadline by a quarter of it (at
+# least 0.5 s, at most 5 s), for the answer in flight and the release itself.
 LEASE_MARGIN: Final = 5.0
 
 _OWNER_IDS = itertools.count(1)
@@ -149,7 +149,8 @@ class CircuitBreaker:
 
     def lease_ttl(self, deadline: float | None = None) -> float:
         """How long a trial may hold its lease: its deadline (<= ``trial_seconds``) + margin."""
-        return self.trial_deadline(deadline) + LEASE_MARGIN
+        bound = self.trial_deadline(deadline)
+        return bound + min(LEASE_MARGIN, max(0.5, bound / 4))
 
     def trial_deadline(self, deadline: float | None = None) -> float:
         """The deadline a trial call runs under: its own, never past ``trial_seconds``."""
