@@ -562,44 +562,60 @@ class SqliteCooldownStore:
         return f"SqliteCooldownStore({str(self.path)!r})"
 
 
-# Each entry is a Redis hash whose TTL is its end, in Redis time: machines with
-# skewed clocks still agree on when it ends. ARGV[1] is always milliseconds.
+# Each entry is a Redis hash: its end (``until``, wall-clock seconds, as every
+# store keeps it), when it began, a counter, a lease owner and a note. Every
+# change is one Lua script, so it is atomic across the fleet. The key's Redis
+# TTL only cleans up: it outlives ``until`` by a minute, for readers whose
+# clocks run a little behind. ARGV[1] is always the caller's ``now``.
 _REDIS_EXTEND: Final = """
-local ttl = redis.call('PTTL', KEYS[1])
-local want = tonumber(ARGV[1])
-if ttl >= want then return ttl end
-if ttl < 0 then
+local now = tonumber(ARGV[1])
+local want = now + tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til <= now then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'since', ARGV[2])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1])
+  til = 0
 end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
-redis.call('PEXPIRE', KEYS[1], want)
-return want
+if til >= want then return tostring(til - now) end
+redis.call('HSET', KEYS[1], 'until', tostring(want))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
+return tostring(want - now)
 """
 _REDIS_CAP: Final = """
-local ttl = redis.call('PTTL', KEYS[1])
-local want = tonumber(ARGV[1])
-if ttl == -1 or ttl > want then
-  if want <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], want) end
+local now = tonumber(ARGV[1])
+local want = now + tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til > want then
+  redis.call('HSET', KEYS[1], 'until', tostring(want))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 end
 return 0
 """
 _REDIS_INCR: Final = """
-if redis.call('HEXISTS', KEYS[1], 'owner') == 1 then redis.call('DEL', KEYS[1]) end
+local now = tonumber(ARGV[1])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til <= now or redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1])
+end
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
-if n == 1 then redis.call('HSET', KEYS[1], 'since', ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return n
 """
 _REDIS_ACQUIRE: Final = """
+local now = tonumber(ARGV[1])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
 local held = redis.call('HGET', KEYS[1], 'owner')
-if held and held ~= ARGV[2] then return 0 end
-if not held then
+if til > now and held and held ~= ARGV[3] then return 0 end
+if not (til > now and held == ARGV[3]) then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'since', ARGV[3])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'since', ARGV[1])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return 1
 """
 _REDIS_RELEASE: Final = """
@@ -608,12 +624,13 @@ return 0
 """
 
 
-def _ms(seconds: float) -> int:
-    return max(math.ceil(seconds * 1000), 1)
-
-
 class RedisCooldownStore:
-    """Entries as Redis hashes with a TTL, shared by every machine on one Redis."""
+    """Entries as Redis hashes, shared by every machine on one Redis.
+
+    Like the other stores it keeps each entry's end in wall-clock seconds, so
+    the machines' clocks should agree (NTP); a skewed writer can never make
+    a reader wait past the cap the reader applies (see :func:`trusted`).
+    """
 
     # Before entries were hashes with a lifetime; ``clear`` removes these too.
     LEGACY_PREFIX: Final = "fluid:cooldown:"
@@ -643,39 +660,41 @@ class RedisCooldownStore:
         self._url = _without_password(url) if url else repr(client)
 
     def remaining(self, key: str, now: float) -> float:
-        ttl = self._client.pttl(self._prefix + key)
-        return float(ttl) / 1000.0 if isinstance(ttl, int) and ttl > 0 else 0.0
+        return self.peek([key], now)[0][0]
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        if len(keys) == 1:
+            replies = [self._client.hmget(self._prefix + keys[0], "until", "n")]
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(self._prefix + key, "until", "n")
+            replies = pipe.execute()
+        out = []
+        for until, n in replies:
+            left = _float(_text(until), 0.0) - now
+            out.append((left, int(_float(_text(n), 0.0))) if left > 0 else (0.0, 0))
+        return out
 
     def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         if not _valid(seconds):
             return self.remaining(key, now)
-        left = self._extend(keys=[self._prefix + key], args=[_ms(seconds), repr(now), note])
-        return float(left) / 1000.0
+        left = self._extend(keys=[self._prefix + key], args=[repr(now), repr(seconds), note])
+        return max(_float(_text(left), 0.0), 0.0)
 
     def cap(self, key: str, seconds: float, now: float) -> None:
-        self._cap(keys=[self._prefix + key], args=[int(max(seconds, 0.0) * 1000)])
+        self._cap(keys=[self._prefix + key], args=[repr(now), repr(max(seconds, 0.0))])
 
     def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
-        return int(self._incr(keys=[self._prefix + key], args=[_ms(ttl), repr(now), note]))
+        ttl = max(ttl, 0.001)
+        return int(self._incr(keys=[self._prefix + key], args=[repr(now), repr(ttl), note]))
 
     def count(self, key: str, now: float) -> int:
         return self.peek([key], now)[0][1]
 
-    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
-        pipe = self._client.pipeline(transaction=False)
-        for key in keys:
-            pipe.pttl(self._prefix + key)
-            pipe.hget(self._prefix + key, "n")
-        replies = pipe.execute()
-        out = []
-        for i in range(len(keys)):
-            ttl, n = replies[2 * i], replies[2 * i + 1]
-            left = float(ttl) / 1000.0 if isinstance(ttl, int) and ttl > 0 else 0.0
-            out.append((left, int(n) if n is not None and left > 0 else 0))
-        return out
-
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
-        return bool(self._acquire(keys=[self._prefix + key], args=[_ms(ttl), owner, repr(now)]))
+        ttl = max(ttl, 0.001)
+        return bool(self._acquire(keys=[self._prefix + key], args=[repr(now), repr(ttl), owner]))
 
     def release(self, key: str, owner: str) -> None:
         self._release(keys=[self._prefix + key], args=[owner])
@@ -697,24 +716,23 @@ class RedisCooldownStore:
         pipe = self._client.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(name)
-            pipe.pttl(name)
         replies = pipe.execute() if names else []
         out: list[StoreEntry] = []
-        for i, name in enumerate(names):
-            fields, ttl = replies[2 * i], replies[2 * i + 1]
-            if not isinstance(fields, dict) or not isinstance(ttl, int) or ttl <= 0:
+        for name, fields in zip(names, replies, strict=True):
+            if not isinstance(fields, dict):
                 continue
-            text = {
-                k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()
-            }
+            text = {_text(k) or "": _text(v) for k, v in fields.items()}
+            until = _float(text.get("until"), 0.0)
+            if until <= now:
+                continue
             out.append(
                 StoreEntry(
-                    name.decode(errors="replace")[len(self._prefix) :],
-                    now + ttl / 1000.0,
+                    (_text(name) or "")[len(self._prefix) :],
+                    until,
                     _float(text.get("since"), now),
                     int(_float(text.get("n"), 0.0)),
                     text.get("owner"),
-                    text.get("note", ""),
+                    text.get("note") or "",
                 )
             )
         return sorted(out, key=lambda entry: entry.key)
@@ -727,6 +745,14 @@ class RedisCooldownStore:
 
     def __repr__(self) -> str:
         return f"RedisCooldownStore({self._url!r})"
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
 
 
 def _float(text: str | None, default: float) -> float:
