@@ -24,6 +24,7 @@ from fluid_build.copilot.agents.cooldown import (
     cooldown_store_from_url,
     default_cooldown_path,
     key_fingerprint,
+    normalize_endpoint,
 )
 from tests import loopback
 
@@ -330,3 +331,127 @@ def test_envelope_from_env_uses_the_named_store(tmp_path: Path) -> None:
     assert isinstance(envelope.cooldown, ResilientCooldownStore)
     assert isinstance(envelope.cooldown.primary, SqliteCooldownStore)
     assert "c.sqlite3" in repr(envelope)
+
+
+# -- the state has a lifetime ------------------------------------------------------------
+
+
+def test_a_counter_ends_ttl_after_its_last_increment(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    now = clock()
+    assert writer.incr("c", 10.0, now, "llm.server_error") == 1
+    assert reader.incr("c", 10.0, now + 9, "llm.timeout") == 2  # within the window: counts
+    assert writer.count("c", now + 18) == 2  # the window slides with each increment
+    assert reader.count("c", now + 19.5) == 0  # and then it ends by itself
+    assert writer.incr("c", 10.0, now + 20) == 1  # a fresh run of failures
+
+
+def test_a_lease_has_one_owner_and_ends_by_itself(stores: StorePair) -> None:
+    first, second, clock = stores
+    now = clock()
+    assert first.acquire("t", "a", 5.0, now)
+    assert not second.acquire("t", "b", 5.0, now + 1)  # held
+    assert first.acquire("t", "a", 5.0, now + 2)  # the owner renews it
+    assert second.remaining("t", now + 2) == pytest.approx(5.0)
+    second.release("t", "b")  # not the owner: nothing happens
+    assert not second.acquire("t", "b", 5.0, now + 3)
+    assert second.acquire("t", "b", 5.0, now + 7.5)  # "a" died: its lease ended
+    first.release("t", "a")  # a late release by the old owner frees nothing
+    assert not first.acquire("t", "a", 5.0, now + 8)
+    second.release("t", "b")
+    assert first.acquire("t", "a", 5.0, now + 8)
+
+
+def test_only_one_of_many_contenders_gets_the_lease(stores: StorePair) -> None:
+    first, second, clock = stores
+    now = clock()
+    won = [
+        handle.acquire("t", f"owner-{i}", 5.0, now) for i, handle in enumerate([first, second] * 10)
+    ]
+    assert won.count(True) == 1
+
+
+def test_cap_cuts_a_planted_window_down(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    now = clock()
+    writer.extend("w", 864_000.0, now)  # ten days: a skewed clock or a hand-planted row
+    reader.cap("w", 300.0, now)
+    assert writer.remaining("w", now) == pytest.approx(300.0)
+    reader.cap("w", 600.0, now)  # cap never lengthens
+    assert writer.remaining("w", now) == pytest.approx(300.0)
+
+
+def test_peek_reads_several_keys_at_once(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    now = clock()
+    writer.extend("w", 4.0, now)
+    writer.incr("c", 10.0, now)
+    writer.incr("c", 10.0, now)
+    assert reader.peek(["w", "c", "none"], now) == [
+        (pytest.approx(4.0), 0),
+        (pytest.approx(10.0), 2),
+        (0.0, 0),
+    ]
+
+
+def test_entries_list_what_is_live_and_clear_empties_the_store(stores: StorePair) -> None:
+    writer, reader, clock = stores
+    now = clock()
+    writer.extend("cooldown:k", 30.0, now, "llm.rate_limited")
+    writer.incr("breaker-fails:k", 60.0, now, "llm.server_error")
+    writer.acquire("breaker-trial:k", "host:1:1", 5.0, now)
+    writer.extend("gone", 1.0, now - 10)
+    listed = {e.key: e for e in reader.entries(now)}
+    assert set(listed) == {"cooldown:k", "breaker-fails:k", "breaker-trial:k"}
+    assert listed["cooldown:k"].note == "llm.rate_limited"
+    assert listed["cooldown:k"].until == pytest.approx(now + 30.0)
+    assert listed["cooldown:k"].since == pytest.approx(now)
+    assert listed["breaker-fails:k"].count == 1
+    assert listed["breaker-trial:k"].owner == "host:1:1"
+    assert reader.clear() >= 3
+    assert writer.entries(now) == []
+    assert writer.remaining("cooldown:k", now) == 0.0
+
+
+def test_sqlite_drops_the_tables_of_an_older_version(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "cooldown.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE counters (key TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+    old.execute("INSERT INTO counters VALUES ('breaker-trial:openai:nokey:gpt-4o', 1)")
+    old.commit()
+    old.close()
+    store = SqliteCooldownStore(path)
+    assert store.entries(NOW) == []
+    tables = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
+    assert "counters" not in tables
+    store.close()
+
+
+def test_the_key_names_the_endpoint_and_parses_back() -> None:
+    a = CooldownKey.for_call("vllm", None, "llama", "http://127.0.0.1:8000/v1/")
+    b = CooldownKey.for_call("vllm", None, "llama", "http://127.0.0.1:8001/v1")
+    assert a != b
+    assert str(a) == "vllm|http://127.0.0.1:8000/v1|nokey|llama"
+    assert CooldownKey.parse(str(a)) == a
+    assert CooldownKey.parse("no separators") is None
+    # Credentials, query and fragment never reach a key; default ports and case fold.
+    assert normalize_endpoint("HTTPS://user:pw@API.Example.com:443/v1/?key=k#f") == (
+        "https://api.example.com/v1"
+    )
+    assert normalize_endpoint("http://[::1]:8080") == "http://[::1]:8080"
+    assert normalize_endpoint("http://[") == "-"
+    assert normalize_endpoint(None) == "-"
+
+
+def test_an_empty_sqlite_url_uses_the_default_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+        store = cooldown_store_from_url("sqlite://", env=env)
+    assert isinstance(store, ResilientCooldownStore)
+    assert isinstance(store.primary, SqliteCooldownStore)
+    assert store.primary.path == default_cooldown_path(env)
+    assert "names no file" in caplog.text

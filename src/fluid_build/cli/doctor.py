@@ -22,17 +22,85 @@ __all__ = ["collect_report", "command", "public_url"]
 
 @click.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def command(as_json: bool) -> None:
-    """Report providers, keys, models, timeouts, the cooldown store and token encodings.
+@click.option(
+    "--reset",
+    is_flag=True,
+    help="Clear circuit breakers and cooldowns in the shared store (all, or those matching "
+    "--provider/--model/--endpoint), for every process that shares it.",
+)
+@click.option(
+    "--provider", "reset_provider", metavar="NAME", help="With --reset: only this provider."
+)
+@click.option("--model", "reset_model", metavar="MODEL", help="With --reset: only this model.")
+@click.option(
+    "--endpoint", "reset_endpoint", metavar="URL", help="With --reset: only this base URL."
+)
+def command(
+    as_json: bool,
+    reset: bool,
+    reset_provider: str | None,
+    reset_model: str | None,
+    reset_endpoint: str | None,
+) -> None:
+    """Report providers, keys, models, timeouts, the shared store and token encodings.
 
-    Keys are never shown, only where they were found. Exits 0 even when
-    something is missing.
+    Lists every circuit breaker and cooldown in the shared store: state,
+    since and until when, why, and who holds a half-open trial. Keys are
+    never shown, only where they were found. Exits 0 even when something is
+    missing; `--reset` exits 1 only when the store cannot be reached.
     """
+    if reset:
+        _reset(as_json, reset_provider, reset_model, reset_endpoint)
+        return
+    if reset_provider or reset_model or reset_endpoint:
+        raise click.UsageError("--provider, --model and --endpoint go with --reset")
     report = collect_report(os.environ)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _render(report)
+
+
+def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str | None) -> None:
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.cooldown import ResilientCooldownStore, cooldown_store_from_env
+    from fluid_build.copilot.agents.health import reset_health
+
+    store = cooldown_store_from_env(os.environ)
+    scope = ", ".join(
+        f"{name} {value}"
+        for name, value in (("provider", provider), ("model", model), ("endpoint", endpoint))
+        if value
+    )
+    result: dict[str, Any] = {"store": repr(store), "scope": scope or "all", "cleared": 0}
+    if store is None:
+        result["error"] = "FLUID_COOLDOWN_URL=off: nothing is shared, nothing to clear"
+    else:
+        # The store itself, not the fallback that hides failures in real runs.
+        probe = store.primary if isinstance(store, ResilientCooldownStore) else store
+        try:
+            result["cleared"] = reset_health(
+                probe, provider=provider, model=model, endpoint=endpoint
+            )
+        except Exception as exc:  # noqa: BLE001 - say why, exit 1
+            result["error"] = redact(f"{type(exc).__name__}: {exc}")
+        finally:
+            close = getattr(probe, "close", None)
+            if callable(close):
+                close()
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result.get("error") and store is not None:
+        click.echo(f"could not clear {result['store']}: {result['error']}", err=True)
+    elif result.get("error"):
+        click.echo(result["error"])
+    else:
+        click.echo(
+            f"cleared {result['cleared']} breaker and cooldown entries ({result['scope']}) "
+            f"from {result['store']}"
+        )
+    if result.get("error") and store is not None:
+        raise SystemExit(1)
 
 
 def public_url(url: str | None) -> str | None:
@@ -235,7 +303,30 @@ def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
         "cooldown": _cooldown(env),
         "encodings": _encodings(env),
         "health": _health(effective),
+        "shared_state": _shared_state(env),
     }
+
+
+def _shared_state(env: Mapping[str, str]) -> dict[str, Any]:
+    """Every breaker and cooldown entry in the shared store, whoever wrote it."""
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.cooldown import ResilientCooldownStore, cooldown_store_from_env
+    from fluid_build.copilot.agents.health import read_health
+
+    store = cooldown_store_from_env(env)
+    if store is None:
+        return {"entries": [], "now": time.time(), "error": None}
+    probe = store.primary if isinstance(store, ResilientCooldownStore) else store
+    now = time.time()
+    try:
+        entries = [item.to_dict() for item in read_health(probe, now)]
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        return {"entries": [], "now": now, "error": redact(f"{type(exc).__name__}: {exc}")}
+    finally:
+        close = getattr(probe, "close", None)
+        if callable(close):
+            close()
+    return {"entries": entries, "now": now, "error": None}
 
 
 def _health(env: Mapping[str, str]) -> dict[str, Any]:
@@ -343,11 +434,68 @@ def _render(report: Mapping[str, Any]) -> None:
         breaker = entry.get("breaker") or "no breaker"
         if breaker == "open":
             breaker = f"OPEN, half-opens in {entry.get('opens_in', 0):.0f} s"
+        elif breaker == "half_open":
+            holder = entry.get("trial_owner")
+            breaker = f"HALF-OPEN, trial held by {holder}" if holder else "HALF-OPEN"
         cooling = entry.get("cooldown_remaining") or 0
         wait = f", cooling down {cooling:.0f} s" if cooling else ""
         lines.append(
             f"health {entry['entry']}: circuit {breaker} ({entry.get('failures', 0)} recent "
             f"failures){wait}"
         )
+    lines.extend(_shared_lines(report.get("shared_state") or {}))
     for text in lines:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _at(wall: float | None, now: float) -> str:
+    if wall is None:
+        return "?"
+    from datetime import UTC, datetime
+
+    try:
+        stamp = datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        stamp = "?"
+    delta = wall - now
+    return f"{stamp} (in {delta:.0f} s)" if delta >= 0 else f"{stamp} ({-delta:.0f} s ago)"
+
+
+def _shared_lines(shared: Mapping[str, Any]) -> list[str]:
+    if shared.get("error"):
+        return [f"shared state: could not be read ({shared['error']})"]
+    entries = shared.get("entries") or []
+    if not entries:
+        return ["shared state: no breaker or cooldown is active"]
+    now = float(shared.get("now") or time.time())
+    lines = [f"shared state: {len(entries)} key(s); `fluid doctor --reset` clears them"]
+    for item in entries:
+        who = (
+            f"{item['provider']} {item['model']} at {item['endpoint']} (key {item['fingerprint']})"
+        )
+        parts: list[str] = []
+        state = item["breaker"]
+        if state == "open":
+            parts.append(
+                f"circuit OPEN since {_at(item['since'], now)}, half-opens "
+                f"{_at(item['until'], now)} [{item['reason'] or '?'}]"
+            )
+        elif state == "half_open":
+            trial = (
+                f"trial held by {item['trial_owner']} until {_at(item['trial_until'], now)}"
+                if item["trial_owner"]
+                else "next call is the trial"
+            )
+            parts.append(
+                f"circuit HALF-OPEN since {_at(item['since'], now)}, {trial}; closes by itself "
+                f"{_at(item['until'], now)} [{item['reason'] or '?'}]"
+            )
+        elif item["failures"]:
+            parts.append(f"circuit closed, {item['failures']} recent failure(s) [{item['reason']}]")
+        if item["cooldown_until"] is not None:
+            parts.append(
+                f"cooling down until {_at(item['cooldown_until'], now)} "
+                f"[{item['cooldown_reason'] or '?'}]"
+            )
+        lines.append(f"  {who}: " + "; ".join(parts or ["nothing active"]))
+    return lines

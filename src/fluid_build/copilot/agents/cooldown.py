@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import redis
 
 __all__ = [
+    "COOLDOWN",
     "COOLDOWN_URL_ENV",
     "CooldownKey",
     "CooldownStore",
@@ -66,6 +67,8 @@ COOLDOWN_URL_ENV: Final = "FLUID_COOLDOWN_URL"
 MAX_ENTRIES: Final = 10_000
 # What one key of a store holds; the part after the kind prefix is a CooldownKey.
 SEPARATOR: Final = "|"
+#: The store's name for a key's cooldown window (the breaker's entries have their own).
+COOLDOWN: Final = "cooldown:"
 
 
 def key_fingerprint(api_key: str | None) -> str:
@@ -444,14 +447,20 @@ class SqliteCooldownStore:
                 self._cache = {key: (float(until), int(n)) for key, until, n in rows}
                 self._seen_generation = generation
 
-    def _write(self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float) -> Any:
-        """Run one change in its own transaction; return its first row."""
+    def _write(
+        self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float | None
+    ) -> Any:
+        """Run one change in its own transaction; return its first row.
+
+        With ``now``, entries that ended over a minute before it are purged too.
+        """
         with self._lock:
             conn = self._connection()
             with conn:
                 row = conn.execute(sql, params).fetchone()
                 self._writes += 1
-                conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
+                if now is not None:
+                    conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
                 if self._writes % 100 == 0:
                     conn.execute(
                         "DELETE FROM fluid_state WHERE key NOT IN "
@@ -520,14 +529,14 @@ class SqliteCooldownStore:
         self._write(
             "DELETE FROM fluid_state WHERE key = ? AND owner = ? RETURNING key",
             (key, owner),
-            time.time(),
+            None,
         )
 
     def delete(self, *keys: str) -> None:
         if not keys:
             return
         marks = ",".join("?" * len(keys))
-        self._write(f"DELETE FROM fluid_state WHERE key IN ({marks}) RETURNING key", keys, 0.0)  # noqa: S608 - only placeholders
+        self._write(f"DELETE FROM fluid_state WHERE key IN ({marks}) RETURNING key", keys, None)  # noqa: S608 - only placeholders
 
     def entries(self, now: float) -> list[StoreEntry]:
         with self._lock:
@@ -704,8 +713,9 @@ class RedisCooldownStore:
             self._client.delete(*(self._prefix + key for key in keys))
 
     def _scan(self, prefix: str) -> list[bytes]:
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in prefix) + "*"
         found: list[bytes] = []
-        for name in self._client.scan_iter(match=prefix + "*", count=1000):
+        for name in self._client.scan_iter(match=pattern, count=1000):
             found.append(name)
             if len(found) >= MAX_ENTRIES:
                 break

@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.breaker import CircuitBreaker
 from fluid_build.copilot.agents.cooldown import (
+    COOLDOWN,
     CooldownKey,
     CooldownStore,
     cooldown_store_from_env,
@@ -48,6 +49,7 @@ from fluid_build.copilot.agents.errors import (
 )
 
 __all__ = [
+    "COOLDOWN",
     "Decision",
     "RetryEnvelope",
     "RetryEvent",
@@ -63,9 +65,6 @@ LOG = logging.getLogger("fluid_build.retry")
 
 T = TypeVar("T")
 WaitReason = Literal["retry_after", "backoff", "cooldown"]
-
-#: The store's name for a key's cooldown window (breaker entries have their own).
-COOLDOWN: Final = "cooldown:"
 
 
 class RetryPolicy(BaseModel):

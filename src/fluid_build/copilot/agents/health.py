@@ -1,0 +1,126 @@
+"""What the shared store holds, key by key, and how to clear it: ``fluid doctor``'s view.
+
+Each key (provider + endpoint + API key fingerprint + model) may have a
+cooldown window (from a Retry-After) and a circuit breaker (failure count,
+open window, half-open window, trial lease). :func:`read_health` lists them
+with since when, until when, why and who holds a trial; :func:`reset_health`
+clears them, for every process that shares the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from fluid_build.copilot.agents.breaker import FAILS, HALF, OPEN, TRIAL
+from fluid_build.copilot.agents.cooldown import COOLDOWN, CooldownKey, CooldownStore, StoreEntry
+
+__all__ = ["KeyHealth", "read_health", "reset_health"]
+
+_KINDS = (COOLDOWN, FAILS, OPEN, HALF, TRIAL)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHealth:
+    """One key's shared state. Times are wall-clock seconds (``time.time()``)."""
+
+    key: str
+    provider: str
+    endpoint: str
+    fingerprint: str
+    model: str
+    breaker: Literal["closed", "open", "half_open"] = "closed"
+    failures: int = 0
+    since: float | None = None  # when the breaker opened, or the first failure counted
+    until: float | None = None  # open: half-opens then; half-open: closes by itself then
+    reason: str | None = None  # the code of the last failure
+    trial_owner: str | None = None
+    trial_until: float | None = None
+    cooldown_since: float | None = None
+    cooldown_until: float | None = None
+    cooldown_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _split(name: str) -> tuple[str, str] | None:
+    for kind in _KINDS:
+        if name.startswith(kind):
+            return kind, name[len(kind) :]
+    return None
+
+
+def read_health(store: CooldownStore, now: float) -> list[KeyHealth]:
+    """Every key with live shared state, sorted by key."""
+    grouped: dict[str, dict[str, StoreEntry]] = {}
+    for entry in store.entries(now):
+        split = _split(entry.key)
+        if split is not None:
+            grouped.setdefault(split[1], {})[split[0]] = entry
+    out: list[KeyHealth] = []
+    for key, kinds in sorted(grouped.items()):
+        parsed = CooldownKey.parse(key) or CooldownKey("?", "?", key, "?")
+        fields: dict[str, Any] = {}
+        fails = kinds.get(FAILS)
+        if fails is not None:
+            fields.update(failures=fails.count, since=fails.since, reason=fails.note or None)
+        opened = kinds.get(OPEN)
+        half = kinds.get(HALF)
+        if opened is not None:
+            fields.update(breaker="open", since=opened.since, until=opened.until)
+            fields["reason"] = opened.note or fields.get("reason")
+        elif half is not None:
+            fields.update(breaker="half_open", since=half.since, until=half.until)
+            fields["reason"] = half.note or fields.get("reason")
+        trial = kinds.get(TRIAL)
+        if trial is not None:
+            fields.update(trial_owner=trial.owner, trial_until=trial.until)
+        window = kinds.get(COOLDOWN)
+        if window is not None:
+            fields.update(
+                cooldown_since=window.since,
+                cooldown_until=window.until,
+                cooldown_reason=window.note or None,
+            )
+        out.append(
+            KeyHealth(
+                key, parsed.provider, parsed.endpoint, parsed.fingerprint, parsed.model, **fields
+            )
+        )
+    return out
+
+
+def reset_health(
+    store: CooldownStore,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    endpoint: str | None = None,
+) -> int:
+    """Clear breakers and cooldowns (all of them, or the keys matching every filter given).
+
+    Returns how many store entries were removed. With no filter the whole
+    store is emptied, including entries an older fluid_build left behind.
+    """
+    if provider is None and model is None and endpoint is None:
+        return store.clear()
+    from fluid_build.copilot.agents.cooldown import normalize_endpoint
+
+    wanted_endpoint = normalize_endpoint(endpoint) if endpoint else None
+    doomed: list[str] = []
+    for entry in store.entries(-1.0):  # ended entries too: nothing matching is left
+        split = _split(entry.key)
+        parsed = CooldownKey.parse(split[1]) if split is not None else None
+        if parsed is None:
+            continue
+        if provider is not None and parsed.provider != provider:
+            continue
+        if model is not None and parsed.model != model:
+            continue
+        if wanted_endpoint is not None and parsed.endpoint != wanted_endpoint:
+            continue
+        doomed.append(entry.key)
+    if doomed:
+        store.delete(*doomed)
+    return len(doomed)
