@@ -265,3 +265,119 @@ def test_public_url_strips_credentials() -> None:
     assert doctor.public_url("https://u:p@h.example:1/v1?key=k#f") == "https://h.example:1/v1"
     assert doctor.public_url("http://[::1]:8000/v1") == "http://[::1]:8000/v1"
     assert doctor.public_url(None) is None
+
+
+# -- the shared state: every breaker and cooldown, and the reset ----------------------------
+
+
+def _trip_openai(cache: Path, *, model: str = "gpt-4o", base_url: str | None = None) -> str:
+    """Open the breaker and a cooldown of one OpenAI key in the default store, as a run would."""
+    from fluid_build.copilot import LLMClient
+    from fluid_build.copilot.agents.cooldown import COOLDOWN
+    from fluid_build.copilot.agents.errors import ProviderServerError
+
+    env = {"XDG_CACHE_HOME": str(cache), "OPENAI_API_KEY": SECRET}
+    with LLMClient("openai", model, base_url=base_url, env=env) as client:
+        key = str(client.health_key)
+        breaker, store = client.envelope.breaker, client.envelope.cooldown
+        assert breaker is not None
+        assert store is not None
+        for _ in range(breaker.threshold):
+            breaker.record_failure(key, ProviderServerError("down", code="llm.server_error"))
+        store.extend(COOLDOWN + key, 40.0, client.envelope.wall(), "llm.rate_limited")
+    return key
+
+
+def test_doctor_lists_every_breaker_and_cooldown_in_the_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _trip_openai(cache)
+    _trip_openai(cache, model="gpt-4o-mini", base_url="http://127.0.0.1:9/v1")
+    data = report()
+    entries = data["shared_state"]["entries"]
+    assert [(e["model"], e["endpoint"]) for e in entries] == [
+        ("gpt-4o-mini", "http://127.0.0.1:9/v1"),
+        ("gpt-4o", "https://api.openai.com/v1"),
+    ]
+    first = entries[1]
+    assert first["breaker"] == "open"
+    assert first["reason"] == "llm.server_error"
+    assert first["until"] - first["since"] == pytest.approx(30.0)
+    assert first["cooldown_reason"] == "llm.rate_limited"
+    assert SECRET not in json.dumps(data)
+    code, text = run()
+    assert code == 0
+    assert "shared state: 2 key(s); `fluid doctor --reset` clears them" in text
+    assert "openai gpt-4o at https://api.openai.com/v1" in text
+    assert "circuit OPEN since" in text
+    assert "[llm.server_error]" in text
+    assert "cooling down until" in text
+    assert "[llm.rate_limited]" in text
+
+
+def test_doctor_reset_clears_by_provider_model_and_endpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _trip_openai(cache)
+    _trip_openai(cache, model="gpt-4o-mini")
+    code, out = run("--reset", "--provider", "openai", "--model", "gpt-4o")
+    assert code == 0
+    assert "cleared 4 breaker and cooldown entries (provider openai, model gpt-4o)" in out
+    assert [e["model"] for e in report()["shared_state"]["entries"]] == ["gpt-4o-mini"]
+    code, out = run("--reset", "--endpoint", "https://api.openai.com/v1/")
+    assert code == 0
+    assert report()["shared_state"]["entries"] == []
+    code, out = run("--model", "gpt-4o")
+    assert code == 2
+    assert "go with --reset" in out
+
+
+def test_doctor_reset_from_the_console_script_in_a_fresh_home(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    cache = tmp_path / "cache"
+    _trip_openai(cache)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "FLUID_", "XDG_"))}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(cache))
+
+    def fluid_run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [fluid, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    listed = fluid_run("doctor")
+    assert listed.returncode == 0, listed.stderr
+    assert "circuit OPEN" in listed.stdout
+    for command in (
+        ["doctor", "--reset", "--provider", "openai", "--model", "gpt-4o"],
+        ["doctor", "--reset"],
+    ):
+        done = fluid_run(*command)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "cleared" in done.stdout
+    after = fluid_run("doctor", "--json")
+    assert after.returncode == 0
+    assert json.loads(after.stdout)["shared_state"]["entries"] == []
+
+
+def test_doctor_reset_says_when_the_store_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", f"redis://:pw-S3cr3t@127.0.0.1:{closed_port()}/0")
+    result = CliRunner().invoke(doctor.command, ["--reset"])
+    assert result.exit_code == 1
+    assert "could not clear" in result.output
+    assert "pw-S3cr3t" not in result.output
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "off")
+    code, out = run("--reset")
+    assert code == 0
+    assert "nothing to clear" in out
