@@ -13,7 +13,13 @@ in how they sleep and await.
 - With a deadline, a wait that would end past it gives up at once, saying how
   long the server asked for.
 - With a cooldown store and a key, a Retry-After seen by any call on the key
-  makes every call on it wait out the window before sending.
+  makes every call on it wait out the window before sending (never longer
+  than the 300 s cap in all, whatever the store says).
+- With a circuit breaker, an open key refuses at once; a half-open key lets
+  one call through as the trial, whose lease is given back however the call
+  ends (an answer, any error, a cancellation, Ctrl-C).
+- Deadlines and elapsed times run on ``clock`` (monotonic); only what is
+  written to the shared store uses ``wall``.
 
 The error raised at the end is the typed error of the last attempt, with
 ``details["attempts"]`` (requests sent) and ``details["waits"]``.
