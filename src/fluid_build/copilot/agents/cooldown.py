@@ -809,6 +809,8 @@ class ResilientCooldownStore:
         self._retry_every = retry_every
         self._clock = clock
         self._down_since: float | None = None
+        # Keys written while the shared store was down: only the mirror has them.
+        self._unsynced: set[str] = set()
 
     @property
     def degraded(self) -> bool:
@@ -845,15 +847,33 @@ class ResilientCooldownStore:
         self._recovered()
         return True, result
 
+    # Reads trust the shared store whenever it answers: another process may
+    # have cleared what this one mirrored (a success, `fluid doctor --reset`).
+    # The mirror answers while the store is down, and for the keys written
+    # during an outage, until they end.
+
+    def _wrote(self, key: str, ok: bool) -> None:
+        if not ok:
+            if len(self._unsynced) >= MAX_ENTRIES:
+                self._unsynced.clear()  # the mirror's own entries still end by themselves
+            self._unsynced.add(key)
+
     def remaining(self, key: str, now: float) -> float:
-        local = self.fallback.remaining(key, now)
         ok, shared = self._shared("remaining", key, now)
-        return max(shared, local) if ok else local
+        if not ok:
+            return self.fallback.remaining(key, now)
+        if key in self._unsynced:
+            local = self.fallback.remaining(key, now)
+            if local <= 0:
+                self._unsynced.discard(key)
+            return max(float(shared), local)
+        return float(shared)
 
     def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         local = self.fallback.extend(key, seconds, now, note)
         ok, shared = self._shared("extend", key, seconds, now, note)
-        return max(shared, local) if ok else local
+        self._wrote(key, ok)
+        return float(shared) if ok else local
 
     def cap(self, key: str, seconds: float, now: float) -> None:
         self.fallback.cap(key, seconds, now)
@@ -862,6 +882,7 @@ class ResilientCooldownStore:
     def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
         local = self.fallback.incr(key, ttl, now, note)
         ok, shared = self._shared("incr", key, ttl, now, note)
+        self._wrote(key, ok)
         return int(shared) if ok else local
 
     def count(self, key: str, now: float) -> int:
@@ -869,15 +890,21 @@ class ResilientCooldownStore:
         return int(shared) if ok else self.fallback.count(key, now)
 
     def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
-        local = self.fallback.peek(keys, now)
         ok, shared = self._shared("peek", keys, now)
         if not ok:
-            return local
-        return [(max(s[0], m[0]), s[1]) for s, m in zip(shared, local, strict=True)]
+            return self.fallback.peek(keys, now)
+        if not self._unsynced:
+            return list(shared)
+        local = self.fallback.peek(keys, now)
+        return [
+            (max(s[0], m[0]), max(s[1], m[1])) if key in self._unsynced else s
+            for key, s, m in zip(keys, shared, local, strict=True)
+        ]
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         local = self.fallback.acquire(key, owner, ttl, now)
         ok, shared = self._shared("acquire", key, owner, ttl, now)
+        self._wrote(key, ok)
         if not ok:
             return local
         if not shared:
@@ -890,6 +917,7 @@ class ResilientCooldownStore:
 
     def delete(self, *keys: str) -> None:
         self.fallback.delete(*keys)
+        self._unsynced.difference_update(keys)
         self._shared("delete", *keys)
 
     def entries(self, now: float) -> list[StoreEntry]:
@@ -898,6 +926,7 @@ class ResilientCooldownStore:
 
     def clear(self) -> int:
         local = self.fallback.clear()
+        self._unsynced.clear()
         ok, shared = self._shared("clear")
         return int(shared) if ok else local
 
