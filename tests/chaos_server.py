@@ -14,10 +14,15 @@ reuses them) and closed only by the faults that break them, by a request
 carrying ``connection: close``, or when the server stops; an idle connection
 is never closed under the client.
 
+``bursts`` adds outages to the draw: stretches of time (each an offset
+after the server's first request and a length) in which every request is
+answered 503, whatever was drawn for it, as a provider in an incident would.
+
 It runs on its own event loop in a background thread, so the code under test
 can use any loop (or none). Every request is recorded: arrival time, the
-``x-key`` header (which cooldown key sent it), the fault served and, for a
-429, when it was sent and the window it asked for.
+``x-key`` header (which cooldown key sent it), the ``x-call`` header (which
+call of the test sent it), the fault served, whether a burst served it and,
+for a 429, when it was sent and the window it asked for.
 
 The sequence of faults is fixed by the seed; which call meets which fault
 depends on the order requests arrive in, which concurrency does not fix.
@@ -102,12 +107,15 @@ _HTML_502: Final = (
 class Request:
     """One request as the server saw it, and what it did about it."""
 
-    index: int  # arrival order, from 0
+    index: int  # arrival order on this server, from 0
     at: float  # time.time() once the request was read
     key: str | None  # the x-key header
     path: str
     fault: str
     connection: int  # which connection carried it
+    server: str = ""  # the name of the server that saw it
+    burst: bool = False  # served a 503 because it arrived inside a burst
+    call: int | None = None  # the x-call header: which call of the test sent it
     sent_at: float | None = None  # time.time() just before the answer (if any) was written
     dispatched: float | None = None  # the x-sent-at header: when the client decided to send
     window: float | None = None  # for a 429: the seconds it asked the client to wait
@@ -159,9 +167,14 @@ class ChaosServer:
 
     ``weights`` maps fault names (:data:`FAULTS`) to relative weights;
     ``script`` overrides the draw for the first requests, in arrival order
-    (then the draw resumes). ``stall`` bounds how long ``slow_headers``
-    holds a connection whose client has not hung up: set it above the
-    client's read timeout.
+    (then the draw resumes). ``bursts`` are ``(offset, seconds)`` pairs: from
+    ``offset`` s after the first request, for ``seconds`` s, every request
+    is answered 503 (the draw still advances, so the rest of the schedule
+    does not move). ``stall`` bounds how long ``slow_headers`` holds a
+    connection whose client has not hung up: set it above the client's read
+    timeout. ``latency`` delays every answer (and every fault) by that many
+    seconds, as a slow model would. ``name`` labels the requests
+    (``Request.server``).
     """
 
     def __init__(
@@ -171,17 +184,26 @@ class ChaosServer:
         weights: Mapping[str, float] | None = None,
         script: Sequence[str] = (),
         stall: float = 1.5,
+        bursts: Sequence[tuple[float, float]] = (),
+        latency: float = 0.0,
+        name: str = "",
     ) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         unknown = (set(weights) | set(script)) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        if any(not (offset >= 0 and seconds > 0) for offset, seconds in bursts):
+            raise ValueError(f"a burst is (offset >= 0, seconds > 0), not {list(bursts)}")
         self.seed = seed
+        self.name = name
+        self.bursts = tuple(bursts)
+        self.first_at: float | None = None  # time.time() of the first request
         self._kinds = [k for k, w in weights.items() if w > 0]
         self._weights = [weights[k] for k in self._kinds]
         self._script = list(script)
         self._rng = random.Random(seed)  # noqa: S311 - a test schedule, not cryptography
         self.stall = stall
+        self.latency = latency
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []  # the server's own failures: a test asserts none
         self._lock = threading.Lock()
@@ -203,13 +225,25 @@ class ChaosServer:
             return list(self.requests)
 
     def served(self) -> Counter[str]:
-        """How many requests met each fault."""
+        """How many requests met each fault (a burst's 503s count as ``503``)."""
         return Counter(r.fault for r in self.snapshot())
+
+    def burst_windows(self) -> list[tuple[float, float]]:
+        """Each burst's ``(start, end)`` in ``time.time()`` (none before the first request)."""
+        first = self.first_at
+        if first is None:
+            return []
+        return [(first + offset, first + offset + seconds) for offset, seconds in self.bursts]
+
+    def _in_burst(self, now: float) -> bool:
+        return any(start <= now < end for start, end in self.burst_windows())
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="chaos-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"chaos-server-{self.name or self.seed}", daemon=True
+        )
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the chaos server did not start within 10 s")
@@ -324,13 +358,27 @@ class ChaosServer:
                 return
 
             fault, window = self._draw()
+            now = time.time()
             with self._lock:
+                if self.first_at is None:
+                    self.first_at = now
+                burst = self._in_burst(now)
                 record = Request(
-                    len(self.requests), time.time(), headers.get("x-key"), path, fault, connection
+                    len(self.requests),
+                    now,
+                    headers.get("x-key"),
+                    path,
+                    "503" if burst else fault,
+                    connection,
+                    server=self.name,
+                    burst=burst,
                 )
                 self.requests.append(record)
             with contextlib.suppress(ValueError):
                 record.dispatched = float(headers.get("x-sent-at", ""))
+            with contextlib.suppress(ValueError):
+                record.call = int(headers.get("x-call", ""))
+            fault = record.fault
             if not await self._serve(fault, window, record, writer, reader, keep_alive):
                 return
 
@@ -345,6 +393,8 @@ class ChaosServer:
     ) -> bool:
         """Serve one fault; True when the connection can carry another request."""
         json_type = {"content-type": "application/json"}
+        if self.latency:
+            await asyncio.sleep(self.latency)  # noqa: real-sleep - a model takes its time
         if fault == "reset_before_response":
             _linger_zero(writer)
             writer.transport.abort()
@@ -413,9 +463,20 @@ def chaos_server(
     weights: Mapping[str, float] | None = None,
     script: Sequence[str] = (),
     stall: float = 1.5,
+    bursts: Sequence[tuple[float, float]] = (),
+    latency: float = 0.0,
+    name: str = "",
 ) -> Iterator[ChaosServer]:
     """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
-    server = ChaosServer(seed, weights=weights, script=script, stall=stall)
+    server = ChaosServer(
+        seed,
+        weights=weights,
+        script=script,
+        stall=stall,
+        bursts=bursts,
+        latency=latency,
+        name=name,
+    )
     server.start()
     try:
         yield server
