@@ -342,3 +342,17 @@ def test_two_endpoints_never_share_a_cooldown_or_a_breaker() -> None:
     assert store.entries(clock.now) == []
     server_a.close()
     server_b.close()
+
+
+def test_an_answer_to_a_request_sent_before_it_opened_does_not_close_it() -> None:
+    clock = FakeClock()
+    store = MemoryCooldownStore()
+    breaker = CircuitBreaker(store, threshold=1, cool_off=COOL_OFF, window=WINDOW, clock=clock)
+    sent_at = clock.now
+    assert breaker.check(KEY) is None  # call A goes out
+    clock.now += 1
+    breaker.record_failure(KEY, ProviderServerError("503", code="llm.server_error"))  # B opens it
+    breaker.record_success(KEY, sent_at=sent_at)  # A's late 200 predates the opening
+    assert breaker.state(KEY).state == "open"
+    breaker.record_success(KEY, sent_at=clock.now)  # a request sent since: the provider answers
+    assert breaker.state(KEY).state == "closed"

@@ -270,13 +270,22 @@ class CircuitBreaker:
 
     # -- recording -----------------------------------------------------------------
 
-    def record_success(self, key: str) -> None:
-        """A call on ``key`` succeeded: clear its breaker for every process (one read if clean)."""
+    def record_success(self, key: str, *, sent_at: float | None = None) -> None:
+        """A call on ``key`` succeeded: clear its breaker for every process (one read if clean).
+
+        ``sent_at`` (wall-clock) is when its request went out: the answer to a
+        request sent before the breaker opened says nothing about the
+        provider since, so it does not close an open breaker.
+        """
         now = self.clock()
         names = self._keys(key)
         view = self.store.peek(names, now)
         if not any(left > 0 for left, _ in view):
             return
+        if view[1][0] > 0 and sent_at is not None:
+            opened = next((e.since for e in self.store.entries(now) if e.key == names[1]), None)
+            if opened is not None and sent_at < opened:
+                return
         self.store.delete(*names)
         if view[1][0] > 0 or view[2][0] > 0:
             LOG.warning("circuit for %s closed: a call succeeded", key)

@@ -227,6 +227,7 @@ class _Run:
         self.waits: list[dict[str, Any]] = []
         self.decision: Decision | None = None
         self.deadline = envelope.policy.deadline
+        self.sent_at: float | None = None  # wall-clock, when the last attempt went out
         self.trial: str | None = None
         if trial is not None:
             self.became_trial(trial)
@@ -296,10 +297,12 @@ class _Run:
             if owner is not None and self.trial is None:
                 self.became_trial(owner)
         self.sent += 1
+        self.sent_at = self.env.wall()
 
     def succeeded(self) -> None:
         if self.env.breaker is not None and self.key is not None:
-            self.env.breaker.record_success(self.key)  # clears the lease too
+            # clears the lease too
+            self.env.breaker.record_success(self.key, sent_at=self.sent_at)
             self.trial = None
 
     def cooldown_waits(self) -> Iterator[float]:
@@ -508,13 +511,14 @@ class RetryEnvelope:
             first: Exception | None = None
             if trial is None and not self._cooling(skey):
                 # The fast path: a first attempt that succeeds pays for nothing else.
+                sent_at = self.wall()
                 try:
                     result = fn()
                 except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
                     first = exc
                 else:
                     if self.breaker is not None and skey is not None:
-                        self.breaker.record_success(skey)
+                        self.breaker.record_success(skey, sent_at=sent_at)
                     return result
             run = _Run(self, skey, provider, model, started, trial)
             trial = None  # the run holds it now
@@ -567,13 +571,14 @@ class RetryEnvelope:
         try:
             first: Exception | None = None
             if trial is None and not self._cooling(skey):
+                sent_at = self.wall()
                 try:
                     result = await fn()
                 except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
                     first = exc
                 else:
                     if self.breaker is not None and skey is not None:
-                        self.breaker.record_success(skey)
+                        self.breaker.record_success(skey, sent_at=sent_at)
                     return result
             run = _Run(self, skey, provider, model, started, trial)
             trial = None  # the run holds it now
