@@ -226,7 +226,11 @@ class CircuitBreaker:
                     ttl,
                 )
             return me
-        lease_left = trusted(self.store, trial, self.store.remaining(trial, now), ttl, now)
+        # Capped at the longest lease anyone may hold, never at this caller's own:
+        # a caller with a shorter deadline must not cut the holder's lease short.
+        lease_left = trusted(
+            self.store, trial, self.store.remaining(trial, now), self.lease_ttl(), now
+        )
         holder = next((e.owner for e in self.store.entries(now) if e.key == trial), None)
         raise self._refusal(key, provider, model, now, 0.0, holder, lease_left)
 
