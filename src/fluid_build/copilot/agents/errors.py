@@ -215,6 +215,21 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "Rephrase the inputs; retrying the same prompt gives the same refusal.",
     ),
     ReasonCode(
+        "llm.deadline_exceeded",
+        False,
+        "The call's deadline passed (details say where: connect, headers, body, stream "
+        "event N, or a wait).",
+        "Raise FLUID_LLM_DEADLINE_SECONDS (or pass deadline=) if the model is slow but "
+        "answering; otherwise check the server, the network or the proxy.",
+    ),
+    ReasonCode(
+        "llm.response_too_large",
+        False,
+        "The answer or stream went past the size limit (decompressed bytes or stream events).",
+        "Ask for less output (max_output_tokens), or raise FLUID_LLM_MAX_RESPONSE_BYTES / "
+        "FLUID_LLM_MAX_STREAM_EVENTS if the answer is legitimately that big.",
+    ),
+    ReasonCode(
         "llm.malformed_response",
         True,
         "The provider's answer could not be decoded.",
