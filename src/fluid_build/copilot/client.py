@@ -17,6 +17,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from fluid_build.copilot._wire import (
+    Deadline,
+    Limits,
+    StreamReader,
+    aread_body,
+    deadline_from_env,
+    decode_json,
+    read_body,
+)
 from fluid_build.copilot.agents.cooldown import CooldownKey
 from fluid_build.copilot.agents.error_classification import (
     classify_provider_error,
@@ -42,6 +51,7 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     aiter_stream,
+    first_wrong_field,
     iter_stream,
 )
 from fluid_build.copilot.llm.gemini import GeminiAdapter
@@ -180,6 +190,8 @@ class LLMClient:
         env: Mapping[str, str] | None = None,
         fallbacks: Sequence[tuple[str, str] | str] | None = None,
         fallback_on_auth: bool = False,
+        deadline: float | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.config: ProviderConfig = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
@@ -187,6 +199,14 @@ class LLMClient:
         info = PROVIDERS[self.config.provider]
         self.adapter: Adapter = _ADAPTERS[info.adapter](self.config)
         self.envelope = envelope if envelope is not None else RetryEnvelope.from_env(env)
+        source = os.environ if env is None else env
+        # One bound on each whole call: pre-flight, attempts, waits, every read.
+        self.deadline: float = (
+            deadline
+            if deadline is not None
+            else self.envelope.policy.deadline or deadline_from_env(source)
+        )
+        self.limits = limits if limits is not None else Limits.from_env(source)
         self.capability_matrix = dict(capability_matrix or {})
         if strict_schema is None:
             from fluid_build.copilot.agents.strict_schema import strict_schema_enabled
@@ -217,6 +237,8 @@ class LLMClient:
                     strict_schema=strict_schema,
                     env=env,
                     fallbacks=(),
+                    deadline=self.deadline,
+                    limits=self.limits,
                 )
             )
 
@@ -364,11 +386,38 @@ class LLMClient:
         return _Prepared(spec, response_model, strict, validate)
 
     def _http_request(
-        self, client: httpx.Client | httpx.AsyncClient, request: Request
+        self, client: httpx.Client | httpx.AsyncClient, request: Request, deadline: Deadline
     ) -> httpx.Request:
+        # Only encodings the size limit can count as they inflate.
+        headers = {"accept-encoding": "gzip, deflate", **request.headers}
         return client.build_request(
-            request.method, request.url, headers=request.headers, json=request.json
+            request.method,
+            request.url,
+            headers=headers,
+            json=request.json,
+            timeout=deadline.timeout(self.config.timeout),
         )
+
+    def _deadline(self, started: float | None = None) -> Deadline:
+        return Deadline(
+            self.deadline,
+            clock=self.envelope.clock,
+            provider=self.provider,
+            model=self.model,
+            started=started,
+        )
+
+    def _timed_out(
+        self, exc: httpx.TimeoutException, deadline: Deadline, where: str
+    ) -> AgentExecutionError | None:
+        """The deadline's error when it, not the attempt's own timeout, cut ``exc`` short."""
+        if deadline.left() > 0.05:
+            return None
+        if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+            where = "a connection"
+        elif isinstance(exc, httpx.WriteTimeout):
+            where = "the request to be sent"
+        return deadline.passed(where)
 
     def _parse(self, data: Any, prepared: _Prepared, response: httpx.Response) -> Parsed:
         if not isinstance(data, dict):
@@ -388,15 +437,29 @@ class LLMClient:
         except AgentExecutionError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ProviderError(
-                f"{self.provider} answered in a shape fluid_build cannot read "
-                f"({type(exc).__name__})",
-                provider=self.provider,
-                model=self.model,
-                status_code=response.status_code,
-                code="llm.malformed_response",
-                retryable=True,
-            ) from exc
+            raise self._misshapen(data, self.adapter.shape, "answer", response.status_code) from exc
+
+    def _misshapen(
+        self, data: Any, shape: Any, what: str, status: int | None
+    ) -> AgentExecutionError:
+        """``llm.malformed_response`` naming the first field that does not fit (if one is found)."""
+        wrong = first_wrong_field(data, shape)
+        if wrong is None:
+            found = f"an {what} in a shape fluid_build cannot read"
+            details: dict[str, Any] = {}
+        else:
+            field, expected, got = wrong
+            found = f"an {what} whose {field} should be {expected}, not {got}"
+            details = {"field": field, "expected": expected, "got": got}
+        return ProviderError(
+            f"{self.provider} sent {found}",
+            provider=self.provider,
+            model=self.model,
+            status_code=status,
+            code="llm.malformed_response",
+            retryable=True,
+            details=details,
+        )
 
     def _completion(
         self, parsed: Parsed, prepared: _Prepared, attempts: int, request_id: str | None
@@ -489,10 +552,13 @@ class LLMClient:
             "capability_matrix": capability_matrix,
             "validate": validate,
         }
+        deadline = self._deadline()
         history: list[tuple[LLMClient, AgentExecutionError]] = []
         for entry in self._entries():
             try:
-                done = entry._complete_one(messages, **kwargs)
+                done = entry._complete_one(
+                    messages, deadline=deadline.of(entry.provider, entry.model), **kwargs
+                )
             except AgentExecutionError as error:
                 self._next_or_raise(entry, error, history)
                 continue
@@ -519,10 +585,13 @@ class LLMClient:
             "capability_matrix": capability_matrix,
             "validate": validate,
         }
+        deadline = self._deadline()
         history: list[tuple[LLMClient, AgentExecutionError]] = []
         for entry in self._entries():
             try:
-                done = await entry._acomplete_one(messages, **kwargs)
+                done = await entry._acomplete_one(
+                    messages, deadline=deadline.of(entry.provider, entry.model), **kwargs
+                )
             except AgentExecutionError as error:
                 self._next_or_raise(entry, error, history)
                 continue
@@ -533,6 +602,7 @@ class LLMClient:
         self,
         messages: Messages,
         *,
+        deadline: Deadline,
         system: str | None = None,
         response_model: type[BaseModel] | None = None,
         tools: Tools = None,
@@ -549,19 +619,35 @@ class LLMClient:
             capability_matrix=capability_matrix,
             validate=validate,
         )
+        deadline.check("the pre-flight")
         client = self._client()
         attempts = 0
 
         def send() -> tuple[Parsed, httpx.Response]:
             nonlocal attempts
+            deadline.check("the next attempt")
             attempts += 1
-            request = self._http_request(client, self.adapter.request(prepared.spec, stream=False))
-            response = client.send(request)
-            response.raise_for_status()
-            return self._parse(response.json(), prepared, response), response
+            spec = self.adapter.request(prepared.spec, stream=False)
+            request = self._http_request(client, spec, deadline)
+            where = "the response headers"
+            try:
+                response = client.send(request, stream=True)
+                try:
+                    where = "the body"
+                    done = read_body(response, deadline, self.limits)
+                finally:
+                    response.close()
+            except httpx.TimeoutException as exc:
+                raise self._timed_out(exc, deadline, where) or exc from exc
+            return self._decode(done, prepared), done
 
         parsed, response = self.envelope.call(
-            send, key=self._key, provider=self.provider, model=self.model
+            send,
+            key=self._key,
+            provider=self.provider,
+            model=self.model,
+            started=deadline.started,
+            deadline=deadline.seconds,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
@@ -569,6 +655,7 @@ class LLMClient:
         self,
         messages: Messages,
         *,
+        deadline: Deadline,
         system: str | None = None,
         response_model: type[BaseModel] | None = None,
         tools: Tools = None,
@@ -585,21 +672,46 @@ class LLMClient:
             capability_matrix=capability_matrix,
             validate=validate,
         )
+        deadline.check("the pre-flight")
         client = self._aclient()
         attempts = 0
 
         async def send() -> tuple[Parsed, httpx.Response]:
             nonlocal attempts
+            deadline.check("the next attempt")
             attempts += 1
-            request = self._http_request(client, self.adapter.request(prepared.spec, stream=False))
-            response = await client.send(request)
-            response.raise_for_status()
-            return self._parse(response.json(), prepared, response), response
+            spec = self.adapter.request(prepared.spec, stream=False)
+            request = self._http_request(client, spec, deadline)
+            where = "the response headers"
+            try:
+                response = await client.send(request, stream=True)
+                try:
+                    where = "the body"
+                    done = await aread_body(response, deadline, self.limits)
+                finally:
+                    await response.aclose()
+            except httpx.TimeoutException as exc:
+                raise self._timed_out(exc, deadline, where) or exc from exc
+            return self._decode(done, prepared), done
 
         parsed, response = await self.envelope.acall(
-            send, key=self._key, provider=self.provider, model=self.model
+            send,
+            key=self._key,
+            provider=self.provider,
+            model=self.model,
+            started=deadline.started,
+            deadline=deadline.seconds,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
+
+    def _decode(self, response: httpx.Response, prepared: _Prepared) -> Parsed:
+        data = decode_json(
+            response.content,
+            provider=self.provider,
+            model=self.model,
+            status=response.status_code,
+        )
+        return self._parse(data, prepared, response)
 
     # -- fallbacks and health ----------------------------------------------------------
 
@@ -763,10 +875,24 @@ class LLMClient:
         if self.adapter.is_error_chunk(data, event):
             error = self._stream_error(response, data)
             raise error.with_details(interrupted=True, **state.partial()) if started else error
-        return self.adapter.parse_chunk(data, event, state, spec)
+        try:
+            return self.adapter.parse_chunk(data, event, state, spec)
+        except AgentExecutionError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            error = self._misshapen(data, self.adapter.chunk_shape, "event", None)
+            if started:
+                error = error.with_details(interrupted=True, **state.partial())
+            raise error from exc
 
-    def _interrupted(self, exc: BaseException, state: StreamState) -> AgentExecutionError:
-        error = classify_provider_error(exc, provider=self.provider, model=self.model)
+    def _interrupted(
+        self, exc: BaseException, state: StreamState, deadline: Deadline
+    ) -> AgentExecutionError:
+        error: AgentExecutionError | None = None
+        if isinstance(exc, httpx.TimeoutException):
+            error = self._timed_out(exc, deadline, "the rest of the stream")
+        if error is None:
+            error = classify_provider_error(exc, provider=self.provider, model=self.model)
         return error.with_details(interrupted=True, **state.partial())
 
     def stream(
@@ -786,6 +912,7 @@ class LLMClient:
         failure after raises the typed error with ``details["partial_text"]``
         and the tool calls that completed.
         """
+        deadline = self._deadline()
         prepared = self._prepare(
             messages,
             system=system,
@@ -795,6 +922,7 @@ class LLMClient:
             capability_matrix=capability_matrix,
             validate=validate,
         )
+        deadline.check("the pre-flight")
         client = self._client()
         adapter, spec = self.adapter, prepared.spec
         attempts = 0
@@ -803,26 +931,38 @@ class LLMClient:
             httpx.Response, Iterator[tuple[str, Any]], list[StreamEvent], StreamState
         ]:
             nonlocal attempts
+            deadline.check("the next attempt")
             attempts += 1
             state = StreamState()
-            request = self._http_request(client, adapter.request(spec, stream=True))
-            response = client.send(request, stream=True)
+            request = self._http_request(client, adapter.request(spec, stream=True), deadline)
+            try:
+                response = client.send(request, stream=True)
+            except httpx.TimeoutException as exc:
+                raise self._timed_out(exc, deadline, "the response headers") or exc from exc
+            reader = StreamReader(response, deadline, self.limits)
             try:
                 if response.is_error:
-                    response.read()
-                    response.raise_for_status()
-                chunks = iter_stream(adapter.stream_format, response.iter_lines())
+                    read_body(response, deadline, self.limits)  # raises, for classification
+                chunks = reader.counted(iter_stream(adapter.stream_format, reader.lines()))
                 for event, data in chunks:
                     first = self._feed(response, state, spec, event, data, started=False)
                     if first:
                         return response, chunks, first, state
                 return response, iter(()), [], state
+            except httpx.TimeoutException as exc:
+                response.close()
+                raise self._timed_out(exc, deadline, reader.reader.where) or exc from exc
             except BaseException:
                 response.close()
                 raise
 
         response, chunks, first, state = self.envelope.call(
-            open_stream, key=self._key, provider=self.provider, model=self.model
+            open_stream,
+            key=self._key,
+            provider=self.provider,
+            model=self.model,
+            started=deadline.started,
+            deadline=deadline.seconds,
         )
         try:
             yield from first
@@ -830,7 +970,11 @@ class LLMClient:
                 for event, data in chunks:
                     yield from self._feed(response, state, spec, event, data, started=True)
             except (httpx.HTTPError, OSError) as exc:
-                raise self._interrupted(exc, state) from exc
+                raise self._interrupted(exc, state, deadline) from exc
+            except AgentExecutionError as error:
+                if "interrupted" in error.details:
+                    raise
+                raise error.with_details(interrupted=True, **state.partial()) from error
         finally:
             response.close()
         completion = self._completion(
@@ -850,6 +994,7 @@ class LLMClient:
         validate: bool = True,
     ) -> AsyncIterator[StreamEvent]:
         """The async twin of :meth:`stream`."""
+        deadline = self._deadline()
         prepared = self._prepare(
             messages,
             system=system,
@@ -859,6 +1004,7 @@ class LLMClient:
             capability_matrix=capability_matrix,
             validate=validate,
         )
+        deadline.check("the pre-flight")
         client = self._aclient()
         adapter, spec = self.adapter, prepared.spec
         attempts = 0
@@ -867,26 +1013,38 @@ class LLMClient:
             httpx.Response, AsyncIterator[tuple[str, Any]], list[StreamEvent], StreamState
         ]:
             nonlocal attempts
+            deadline.check("the next attempt")
             attempts += 1
             state = StreamState()
-            request = self._http_request(client, adapter.request(spec, stream=True))
-            response = await client.send(request, stream=True)
+            request = self._http_request(client, adapter.request(spec, stream=True), deadline)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.TimeoutException as exc:
+                raise self._timed_out(exc, deadline, "the response headers") or exc from exc
+            reader = StreamReader(response, deadline, self.limits)
             try:
                 if response.is_error:
-                    await response.aread()
-                    response.raise_for_status()
-                chunks = aiter_stream(adapter.stream_format, response.aiter_lines())
+                    await aread_body(response, deadline, self.limits)  # raises
+                chunks = reader.acounted(aiter_stream(adapter.stream_format, reader.alines()))
                 async for event, data in chunks:
                     first = self._feed(response, state, spec, event, data, started=False)
                     if first:
                         return response, chunks, first, state
                 return response, _empty(), [], state
+            except httpx.TimeoutException as exc:
+                await response.aclose()
+                raise self._timed_out(exc, deadline, reader.reader.where) or exc from exc
             except BaseException:
                 await response.aclose()
                 raise
 
         response, chunks, first, state = await self.envelope.acall(
-            open_stream, key=self._key, provider=self.provider, model=self.model
+            open_stream,
+            key=self._key,
+            provider=self.provider,
+            model=self.model,
+            started=deadline.started,
+            deadline=deadline.seconds,
         )
         try:
             for item in first:
@@ -896,7 +1054,11 @@ class LLMClient:
                     for item in self._feed(response, state, spec, event, data, started=True):
                         yield item
             except (httpx.HTTPError, OSError) as exc:
-                raise self._interrupted(exc, state) from exc
+                raise self._interrupted(exc, state, deadline) from exc
+            except AgentExecutionError as error:
+                if "interrupted" in error.details:
+                    raise
+                raise error.with_details(interrupted=True, **state.partial()) from error
         finally:
             await response.aclose()
         completion = self._completion(

@@ -217,6 +217,7 @@ class _Run:
         model: str | None,
         started: float,
         trial: str | None,
+        deadline: float | None = None,
     ) -> None:
         self.env = envelope
         self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
@@ -226,7 +227,14 @@ class _Run:
         self.sent = 0
         self.waits: list[dict[str, Any]] = []
         self.decision: Decision | None = None
-        self.deadline = envelope.policy.deadline
+        policy_deadline = envelope.policy.deadline
+        self.deadline = (
+            deadline
+            if policy_deadline is None
+            else policy_deadline
+            if deadline is None
+            else min(deadline, policy_deadline)
+        )
         self.sent_at: float | None = None  # wall-clock, when the last attempt went out
         self.trial: str | None = None
         if trial is not None:
@@ -469,12 +477,21 @@ class RetryEnvelope:
     def __repr__(self) -> str:
         return f"RetryEnvelope({self.policy!r}, cooldown={self.cooldown!r})"
 
-    def _admit(self, key: str | None, provider: str | None, model: str | None) -> str | None:
+    def _admit(
+        self,
+        key: str | None,
+        provider: str | None,
+        model: str | None,
+        started: float,
+        deadline: float | None,
+    ) -> str | None:
         """The breaker's gate before the first attempt: the trial lease owner, or None."""
         if key is None or self.breaker is None:
             return None
+        bounds = [d for d in (deadline, self.policy.deadline) if d is not None]
+        left = min(bounds) - (self.clock() - started) if bounds else None
         return self.breaker.check(
-            key, provider=provider, model=model, deadline=self.policy.deadline
+            key, provider=provider, model=model, deadline=None if left is None else max(left, 0.0)
         )
 
     def _cooling(self, key: str | None) -> bool:
@@ -501,11 +518,18 @@ class RetryEnvelope:
         key: CooldownKey | str | None = None,
         provider: str | None = None,
         model: str | None = None,
+        started: float | None = None,
+        deadline: float | None = None,
     ) -> T:
-        """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error."""
-        started = self.clock()
+        """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error.
+
+        ``started`` (on ``clock``) and ``deadline`` (seconds) let a caller whose
+        call began earlier (a pre-flight, a fallback chain) bound the whole of
+        it; the shorter of ``deadline`` and the policy's wins.
+        """
+        started = self.clock() if started is None else started
         skey = None if key is None else str(key)
-        trial = self._admit(skey, provider, model)
+        trial = self._admit(skey, provider, model, started, deadline)
         run: _Run | None = None
         try:
             first: Exception | None = None
@@ -520,7 +544,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial)
+            run = _Run(self, skey, provider, model, started, trial, deadline)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -562,11 +586,13 @@ class RetryEnvelope:
         key: CooldownKey | str | None = None,
         provider: str | None = None,
         model: str | None = None,
+        started: float | None = None,
+        deadline: float | None = None,
     ) -> T:
         """The async twin of :meth:`call`: same decisions, awaited sleeps."""
-        started = self.clock()
+        started = self.clock() if started is None else started
         skey = None if key is None else str(key)
-        trial = self._admit(skey, provider, model)
+        trial = self._admit(skey, provider, model, started, deadline)
         run: _Run | None = None
         try:
             first: Exception | None = None
@@ -580,7 +606,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial)
+            run = _Run(self, skey, provider, model, started, trial, deadline)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:

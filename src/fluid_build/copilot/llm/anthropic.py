@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
-from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.base import COUNT, NULL, TEXT, Adapter, Parsed, Request, StreamState
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter"]
@@ -52,8 +52,25 @@ def anthropic_messages(spec: CallSpec) -> list[dict[str, Any]]:
     return out
 
 
+_USAGE = {"input_tokens": COUNT, "output_tokens": COUNT}
+
+
 class AnthropicAdapter(Adapter):
     provider = "anthropic"
+    shape: ClassVar[Any] = {
+        "content": [{"type": TEXT, "text": TEXT, "id": TEXT, "name": TEXT, "input": (dict, NULL)}],
+        "usage": _USAGE,
+        "stop_reason": TEXT,
+        "model": TEXT,
+    }
+    chunk_shape: ClassVar[Any] = {
+        "type": TEXT,
+        "index": COUNT,
+        "delta": {"type": TEXT, "text": TEXT, "partial_json": TEXT, "stop_reason": TEXT},
+        "content_block": {"type": TEXT, "id": TEXT, "name": TEXT, "text": TEXT},
+        "message": {"usage": _USAGE, "model": TEXT},
+        "usage": _USAGE,
+    }
     default_base_url = ANTHROPIC_BASE_URL
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:

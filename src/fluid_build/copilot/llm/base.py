@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = [
+    "NULL",
     "Adapter",
     "Parsed",
     "ProviderConfig",
@@ -149,6 +150,9 @@ class Adapter:
     stream_format: ClassVar[Literal["sse", "ndjson"]] = "sse"
     #: Where requests go when no base URL is configured (None: one must be).
     default_base_url: ClassVar[str | None] = None
+    #: The fields of an answer (and of a stream chunk) the adapter reads, and their types.
+    shape: ClassVar[Shape] = {}
+    chunk_shape: ClassVar[Shape] = {}
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -174,6 +178,57 @@ class Adapter:
 
 
 Chunk = tuple[str, Any]  # (event name, decoded data)
+
+NULL: Final = type(None)
+TEXT: Final = (str, NULL)
+COUNT: Final = (int, NULL)
+
+#: A declarative answer shape, checked only once reading an answer failed: a
+#: dict of key -> shape (keys optional), ``[shape]`` for a list of items, a
+#: type or tuple of types for a leaf (``type(None)`` allows null).
+Shape = Any
+
+_NAMES = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true/false",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+}
+
+
+def _describe(value: Any) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+def first_wrong_field(value: Any, shape: Shape, path: str = "") -> tuple[str, str, str] | None:
+    """``(path, expected, got)`` of the first field of ``value`` that does not fit ``shape``."""
+    where = path or "<root>"
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return where, "an object", _describe(value)
+        for key, inner in shape.items():
+            if key in value and not (value[key] is None and isinstance(inner, dict | list)):
+                found = first_wrong_field(value[key], inner, f"{path}.{key}" if path else key)
+                if found is not None:
+                    return found
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return where, "a list", _describe(value)
+        for i, item in enumerate(value[:1000]):
+            found = first_wrong_field(item, shape[0], f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+        return None
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, bool) and bool not in types:
+        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
+    if not isinstance(value, types):
+        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
+    return None
 
 
 def _decode(data: str) -> Any:

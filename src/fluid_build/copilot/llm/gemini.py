@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.base import COUNT, NULL, TEXT, Adapter, Parsed, Request, StreamState
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
@@ -44,8 +44,30 @@ def _usage(data: dict[str, Any]) -> Usage:
     )
 
 
+_SHAPE = {
+    "candidates": [
+        {
+            "content": {
+                "parts": [
+                    {
+                        "text": TEXT,
+                        "thought": (bool, NULL),
+                        "functionCall": {"id": TEXT, "name": TEXT, "args": (dict, NULL)},
+                    }
+                ]
+            },
+            "finishReason": TEXT,
+        }
+    ],
+    "usageMetadata": {"promptTokenCount": COUNT, "candidatesTokenCount": COUNT},
+    "modelVersion": TEXT,
+}
+
+
 class GeminiAdapter(Adapter):
     provider = "gemini"
+    shape: ClassVar[Any] = _SHAPE
+    chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = GEMINI_BASE_URL
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
-from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
+from fluid_build.copilot.llm.base import (
+    COUNT,
+    NULL,
+    TEXT,
+    Adapter,
+    Parsed,
+    Request,
+    StreamState,
+    loads_arguments,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
@@ -51,8 +60,22 @@ def _calls(message: dict[str, Any]) -> list[ToolCall]:
     ]
 
 
+_SHAPE = {
+    "message": {
+        "content": TEXT,
+        "tool_calls": [{"id": TEXT, "function": {"name": TEXT, "arguments": (dict, str, NULL)}}],
+    },
+    "done_reason": TEXT,
+    "prompt_eval_count": COUNT,
+    "eval_count": COUNT,
+    "model": TEXT,
+}
+
+
 class OllamaAdapter(Adapter):
     provider = "ollama"
+    shape: ClassVar[Any] = _SHAPE
+    chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = OLLAMA_DEFAULT_HOST
     stream_format = "ndjson"
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
+from fluid_build.copilot.llm.base import (
+    COUNT,
+    NULL,
+    TEXT,
+    Adapter,
+    Parsed,
+    Request,
+    StreamState,
+    loads_arguments,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIAdapter", "openai_messages"]
@@ -50,9 +59,63 @@ def _usage(data: Any) -> Usage:
     )
 
 
+_USAGE = {"prompt_tokens": COUNT, "completion_tokens": COUNT}
+_CONTENT = (str, list, NULL)  # a list of parts from some compatible servers (Mistral)
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text") or "")
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    raise TypeError("content")
+
+
 class OpenAIAdapter(Adapter):
     provider = "openai"
     default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
+    shape: ClassVar[Any] = {
+        "choices": [
+            {
+                "message": {
+                    "content": _CONTENT,
+                    "refusal": TEXT,
+                    "tool_calls": [
+                        {"id": TEXT, "function": {"name": TEXT, "arguments": (str, dict, NULL)}}
+                    ],
+                },
+                "finish_reason": TEXT,
+            }
+        ],
+        "usage": _USAGE,
+        "model": TEXT,
+    }
+    chunk_shape: ClassVar[Any] = {
+        "choices": [
+            {
+                "delta": {
+                    "content": _CONTENT,
+                    "tool_calls": [
+                        {
+                            "index": COUNT,
+                            "id": TEXT,
+                            "function": {"name": TEXT, "arguments": TEXT},
+                        }
+                    ],
+                },
+                "finish_reason": TEXT,
+            }
+        ],
+        "usage": _USAGE,
+        "model": TEXT,
+    }
 
     def url(self) -> str:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
@@ -101,7 +164,7 @@ class OpenAIAdapter(Adapter):
             )
             for i, call in enumerate(message.get("tool_calls") or [])
         ]
-        text = message.get("content") or ""
+        text = _text(message.get("content"))
         if not text and message.get("refusal"):
             text = str(message["refusal"])
         return Parsed(
@@ -119,7 +182,7 @@ class OpenAIAdapter(Adapter):
             state.usage = _usage(data)
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
-            text_event = state.add_text(delta.get("content") or "")
+            text_event = state.add_text(_text(delta.get("content")))
             if text_event:
                 events.append(text_event)
             for call in delta.get("tool_calls") or []:
