@@ -17,10 +17,11 @@ import respx
 
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
-from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.agents.errors import AgentExecutionError, ContextOverflowError
 from fluid_build.copilot.agents.loop import AgentLoop, Budget, LoopSettings
 from fluid_build.copilot.agents.retry import RetryEnvelope
 from fluid_build.copilot.agents.tools import WorkspacePath, forge_tool
+from fluid_build.copilot.llm.types import Completion, ToolCall
 from tests.fakes import FakeClock
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -437,3 +438,191 @@ def test_async_loop(mock: respx.MockRouter, tmp_path: Path) -> None:
     ]
     agent = loop(tmp_path, [count_rows], response_model=Summary)
     assert asyncio.run(agent.arun("users?")).output == Summary(table="users", rows=7)
+
+
+# -- budgets are hard limits, compaction included ---------------------------------------
+
+
+def scripted(route: respx.Route) -> None:
+    """Tool turns for the loop's own calls, a short answer for each summary request."""
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        if "tools" not in json.loads(request.content):
+            return answer("summary so far")
+        return tool_turn(("count_rows", {"table": "sales"}))
+
+    route.side_effect = reply
+
+
+def run_to_the_budget(agent: AgentLoop, mode: str) -> AgentExecutionError:
+    def go() -> object:
+        if mode == "run":
+            return agent.run("count forever")
+        return asyncio.run(agent.arun("count forever"))
+
+    with pytest.raises(AgentExecutionError) as caught:
+        go()
+    return caught.value
+
+
+@pytest.mark.parametrize("mode", ["run", "arun"])
+@pytest.mark.parametrize("strategy", ["truncate", "summarize", "hybrid"])
+@pytest.mark.parametrize("compact_after", [1, 2])
+@pytest.mark.parametrize("max_llm_calls", [1, 2, 3, 5])
+def test_max_llm_calls_bounds_the_requests_sent_whatever_the_compaction(
+    mock: respx.MockRouter,
+    tmp_path: Path,
+    mode: str,
+    strategy: str,
+    compact_after: int,
+    max_llm_calls: int,
+) -> None:
+    route = mock.post(URL)
+    scripted(route)
+    settings = LoopSettings(compact_after=compact_after, compaction=strategy, keep_last=1)
+    budget = Budget(max_llm_calls=max_llm_calls)
+    agent = loop(tmp_path, [count_rows], settings=settings, budget=budget)
+    error = run_to_the_budget(agent, mode)
+    assert error.code == "budget.llm_calls_exhausted"
+    sent = len(route.calls)
+    assert sent <= max_llm_calls
+    assert agent.result.usage.llm_calls == sent
+    # No call is wasted: the budget is spent to its last call, on rounds or summaries.
+    assert sent == max_llm_calls
+
+
+def test_the_issue_case_five_calls_with_summaries_make_five_requests(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    route = mock.post(URL)
+    scripted(route)
+    settings = LoopSettings(compact_after=2, compaction="summarize", keep_last=1)
+    agent = loop(tmp_path, [count_rows], settings=settings, budget=Budget(max_llm_calls=5))
+    run_to_the_budget(agent, "run")
+    summaries = [b for b in bodies(route) if "tools" not in b]
+    assert summaries  # a summary was made, and counted
+    assert len(route.calls) == 5
+    assert agent.result.usage.compactions >= 1
+
+
+def test_a_summary_is_skipped_when_it_would_take_the_rounds_last_call(
+    mock: respx.MockRouter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    route = mock.post(URL)
+    scripted(route)
+    # Two rounds, then compaction is due with one call left: no summary, truncation.
+    settings = LoopSettings(compact_after=2, compaction="summarize", keep_last=1)
+    agent = loop(tmp_path, [count_rows], settings=settings, budget=Budget(max_llm_calls=3))
+    with caplog.at_level(logging.INFO, logger="fluid_build.agent"):
+        run_to_the_budget(agent, "run")
+    assert len(route.calls) == 3
+    assert all("tools" in body for body in bodies(route))  # every call was a round
+    assert "no model call to spare for a summary" in caplog.text
+    last = bodies(route)[-1]["messages"]
+    assert any(m["role"] == "tool" and m["content"].startswith("[compacted") for m in last)
+
+
+@pytest.mark.parametrize("mode", ["run", "arun"])
+def test_a_summary_that_spends_the_token_budget_stops_the_round_call(
+    mock: respx.MockRouter, tmp_path: Path, mode: str
+) -> None:
+    route = mock.post(URL)
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        if "tools" not in json.loads(request.content):
+            return answer("a long summary", tokens=1000)
+        return tool_turn(("count_rows", {"table": "sales"}), tokens=10)
+
+    route.side_effect = reply
+    settings = LoopSettings(compact_after=2, compaction="hybrid", keep_last=1)
+    agent = loop(tmp_path, [count_rows], settings=settings, budget=Budget(max_total_tokens=500))
+    error = run_to_the_budget(agent, mode)
+    assert error.code == "budget.tokens_exhausted"
+    # Two rounds, the summary; the round after it is never sent.
+    assert ["tools" in body for body in bodies(route)] == [True, True, False]
+
+
+def test_a_summary_that_spends_the_time_budget_stops_the_round_call(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    clock = FakeClock(0.0)
+    route = mock.post(URL)
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        if "tools" not in json.loads(request.content):
+            clock.now += 100  # a slow summary
+            return answer("summary")
+        return tool_turn(("count_rows", {"table": "sales"}))
+
+    route.side_effect = reply
+    settings = LoopSettings(compact_after=2, compaction="summarize", keep_last=1)
+    agent = loop(
+        tmp_path, [count_rows], settings=settings, budget=Budget(max_seconds=60), clock=clock
+    )
+    error = run_to_the_budget(agent, "run")
+    assert error.code == "budget.seconds_exhausted"
+    assert ["tools" in body for body in bodies(route)] == [True, True, False]
+
+
+def test_a_failed_summary_still_counts_as_a_call(mock: respx.MockRouter, tmp_path: Path) -> None:
+    route = mock.post(URL)
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        if "tools" not in json.loads(request.content):
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        return tool_turn(("count_rows", {"table": "sales"}))
+
+    route.side_effect = reply
+    settings = LoopSettings(compact_after=2, compaction="summarize", keep_last=1)
+    agent = loop(tmp_path, [count_rows], settings=settings, budget=Budget(max_llm_calls=4))
+    run_to_the_budget(agent, "run")
+    kinds = ["tools" in body for body in bodies(route)]
+    # Two rounds, one summary call (three attempts inside the retry envelope), one round.
+    assert kinds == [True, True, False, False, False, True]
+    assert agent.result.usage.llm_calls == 4
+
+
+class ScriptedClient:
+    """Just what the loop uses of an LLMClient: answers (or errors) in order, and a count."""
+
+    model = "gpt-4o"
+
+    def __init__(self, *outcomes: Completion | Exception) -> None:
+        self.outcomes = list(outcomes)
+        self.sent = 0
+
+    def complete(self, messages: Any, **kwargs: Any) -> Completion:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        self.sent += 1
+        return outcome
+
+    async def acomplete(self, messages: Any, **kwargs: Any) -> Completion:
+        return self.complete(messages, **kwargs)
+
+    def validate(self, text: str, model: type[pydantic.BaseModel]) -> Any:
+        return model.model_validate_json(text)
+
+
+def test_a_call_the_preflight_refused_sent_nothing_and_does_not_count(tmp_path: Path) -> None:
+    turn = Completion(
+        provider="openai",
+        model="gpt-4o",
+        tool_calls=[ToolCall(id="c", name="count_rows", arguments={"table": "t"})],
+    )
+    refused = ContextOverflowError("the prompt does not fit", prompt_tokens=9, context_window=8)
+    client = ScriptedClient(turn, refused, turn, turn)
+    agent = AgentLoop(
+        client,  # type: ignore[arg-type]
+        tools=[count_rows],
+        workspace=tmp_path,
+        settings=LoopSettings(),
+        budget=Budget(max_llm_calls=3),
+    )
+    with pytest.raises(AgentExecutionError) as caught:
+        agent.run("count")
+    assert caught.value.code == "budget.llm_calls_exhausted"
+    assert client.sent == 3
+    assert agent.result.usage.llm_calls == 3
+    assert agent.result.usage.compactions == 1

@@ -390,9 +390,29 @@ class AgentLoop:
                     f"${usage.cost_usd:.4f} spent of ${budget.max_cost_usd:g}",
                 )
 
+    def _before_call(self, state: _State) -> None:
+        """Every budget, checked immediately before a model call; the call then counts.
+
+        The summary call of a compaction goes through here too, so no strategy can
+        make more calls than ``max_llm_calls``. A call counts when it is made, whether
+        it answers or fails (see :meth:`_not_sent` for the one exception).
+        """
+        self._check_budget(state)
+        state.usage.llm_calls += 1
+
+    @staticmethod
+    def _not_sent(state: _State, error: AgentExecutionError) -> None:
+        """A call the pre-flight refused sent nothing: it does not count."""
+        if isinstance(error, ContextOverflowError) and error.status_code is None:
+            state.usage.llm_calls = max(state.usage.llm_calls - 1, 0)
+
+    def _calls_left(self, state: _State) -> int | None:
+        if self.budget.max_llm_calls is None:
+            return None
+        return self.budget.max_llm_calls - state.usage.llm_calls
+
     def _account(self, state: _State, completion: Completion) -> None:
         usage = state.usage
-        usage.llm_calls += 1
         usage.input_tokens += completion.usage.input_tokens
         usage.output_tokens += completion.usage.output_tokens
         price = self.prices.get(self.client.model)
@@ -565,8 +585,18 @@ class AgentLoop:
             _truncate_middle(state.messages, self.settings.keep_last)
         if strategy in {"summarize", "hybrid"} and self._summary_due(state):
             request = self._summary_request(state)
-            if request is not None:
-                self._check_budget(state)
+            left = self._calls_left(state)
+            if request is not None and left is not None and left < 2:
+                # A summary would take the call the round needs: truncate instead.
+                LOG.info(
+                    "no model call to spare for a summary (%d left of max_llm_calls=%d); "
+                    "truncating instead",
+                    left,
+                    self.budget.max_llm_calls,
+                )
+                _truncate_middle(state.messages, self.settings.keep_last)
+            elif request is not None:
+                self._before_call(state)
                 return request
         self._compacted(state)
         return None
@@ -584,6 +614,7 @@ class AgentLoop:
             self._apply_summary(state, completion.text, request[1], request[2])
         else:
             assert error is not None
+            self._not_sent(state, error)
             LOG.warning("summary for compaction failed [%s]; truncating instead", error.code)
             _truncate_middle(state.messages, self.settings.keep_last)
         self._compacted(state)
@@ -606,10 +637,12 @@ class AgentLoop:
             self._check_budget(state)
             if self._needs_compaction(state):
                 self._compact(state)
+            self._before_call(state)  # again: a summary may have used the last call
             state.usage.rounds += 1
             try:
                 completion = self.client.complete(state.messages, **self._request(state))
-            except ContextOverflowError:
+            except ContextOverflowError as error:
+                self._not_sent(state, error)
                 if not self._retry_after_overflow(state):
                     raise
                 continue
@@ -641,10 +674,12 @@ class AgentLoop:
             self._check_budget(state)
             if self._needs_compaction(state):
                 await self._acompact(state)
+            self._before_call(state)  # again: a summary may have used the last call
             state.usage.rounds += 1
             try:
                 completion = await self.client.acomplete(state.messages, **self._request(state))
-            except ContextOverflowError:
+            except ContextOverflowError as error:
+                self._not_sent(state, error)
                 if not self._retry_after_overflow(state):
                     raise
                 continue
