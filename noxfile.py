@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nox
@@ -12,6 +13,23 @@ nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
 LINTED = ("src", "tests", "benchmarks", "tools", "corpus", "noxfile.py")
+ROOT = Path(__file__).resolve().parent
+_USES_HYPOTHESIS = re.compile(r"^\s*(?:from|import)\s+hypothesis\b", re.MULTILINE)
+
+
+def fuzz_modules(root: Path = ROOT) -> list[str]:
+    """Every test module `nox -s fuzz` runs: found, not listed, so none is left out.
+
+    tests/test_properties.py, every tests/test_fuzz_*.py, and every other test
+    module that imports hypothesis (the breaker's state machine, the strict-schema
+    and tool properties ...). Paths are relative to ``root``, sorted.
+    """
+    tests = root / "tests"
+    found = {tests / "test_properties.py", *tests.glob("test_fuzz_*.py")}
+    for path in tests.glob("test_*.py"):
+        if _USES_HYPOTHESIS.search(path.read_text(encoding="utf-8")):
+            found.add(path)
+    return sorted(path.relative_to(root).as_posix() for path in found if path.is_file())
 
 
 @nox.session(python="3.11")
@@ -38,13 +56,13 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def fuzz(session: nox.Session) -> None:
-    """Every property test with 20,000 fresh examples each (10-20 minutes)."""
+    """Every property test, in every module that has one, with 20,000 fresh examples each."""
     session.install(".[test]")
     session.run(
         "python",
         "-m",
         "pytest",
-        "tests/test_properties.py",
+        *fuzz_modules(),
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": "explore"},
     )

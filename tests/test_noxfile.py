@@ -1,0 +1,100 @@
+"""`nox -s fuzz` runs every module with a property test: none can be left out again."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache  # nox registers each session once: load the file once per run
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def noxfile() -> ModuleType:
+    pytest.importorskip("nox")
+    return _load()
+
+
+def uses_hypothesis(path: Path) -> bool:
+    """Whether a module imports hypothesis, read from its syntax tree (not a regex)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "hypothesis" for alias in node.names
+        ):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "hypothesis"
+        ):
+            return True
+    return False
+
+
+class RecordingSession:
+    """What the fuzz session asks nox to do, without installing or running anything."""
+
+    posargs: list[str] = []  # noqa: RUF012 - read only
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    def install(self, *args: str, **kwargs: Any) -> None:
+        pass
+
+    def run(self, *args: str, **kwargs: Any) -> None:
+        self.runs.append((args, kwargs))
+
+
+def fuzz_run() -> tuple[tuple[str, ...], dict[str, Any]]:
+    session = RecordingSession()
+    noxfile().fuzz(session)
+    [(args, kwargs)] = session.runs
+    return args, kwargs
+
+
+def test_the_fuzz_session_runs_every_module_that_uses_hypothesis() -> None:
+    args, kwargs = fuzz_run()
+    assert args[:3] == ("python", "-m", "pytest")
+    assert kwargs["env"] == {"HYPOTHESIS_PROFILE": "explore"}
+    ran = set(args[3:])
+    tests = ROOT / "tests"
+    wanted = {
+        path.relative_to(ROOT).as_posix()
+        for path in tests.glob("test_*.py")
+        if uses_hypothesis(path) or path.name.startswith("test_fuzz_")
+    }
+    missing = sorted(wanted - ran)
+    assert not missing, f"`nox -s fuzz` leaves out {missing}"
+    for name in ("test_properties.py", "test_fuzz_env.py", "test_breaker_stateful.py"):
+        assert f"tests/{name}" in ran
+    assert all((ROOT / path).is_file() for path in ran)
+
+
+def test_a_new_fuzz_module_is_found_without_editing_the_noxfile(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_properties.py").write_text("from hypothesis import given\n")
+    (tests / "test_fuzz_new_thing.py").write_text("def test_x() -> None: ...\n")
+    (tests / "test_stateful_thing.py").write_text("import hypothesis.stateful\n")
+    (tests / "test_plain.py").write_text("# hypothesis is only mentioned here\n")
+    (tests / "helpers.py").write_text("from hypothesis import strategies\n")
+    assert noxfile().fuzz_modules(tmp_path) == [
+        "tests/test_fuzz_new_thing.py",
+        "tests/test_properties.py",
+        "tests/test_stateful_thing.py",
+    ]
