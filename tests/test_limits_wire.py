@@ -365,3 +365,26 @@ def test_a_malformed_answer_names_what_is_wrong(body: bytes, where: str | None) 
     if where is not None:
         assert error.details.get("field") == where, error.details
         assert where in error.message
+
+
+def test_a_half_open_trial_ends_inside_its_lease_whatever_the_server_does() -> None:
+    from fluid_build.copilot.agents.breaker import CircuitBreaker
+    from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
+    from fluid_build.copilot.agents.errors import ProviderServerError
+
+    store = MemoryCooldownStore()
+    breaker = CircuitBreaker(store, threshold=1, cool_off=0.01, window=60, trial_seconds=1.0)
+    envelope = RetryEnvelope(
+        RetryPolicy(attempts=3), cooldown=store, breaker=breaker, hook=lambda e: None
+    )
+    with loopback.serve(loopback.silent) as base:
+        llm = LLMClient(
+            "vllm", "m", base_url=f"{base}/v1", envelope=envelope, deadline=20.0, env={}
+        )
+        breaker.record_failure(str(llm.health_key), ProviderServerError("503"))
+        time.sleep(0.02)  # noqa: real-sleep - past the 10 ms cool-off: half-open
+        seconds, error = timed(lambda: llm.complete("hi"))
+        llm.close()
+    assert isinstance(error, ProviderTimeoutError)
+    assert error.code == "llm.deadline_exceeded"
+    assert seconds < breaker.lease_ttl()  # 1.5 s: the next trial can never overlap it

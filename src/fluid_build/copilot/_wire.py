@@ -23,6 +23,7 @@ import httpx
 
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
+from fluid_build.copilot.agents.retry import ATTEMPT_ENDS
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -100,7 +101,12 @@ class Deadline:
         )
 
     def left(self) -> float:
-        return self.ends - self.clock()
+        return self._ends() - self.clock()
+
+    def _ends(self) -> float:
+        # A half-open trial's attempt ends sooner: inside its lease.
+        bound = ATTEMPT_ENDS.get()
+        return self.ends if bound is None else min(self.ends, bound)
 
     def timeout(self, per_attempt: float) -> httpx.Timeout:
         """The request's timeouts: the attempt's own, never past the deadline."""
@@ -121,7 +127,7 @@ class Deadline:
         )
 
     def check(self, where: str, **details: Any) -> None:
-        if self.clock() >= self.ends:
+        if self.clock() >= self._ends():
             raise self.passed(where, **details)
 
 

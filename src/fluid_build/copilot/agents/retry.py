@@ -32,6 +32,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -68,6 +69,10 @@ __all__ = [
 ]
 
 LOG = logging.getLogger("fluid_build.retry")
+
+#: While a half-open trial's attempt runs: when (on the envelope's clock) it must
+#: be over, so that its reads end inside its lease. None otherwise.
+ATTEMPT_ENDS: ContextVar[float | None] = ContextVar("fluid_attempt_ends", default=None)
 
 T = TypeVar("T")
 WaitReason = Literal["retry_after", "backoff", "cooldown"]
@@ -242,6 +247,12 @@ class _Run:
 
     def elapsed(self) -> float:
         return self.env.clock() - self.started
+
+    def attempt_ends(self) -> float | None:
+        """When (on ``clock``) a half-open trial's attempt must be over: inside its lease."""
+        if self.trial is None or self.deadline is None:
+            return None
+        return self.started + self.deadline
 
     def left(self) -> float | None:
         """Seconds left before the call's deadline (None: no deadline)."""
@@ -559,10 +570,13 @@ class RetryEnvelope:
                         for wait in run.cooldown_waits():
                             self.sleep(wait)
                         run.before_send()
+                        bound = ATTEMPT_ENDS.set(run.attempt_ends())
                         try:
                             result = fn()
                         except Exception as exc:  # noqa: BLE001 - classified, then judged
                             raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                        finally:
+                            ATTEMPT_ENDS.reset(bound)
                         run.succeeded()
                         return result
             except AgentExecutionError as error:
@@ -623,10 +637,13 @@ class RetryEnvelope:
                         for wait in run.cooldown_waits():
                             await self.asleep(wait)
                         run.before_send()
+                        bound = ATTEMPT_ENDS.set(run.attempt_ends())
                         try:
                             result = await fn()
                         except Exception as exc:  # noqa: BLE001 - classified, then judged
                             raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
+                        finally:
+                            ATTEMPT_ENDS.reset(bound)
                         run.succeeded()
                         return result
             except AgentExecutionError as error:
