@@ -1,19 +1,52 @@
-"""Keep secrets out of everything an error shows: messages, reprs, details.
+"""Keep secrets out of everything fluid_build shows or keeps: errors, logs, cassettes.
 
-Two layers: patterns that match credentials of every common shape (bearer
-tokens, provider key prefixes, ``key=value`` pairs, URL query keys), and the
-exact values a caller knows are secret (the API key of the request being
-classified), which catches keys of any shape a provider echoes back.
+Three layers:
+
+- **by value**: the exact secrets a caller knows (the API key of the request),
+  with their URL- and JSON-escaped forms, wherever they appear;
+- **by name**: credential headers (:func:`is_credential_header`), key-like
+  URL query parameters (:func:`is_credential_param`), URL userinfo, and JSON
+  fields named like a credential (:func:`is_secret_field`), whatever their
+  value looks like;
+- **by pattern**: credentials of every common shape (bearer tokens, provider
+  key prefixes, ``key=value`` pairs), for secrets nobody named.
+
+:func:`redact` applies all three to text (URLs inside the text lose their
+userinfo and key-like query values); :func:`redact_url`, :func:`redact_json`,
+:func:`redact_exception_chain` and :class:`RedactingFilter` (installed on
+fluid_build's and httpx's loggers at import) build on it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
+from urllib.parse import quote, quote_plus, unquote_plus
 
-__all__ = ["REDACTED", "json_safe", "one_line", "redact", "truncate"]
+__all__ = [
+    "ACCOUNT_HEADERS",
+    "REDACTED",
+    "REDACTED_LOGGERS",
+    "RedactingFilter",
+    "exception_chain",
+    "install_log_redaction",
+    "is_credential_header",
+    "is_credential_param",
+    "is_secret_field",
+    "json_safe",
+    "one_line",
+    "redact",
+    "redact_exception",
+    "redact_exception_chain",
+    "redact_json",
+    "redact_url",
+    "request_secrets",
+    "truncate",
+]
 
 REDACTED: Final = "[REDACTED]"
 
@@ -21,7 +54,24 @@ REDACTED: Final = "[REDACTED]"
 _NOT_MARKER = r"(?!\[REDACTED)"
 _VALUE = _NOT_MARKER + r"[^\s\"'&,;{}<>\[\]()]+"
 
+# JSON fields named like a credential: the whole string value goes, spaces and all.
+_FIELD_NAMES = (
+    r"(?:proxy[-_]?)?authorization|(?:set[-_]?)?cookie|(?:x[-_]?)?(?:goog[-_]?)?api[-_]?key"
+    r"|(?:ocp[-_]?apim[-_]?)?subscription[-_]?key|password|passwd|(?:client[-_]?)?secret"
+    r"|(?:secret|private|access)[-_]?key|(?:access|refresh|id|auth|session|security)[-_]?token"
+    r"|token"
+)
+
 _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
+    # "password": "correct horse battery", and the same inside a JSON-encoded string.
+    (
+        re.compile(r'(?i)("(?:' + _FIELD_NAMES + r')"\s*:\s*")(?:[^"\\]|\\.)*(")'),
+        r"\1" + REDACTED + r"\2",
+    ),
+    (
+        re.compile(r'(?i)(\\"(?:' + _FIELD_NAMES + r')\\"\s*:\s*\\")(?:(?!\\").)*(\\")'),
+        r"\1" + REDACTED + r"\2",
+    ),
     # Authorization: Bearer/Basic/Token <credential>, also inside header dumps.
     (
         re.compile(
@@ -71,17 +121,243 @@ _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
 )
 
 # Exact secrets shorter than this are not redacted by value: replacing "ab"
-# everywhere would shred the message and protect nothing.
+# everywhere would shred the message and protect nothing. Such values are
+# still removed where they stand by name (a credential header, userinfo, a
+# key-like query parameter, a JSON field named like a credential).
 _MIN_SECRET_LEN: Final = 8
 
 
+def _variants(secrets: Iterable[str]) -> list[str]:
+    """Each secret as it may be written: raw, URL-encoded, JSON-escaped; longest first."""
+    found: set[str] = set()
+    for secret in secrets:
+        if not isinstance(secret, str) or len(secret) < _MIN_SECRET_LEN:
+            continue
+        found.add(secret)
+        found.add(quote(secret, safe=""))
+        found.add(quote_plus(secret, safe=""))
+        found.add(json.dumps(secret)[1:-1])
+        found.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+    return sorted(found, key=len, reverse=True)
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Return ``text`` with every credential-looking substring replaced."""
-    for secret in sorted({s for s in secrets if len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True):
+    """Return ``text`` with every credential-looking substring replaced.
+
+    The ``secrets`` go by value (also URL- and JSON-escaped); every URL in the
+    text loses its userinfo and the values of key-like query parameters; then
+    the patterns run.
+    """
+    for secret in _variants(secrets):
         text = text.replace(secret, REDACTED)
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(lambda m: _strip_url(m.group(0)), text)
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+# -- by name: headers, query parameters, JSON fields ------------------------------------------
+
+#: Headers whose value is a credential, whatever it looks like (with
+#: :func:`is_credential_header`'s suffix rule for the ones not listed).
+CREDENTIAL_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "x-goog-api-key",
+        "ocp-apim-subscription-key",
+        "cookie",
+        "set-cookie",
+        "x-auth-token",
+        "x-amz-security-token",
+    }
+)
+#: Headers that name the account behind a call (OpenAI's organization and
+#: project, Anthropic's organization id): not credentials, but nothing a
+#: cassette shared in a repository should say.
+ACCOUNT_HEADERS: Final = frozenset(
+    {"openai-organization", "openai-project", "anthropic-organization-id"}
+)
+_CREDENTIAL_SUFFIXES: Final = (
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+    "credentials",
+    "signature",
+    "cookie",
+    "authorization",
+    "subscriptionkey",
+    "accesskey",
+    "privatekey",
+    "secretkey",
+    "sessionid",
+)
+_CREDENTIAL_PARAMS: Final = frozenset(
+    {"key", "sig", "code", "auth", "pwd", "pass", "jwt", "session", "sid", "otp"}
+)
+_SECRET_FIELDS: Final = frozenset(
+    {
+        "authorization",
+        "proxyauthorization",
+        "cookie",
+        "setcookie",
+        "apikey",
+        "xapikey",
+        "xgoogapikey",
+        "subscriptionkey",
+        "ocpapimsubscriptionkey",
+        "password",
+        "passwd",
+        "secret",
+        "clientsecret",
+        "secretkey",
+        "privatekey",
+        "accesskey",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "authtoken",
+        "sessiontoken",
+        "securitytoken",
+        "token",
+    }
+)
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.\s]", "", unquote_plus(str(name))).lower()
+
+
+def is_credential_header(name: str) -> bool:
+    """Whether a header's value is a credential: Authorization, api-key, cookies, ``*-token`` ..."""
+    low = str(name).strip().lower()
+    return low in CREDENTIAL_HEADERS or _normal(low).endswith(_CREDENTIAL_SUFFIXES)
+
+
+def is_credential_param(name: str) -> bool:
+    """Whether a URL query parameter holds a credential: key, api_key, token, sig, password ..."""
+    normal = _normal(name)
+    return normal in _CREDENTIAL_PARAMS or normal.endswith((*_CREDENTIAL_SUFFIXES, "key"))
+
+
+def is_secret_field(name: str) -> bool:
+    """Whether a JSON field (or a details key) is named like a credential."""
+    return _normal(name) in _SECRET_FIELDS
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+_URL_IN_TEXT: Final = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]*://[^\s\"'<>`]+")
+_PARAM: Final = re.compile(r"([?&;#])([^=&;#?]*)=([^&;#]*)")
+
+
+def _strip_param(match: re.Match[str]) -> str:
+    lead, name, value = match.groups()
+    if value and value != REDACTED and is_credential_param(name):
+        return f"{lead}{name}={REDACTED}"
+    return match.group(0)
+
+
+def _strip_url(url: str) -> str:
+    """``url`` without userinfo, with key-like query (and fragment) values redacted."""
+    head, rest = "", url
+    scheme_end = url.find("://")
+    if scheme_end >= 0:
+        start = scheme_end + 3
+        end = len(url)
+        for mark in "/?#":
+            found = url.find(mark, start)
+            if found != -1:
+                end = min(end, found)
+        authority = url[start:end]
+        head = url[:start] + authority[authority.rfind("@") + 1 :]
+        rest = url[end:]
+    if "=" in rest:
+        rest = _PARAM.sub(_strip_param, rest)
+    return head + rest
+
+
+def redact_url(url: object, secrets: Iterable[str] = ()) -> str:
+    """``url`` as text that is safe to show: no userinfo, no key-like query values, no secret.
+
+    Takes a string or an ``httpx.URL``; a relative URL keeps its path and
+    loses key-like query values. Never raises.
+    """
+    try:
+        text = str(url)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        return REDACTED
+    return redact(_strip_url(text), secrets)
+
+
+def request_secrets(headers: Iterable[tuple[str, str]], url: object) -> list[str]:
+    """The secrets a request carries: credential header values, URL userinfo, key-like params.
+
+    Header values come whole and without their scheme (``Bearer``, ``Basic``);
+    URL parts come raw and percent-decoded. Feed them to :func:`redact` to
+    remove the request's own key wherever else it shows up.
+    """
+    found: list[str] = []
+    for name, value in headers:
+        if not is_credential_header(name) or not value:
+            continue
+        found.append(value)
+        scheme, _, credential = value.strip().partition(" ")
+        if credential and scheme.lower() in {"bearer", "basic", "token", "key", "apikey"}:
+            found.append(credential.strip())
+    text = str(url)
+    scheme_end = text.find("://")
+    if scheme_end >= 0:
+        start = scheme_end + 3
+        end = len(text)
+        for mark in "/?#":
+            at = text.find(mark, start)
+            if at != -1:
+                end = min(end, at)
+        authority = text[start:end]
+        if "@" in authority:
+            userinfo = authority[: authority.rfind("@")]
+            for part in (userinfo, *userinfo.split(":", 1)):
+                found.extend((part, unquote_plus(part)))
+    for _, name, value in _PARAM.findall(text):
+        if value and is_credential_param(name):
+            found.extend((value, unquote_plus(value)))
+    return [s for s in dict.fromkeys(found) if s and s != REDACTED]
+
+
+# -- JSON values ----------------------------------------------------------------------------
+
+
+def redact_json(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """A copy of a JSON value with every string redacted and credential-named fields replaced.
+
+    Unlike :func:`json_safe`, nothing is cut: this is for values that must
+    stay whole (a recorded answer, a recipe). Keys are redacted too.
+    """
+    return _redact_json(value, tuple(secrets), 0)
+
+
+def _redact_json(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if depth > 200:
+        return REDACTED
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            clean_key = redact(str(key), secrets)
+            secret = is_secret_field(clean_key) and item is not None and not isinstance(item, bool)
+            out[clean_key] = REDACTED if secret else _redact_json(item, secrets, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_redact_json(item, secrets, depth + 1) for item in value]
+    return value
 
 
 def one_line(text: str) -> str:
@@ -146,12 +422,190 @@ def json_safe(value: object, secrets: Iterable[str] = (), *, _depth: int = 0) ->
     return truncate(redact(text, secrets), _MAX_STR)
 
 
-_SECRET_KEY = re.compile(
-    r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[-_]?key|apikey"
-    r"|x-goog-api-key|subscription[-_]key|ocp-apim-subscription-key|password|passwd|secret"
-    r"|client[-_]secret|access[-_]token|refresh[-_]token|token)$"
+def _is_secret_key(key: str) -> bool:
+    return is_secret_field(key)
+
+
+# -- exceptions -----------------------------------------------------------------------------
+
+_MAX_CHAIN: Final = 50
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception reachable from it: ``__cause__``, ``__context__``, groups.
+
+    Each once, at most 50; never raises.
+    """
+    seen: dict[int, BaseException] = {}
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < _MAX_CHAIN:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen[id(current)] = current
+        for link in (current.__cause__, current.__context__):
+            if isinstance(link, BaseException):
+                todo.append(link)
+        members = getattr(current, "exceptions", None)
+        if isinstance(current, BaseExceptionGroup) and isinstance(members, tuple):
+            todo.extend(m for m in members if isinstance(m, BaseException))
+    return list(seen.values())
+
+
+def _redact_value(value: Any, secrets: tuple[str, ...], depth: int = 0) -> Any:
+    """``value`` with secrets out: strings and bytes redacted, anything else by its repr."""
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, bytes | bytearray):
+        text = bytes(value).decode("utf-8", "replace")
+        clean = redact(text, secrets)
+        return value if clean == text else clean.encode("utf-8")
+    if value is None or isinstance(value, bool | int | float | BaseException) or depth > 3:
+        return value
+    if isinstance(value, tuple | list):
+        items = [_redact_value(v, secrets, depth + 1) for v in value]
+        same = all(a is b for a, b in zip(items, value, strict=True))
+        return value if same else type(value)(items)
+    try:
+        shown = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__: keep the object, it shows nothing
+        return value
+    clean = redact(shown, secrets)
+    return value if clean == shown else clean
+
+
+def redact_exception(exc: BaseException, secrets: Iterable[str] = ()) -> None:
+    """Redact one exception in place: ``args``, notes, string attributes, OSError fields.
+
+    What ``str()``, ``repr()`` and a formatted traceback show of it comes from
+    these, so afterwards none of them carries a secret, a URL's userinfo or a
+    key-like query value. Objects in ``args`` whose ``repr`` would leak are
+    replaced by their redacted ``repr``. Never raises.
+    """
+    secrets = tuple(secrets)
+    try:
+        args = exc.args
+        clean_args = tuple(_redact_value(arg, secrets) for arg in args)
+        if any(a is not b for a, b in zip(clean_args, args, strict=True)):
+            exc.args = clean_args
+    except Exception:  # noqa: BLE001, S110 - an exception that refuses new args keeps its own
+        pass
+    attributes: dict[str, Any] = getattr(exc, "__dict__", {})
+    for name, value in list(attributes.items()):
+        if name == "__notes__" and isinstance(value, list):
+            value[:] = [redact(n, secrets) if isinstance(n, str) else n for n in value]
+        elif isinstance(value, str | bytes | bytearray):
+            clean = _redact_value(value, secrets)
+            if clean is not value:
+                with _quietly():
+                    setattr(exc, name, clean)
+    if isinstance(exc, OSError):
+        for name in ("strerror", "filename", "filename2"):
+            value = getattr(exc, name, None)
+            if isinstance(value, str):
+                clean = redact(value, secrets)
+                if clean != value:
+                    with _quietly():
+                        setattr(exc, name, clean)
+
+
+def redact_exception_chain(
+    exc: BaseException,
+    secrets: Iterable[str] = (),
+    *,
+    skip: tuple[type[BaseException], ...] = (),
+) -> list[BaseException]:
+    """:func:`redact_exception` on ``exc`` and every exception chained to it; returns the chain.
+
+    Exceptions of the ``skip`` types are walked through but left as they are
+    (fluid_build's typed errors are redacted when they are built).
+    """
+    secrets = tuple(secrets)
+    chain = exception_chain(exc)
+    for link in chain:
+        if not (skip and isinstance(link, skip)):
+            redact_exception(link, secrets)
+    return chain
+
+
+class _quietly:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> bool:
+        return True  # a read-only attribute keeps its value
+
+
+# -- logging -----------------------------------------------------------------------------------
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts each record: its message, its exception and its traceback.
+
+    It never drops a record. The message is formatted once and replaced by
+    its redacted text when that differs; an attached exception chain is
+    redacted in place (:func:`redact_exception_chain`).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken format string is the handler's to report
+            message = None
+        if message is not None:
+            clean = redact(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        exc_info = record.exc_info
+        if exc_info and isinstance(exc_info[1], BaseException):
+            redact_exception_chain(exc_info[1])
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_FILTER: Final = RedactingFilter()
+
+#: Loggers whose records are redacted: fluid_build's own, and httpx's, which
+#: logs each request's full URL at INFO ("HTTP Request: POST https://...").
+#: A logger's filters do not apply to its children, so each is named.
+REDACTED_LOGGERS: Final = (
+    "fluid_build",
+    "fluid_build.agent",
+    "fluid_build.breaker",
+    "fluid_build.capabilities",
+    "fluid_build.client",
+    "fluid_build.config",
+    "fluid_build.cooldown",
+    "fluid_build.corpus",
+    "fluid_build.forge",
+    "fluid_build.preflight",
+    "fluid_build.retry",
+    "fluid_build.tools",
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
 )
 
 
-def _is_secret_key(key: str) -> bool:
-    return bool(_SECRET_KEY.match(key))
+def install_log_redaction(*names: str) -> None:
+    """Put :class:`RedactingFilter` on ``names``, :data:`REDACTED_LOGGERS` and every
+    ``fluid_build.*`` logger that exists; idempotent."""
+    existing = [
+        name
+        for name in list(logging.Logger.manager.loggerDict)
+        if name == "fluid_build" or name.startswith("fluid_build.")
+    ]
+    for name in (*REDACTED_LOGGERS, *existing, *names):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+install_log_redaction()

@@ -26,7 +26,17 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from fluid_build._redact import one_line, redact, truncate
+from fluid_build._redact import (
+    REDACTED,
+    exception_chain,
+    is_credential_header,
+    one_line,
+    redact,
+    redact_exception,
+    redact_url,
+    request_secrets,
+    truncate,
+)
 from fluid_build.copilot.agents.errors import (
     MAX_RETRY_AFTER,
     AgentExecutionError,
@@ -45,6 +55,7 @@ __all__ = [
     "classify_response",
     "parse_rate_limit_reset",
     "parse_retry_after",
+    "redact_chain",
 ]
 
 #: How much of an error body is read and inspected; the rest is ignored.
@@ -742,14 +753,6 @@ _TIMEOUT_KINDS: Final[Mapping[type[BaseException], str]] = {
     httpx.WriteTimeout: "write",
     httpx.PoolTimeout: "pool",
 }
-_SECRET_HEADERS: Final = (
-    "authorization",
-    "x-api-key",
-    "api-key",
-    "x-goog-api-key",
-    "proxy-authorization",
-)
-_SECRET_PARAMS: Final = ("key", "api_key", "api-key", "apikey", "access_token", "token")
 
 
 @dataclass(slots=True)
@@ -759,6 +762,81 @@ class _Context:
     secrets: tuple[str, ...] = ()
     url: str | None = None
     timeout: float | None = None
+
+
+def _request_secrets(request: httpx.Request) -> list[str]:
+    """What the request carries that is secret: key headers, userinfo, key-like parameters."""
+    found = request_secrets(request.headers.multi_items(), request.url)
+    if request.url.password:
+        found.append(request.url.password)
+    if request.url.username:
+        found.append(request.url.username)
+    return [s for s in dict.fromkeys(found) if s]
+
+
+# --------------------------------------------------------------------------
+# Exception chains: what an error carries as __cause__ / __context__
+# --------------------------------------------------------------------------
+
+#: Set on the redacted copy of a request that an exception keeps instead of the original.
+_REDACTED_REQUEST: Final = "fluid_redacted"
+
+
+def _redacted_request(request: httpx.Request, secrets: tuple[str, ...]) -> httpx.Request:
+    """A body-less copy of ``request`` with its URL redacted and credential headers masked."""
+    if request.extensions.get(_REDACTED_REQUEST):
+        return request
+    headers = [
+        (name, REDACTED if is_credential_header(name) else redact(value, secrets))
+        for name, value in request.headers.multi_items()
+    ]
+    try:
+        url = httpx.URL(redact_url(request.url, secrets))
+    except Exception:  # noqa: BLE001 - whatever redaction made of it, never the original
+        url = httpx.URL("https://redacted.invalid/")
+    extensions: dict[str, Any] = {_REDACTED_REQUEST: True}
+    if "timeout" in request.extensions:
+        extensions["timeout"] = request.extensions["timeout"]
+    return httpx.Request(request.method, url, headers=headers, extensions=extensions)
+
+
+def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
+    """Take every secret out of the exceptions chained to ``exc``, in place.
+
+    Walks ``exc``, its ``__cause__`` and ``__context__`` (and theirs). Every
+    exception that is not a typed fluid_build error (those are redacted when
+    built) gets its args, notes and string attributes redacted; an httpx
+    exception keeps a redacted, body-less copy of its request (and its
+    response's request) instead of the original, so ``str()``, ``repr()``,
+    ``args`` and ``.request.url`` show the URL without userinfo and without
+    key-like query values. The keys of every request in the chain, and
+    ``secrets``, are removed by value. Never raises.
+    """
+    try:
+        chain = exception_chain(exc)
+        found = list(secrets)
+        for link in chain:
+            request = _request_of(link) if isinstance(link, httpx.HTTPError) else None
+            if request is not None and not request.extensions.get(_REDACTED_REQUEST):
+                found.extend(_request_secrets(request))
+        known = tuple(dict.fromkeys(found))
+        for link in chain:
+            if isinstance(link, AgentExecutionError):
+                continue
+            redact_exception(link, known)
+            if isinstance(link, httpx.HTTPError):
+                _redact_requests(link, known)
+    except Exception:  # noqa: BLE001, S110 - redaction must never turn into a new failure
+        pass
+
+
+def _redact_requests(exc: httpx.HTTPError, secrets: tuple[str, ...]) -> None:
+    request = _request_of(exc)
+    if request is not None:
+        exc.request = _redacted_request(request, secrets)
+    if isinstance(exc, httpx.HTTPStatusError):
+        with contextlib.suppress(Exception):
+            exc.response.request = exc.request
 
 
 def _request_of(exc: BaseException) -> httpx.Request | None:
@@ -778,20 +856,10 @@ def _context(
     ctx = _Context(provider, model)
     if request is None:
         return ctx
-    secrets: list[str] = []
-    for name in _SECRET_HEADERS:
-        for value in request.headers.get_list(name):
-            secrets.append(value)
-            scheme, _, credential = value.partition(" ")
-            if credential and scheme.lower() in {"bearer", "basic", "token"}:
-                secrets.append(credential)
-    for name in _SECRET_PARAMS:
-        secrets.extend(request.url.params.get_list(name))
-    if request.url.password:
-        secrets.append(request.url.password)
-    ctx.secrets = tuple(s for s in secrets if s)
+    ctx.secrets = tuple(_request_secrets(request))
     host = request.url.host or ""
-    ctx.url = str(request.url.copy_with(query=None, fragment=None, username=None, password=None))
+    bare = request.url.copy_with(query=None, fragment=None, username=None, password=None)
+    ctx.url = redact(str(bare), ctx.secrets)
     if ctx.provider is None:
         ctx.provider = next((p for suffix, p in _HOST_PROVIDERS if host.endswith(suffix)), None)
         if ctx.provider is None and request.url.port == 11434:
@@ -1149,14 +1217,21 @@ def classify_provider_error(
     """The typed error for anything raised around an httpx call to a provider.
 
     Returns (never raises) an :class:`AgentExecutionError`: a typed error is
-    returned unchanged; httpx timeouts become :class:`ProviderTimeoutError`;
-    connection failures a retryable ``llm.network_error``; an
+    returned unchanged (its chained exceptions redacted); httpx timeouts
+    become :class:`ProviderTimeoutError`; connection failures a retryable
+    ``llm.network_error``; an
     ``httpx.HTTPStatusError`` is judged by its status, headers and the first
     64 KiB of its body; a pydantic ``ValidationError`` becomes
     :class:`SchemaValidationError`. ``now`` anchors HTTP-date and reset
     headers (tests pass a fixed time).
+
+    ``exc`` and everything chained to it are redacted in place afterwards
+    (:func:`redact_chain`): callers chain it to the typed error, and a
+    chained httpx exception must not show the request's key, the URL's
+    userinfo or a key-like query value.
     """
     if isinstance(exc, AgentExecutionError):
+        redact_chain(exc)
         return exc
     last_attempt = (
         getattr(exc, "last_attempt", None) if type(exc).__name__ == "RetryError" else None
@@ -1167,9 +1242,12 @@ def classify_provider_error(
         except Exception:  # noqa: BLE001
             inner = None
         if isinstance(inner, BaseException):
+            redact_chain(exc)
             return classify_provider_error(inner, provider=provider, model=model, now=now)
+    secrets: tuple[str, ...] = ()
     try:
         ctx = _context(exc, _request_of(exc), provider, model)
+        secrets = ctx.secrets
         if isinstance(exc, httpx.HTTPStatusError):
             response = exc.response
             return _classify_answer(
@@ -1178,3 +1256,7 @@ def classify_provider_error(
         return _classify_exception(exc, ctx)
     except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
         return _unclassifiable(type(exc).__name__, failure, provider, model)
+    finally:
+        # The caller chains ``exc`` to the typed error (``__cause__``, ``__context__``):
+        # from here on it shows the redacted URL only.
+        redact_chain(exc, secrets)

@@ -655,7 +655,10 @@ class SchemaValidationError(AgentExecutionError):
 
     ``validation_errors`` is a list of ``{"loc", "msg", "type"}`` dicts (field
     paths and what was expected, never the offending input); ``raw_output``
-    is the model's text, redacted and capped at 64,000 characters.
+    is the model's text, redacted and capped at 64,000 characters: the
+    ``secrets`` given (the request's own key) go by value, JSON fields named
+    like a credential (``"password": "..."``) by name, URLs lose their
+    userinfo and key-like query values, and known key shapes go by pattern.
     """
 
     default_code: ClassVar[str] = "llm.schema_violation"
@@ -697,8 +700,13 @@ class SchemaValidationError(AgentExecutionError):
         *,
         schema_name: str | None = None,
         raw_output: str | None = None,
+        secrets: Iterable[str] = (),
     ) -> SchemaValidationError:
-        """Build from a ``pydantic.ValidationError``, keeping locations and messages only."""
+        """Build from a ``pydantic.ValidationError``, keeping locations and messages only.
+
+        ``secrets`` (the request's API key) are removed from ``raw_output`` and
+        the message by value, as at construction.
+        """
         try:
             raw_errors = list(exc.errors(include_url=False, include_input=False))
         except Exception:  # noqa: BLE001 - not a pydantic error after all
@@ -721,6 +729,7 @@ class SchemaValidationError(AgentExecutionError):
             schema_name=name,
             validation_errors=errors,
             raw_output=raw_output,
+            secrets=secrets,
         )
 
     def _fields(self) -> dict[str, JsonValue]:

@@ -14,9 +14,14 @@ the network replaced by :class:`ReplayTransport` and the clock by
     result = run_cassette(cassette)        # ReplayResult(ok=..., mismatches=[...])
     client = replay_client(cassette)       # an LLMClient answering from the cassette
 
-:func:`record` makes a cassette from a real call. What it keeps is a request
-summary (method, path, model: never headers or keys) and the answer, with
-credential headers dropped and the body redacted. See docs/corpus.md.
+:func:`record` makes a cassette from a real call; :class:`Recorder` records
+any run (several calls, sync or async) through the httpx clients it hands
+out. What is kept of a request is a summary (method, path, model: never
+headers, keys or the body); of an answer, its status, its headers without
+credentials or account ids, and its body with every secret taken out (the
+request's own key by value, credential fields by name, URL userinfo and
+key-like query values, known key shapes by pattern). ``bodies=False`` keeps
+no prompt and no model output at all. See docs/corpus.md.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +40,16 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fluid_build._redact import one_line, redact, truncate
+from fluid_build._redact import (
+    ACCOUNT_HEADERS,
+    is_credential_header,
+    one_line,
+    redact,
+    redact_json,
+    redact_url,
+    request_secrets,
+    truncate,
+)
 from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
@@ -44,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CASSETTE_VERSION",
+    "MAX_RECORDED_BYTES",
+    "OMITTED",
     "REPLAY_KEY",
     "RESPONSE_MODELS",
     "CallRecipe",
@@ -55,7 +71,9 @@ __all__ = [
     "ExchangeResponse",
     "Expectation",
     "Plan",
+    "Recorder",
     "RecordingTransport",
+    "ReplayBodyOmitted",
     "ReplayMismatch",
     "ReplayResult",
     "ReplayTransport",
@@ -79,19 +97,15 @@ CASSETTE_VERSION: Final = 1
 REPLAY_KEY: Final = "replay-key"
 #: Waits are compared with this tolerance, in seconds.
 WAIT_TOLERANCE: Final = 1e-6
+#: What stands for the prompt in a cassette recorded without bodies.
+OMITTED: Final = "[omitted: recorded without bodies]"
+#: The largest answer a recording keeps (decompressed bytes); a larger one fails the recording.
+MAX_RECORDED_BYTES: Final = 32 * 1024 * 1024
 
-# Response headers a cassette never keeps: credentials and cookies, and the
-# framing of the original bytes (the body is stored decoded).
-_DROPPED_HEADERS: Final = frozenset(
+# Response headers a cassette never keeps, besides credentials and account ids:
+# the framing of the original bytes (the body is stored decoded).
+_FRAMING_HEADERS: Final = frozenset(
     {
-        "authorization",
-        "proxy-authorization",
-        "api-key",
-        "x-api-key",
-        "x-goog-api-key",
-        "ocp-apim-subscription-key",
-        "cookie",
-        "set-cookie",
         "content-length",
         "content-encoding",
         "transfer-encoding",
@@ -99,6 +113,11 @@ _DROPPED_HEADERS: Final = frozenset(
         "keep-alive",
     }
 )
+
+
+def _dropped(name: str) -> bool:
+    low = name.lower()
+    return low in _FRAMING_HEADERS or low in ACCOUNT_HEADERS or is_credential_header(low)
 
 
 # -- errors -------------------------------------------------------------------------
@@ -123,6 +142,13 @@ def _rebuild_cassette_error(message: str, path: str | None) -> CassetteError:
 
 class ReplayMismatch(FluidError):
     """A replayed call asked for something the cassette does not hold."""
+
+
+class ReplayBodyOmitted(FluidError):
+    """A replayed call reached an answer whose body was not recorded (``bodies=False``).
+
+    The replay stops there: what came before (requests, waits) was checked.
+    """
 
 
 # -- response models cassettes may name ---------------------------------------------------
@@ -191,17 +217,23 @@ class ExchangeRequest(_Strict):
 
 
 class ExchangeResponse(_Strict):
-    """What the provider answered: status, kept headers, and a JSON body or raw text."""
+    """What the provider answered: status, kept headers, and a JSON body or raw text.
+
+    ``omitted`` marks an answer whose body was not recorded (``bodies=False``).
+    """
 
     status: int = Field(ge=100, le=599)
     headers: dict[str, str] = Field(default_factory=dict)
     body: Any | None = None
     body_text: str | None = None
+    omitted: bool = False
 
     @model_validator(mode="after")
     def _one_body(self) -> ExchangeResponse:
         if self.body is not None and self.body_text is not None:
             raise ValueError("give body (JSON) or body_text (raw text), not both")
+        if self.omitted and (self.body is not None or self.body_text is not None):
+            raise ValueError("an omitted body has neither body nor body_text")
         return self
 
 
@@ -266,11 +298,21 @@ class Cassette(_Strict):
     call: CallRecipe
     exchanges: list[Exchange]
     expect: Expectation
+    #: False: recorded without bodies (no prompt, no model output); replay checks the flow only.
+    bodies: bool = True
 
     @model_validator(mode="after")
     def _version(self) -> Cassette:
         if self.version != CASSETTE_VERSION:
             raise ValueError(_version_message(self.version))
+        return self
+
+    @model_validator(mode="after")
+    def _bodies(self) -> Cassette:
+        if not self.bodies and self.expect.output is not None:
+            raise ValueError("a cassette recorded without bodies has no expected output")
+        if self.bodies and any(e.response.omitted for e in self.exchanges):
+            raise ValueError("an omitted body needs bodies: false")
         return self
 
 
@@ -329,8 +371,18 @@ def load_cassette(path: str | Path) -> Cassette:
 
 
 def dump_cassette(cassette: Cassette) -> str:
-    """The cassette as the JSON text this module writes (stable: same cassette, same bytes)."""
-    return json.dumps(cassette.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    """The cassette as the JSON text this module writes (stable: same cassette, same bytes).
+
+    ``bodies`` and ``omitted`` are written only when they say something
+    (false, true), so cassettes recorded with bodies read as they always did.
+    """
+    data = cassette.model_dump(mode="json")
+    if data.get("bodies") is True:
+        del data["bodies"]
+    for exchange in data["exchanges"]:
+        if exchange["response"].get("omitted") is False:
+            del exchange["response"]["omitted"]
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 def write_cassette(cassette: Cassette, path: str | Path) -> Path:
@@ -351,18 +403,25 @@ def summarize_request(request: httpx.Request, *, secrets: Sequence[str] = ()) ->
     except (ValueError, httpx.RequestNotRead):
         data = None
     if isinstance(data, dict) and isinstance(data.get("model"), str):
-        model = data["model"]
+        model = redact(data["model"], secrets)
     return ExchangeRequest(
-        method=request.method.upper(), path=redact(request.url.path, secrets), model=model
+        method=request.method.upper(), path=redact_url(request.url.path, secrets), model=model
     )
 
 
 def sanitize_headers(headers: Mapping[str, str], *, secrets: Sequence[str] = ()) -> dict[str, str]:
-    """Response headers worth keeping: no credentials, cookies, framing, or anything redactable."""
+    """Response headers worth keeping, lower-cased.
+
+    Dropped: every header that carries a credential (Authorization, api-key,
+    x-api-key, x-goog-api-key, cookies, ``*-token`` ...; see
+    :func:`~fluid_build._redact.is_credential_header`), the account ids
+    (``openai-organization``, ``openai-project``, ``anthropic-organization-id``),
+    framing, and any header whose value :func:`redact` would change.
+    """
     kept: dict[str, str] = {}
     for name, value in headers.items():
         low = name.lower()
-        if low in _DROPPED_HEADERS:
+        if _dropped(low):
             continue
         line = f"{low}: {value}"
         if redact(line, secrets) != line:
@@ -382,26 +441,32 @@ def sanitize_response(
     text: str,
     *,
     secrets: Sequence[str] = (),
+    bodies: bool = True,
 ) -> ExchangeResponse:
-    """An answer as a cassette keeps it: headers filtered, body redacted, JSON decoded."""
+    """An answer as a cassette keeps it: headers filtered, body redacted, JSON decoded.
+
+    A JSON body is decoded first, then redacted value by value (so a key
+    escaped inside a JSON string goes too, and fields named like a
+    credential lose their value); any other body is redacted as text. With
+    ``bodies=False`` a 2xx answer keeps no body at all (``omitted``): that is
+    where the model's output is. Error answers keep theirs, redacted: the
+    classification and the waits depend on them.
+    """
     kept = sanitize_headers(headers, secrets=secrets)
-    clean = redact(text, secrets)
-    body: Any = None
-    body_text: str | None = clean if clean else None
-    if clean and _is_json(kept.get("content-type", "")):
+    if not bodies and 200 <= status < 300:
+        return ExchangeResponse(status=status, headers=kept, omitted=True)
+    if text and _is_json(kept.get("content-type", "")):
         try:
-            body = json.loads(clean)
-        except ValueError:
-            body = None
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            pass
         else:
-            body_text = None
-    return ExchangeResponse(status=status, headers=kept, body=body, body_text=body_text)
+            return ExchangeResponse(status=status, headers=kept, body=redact_json(data, secrets))
+    return ExchangeResponse(status=status, headers=kept, body_text=redact(text, secrets) or None)
 
 
 def _served(record: ExchangeResponse, request: httpx.Request) -> httpx.Response:
-    headers = httpx.Headers(
-        {k: v for k, v in record.headers.items() if k.lower() not in _DROPPED_HEADERS}
-    )
+    headers = httpx.Headers({k: v for k, v in record.headers.items() if not _dropped(k)})
     if record.body_text is not None:
         content = record.body_text.encode("utf-8")
     elif record.body is not None:
@@ -421,13 +486,16 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     Each request must match the next exchange's method, path and (when the
     cassette names one) model; a mismatch or a request past the last
     exchange raises :class:`ReplayMismatch` and is kept in
-    :attr:`mismatches`. :attr:`seen` holds every request received.
+    :attr:`mismatches`. :attr:`seen` holds every request received. An
+    answer recorded without its body raises :class:`ReplayBodyOmitted`;
+    :attr:`omitted_at` is the index of the first such exchange reached.
     """
 
     def __init__(self, exchanges: Sequence[Exchange]) -> None:
         self.exchanges = list(exchanges)
         self.seen: list[httpx.Request] = []
         self.mismatches: list[str] = []
+        self.omitted_at: int | None = None
         self._lock = threading.Lock()
 
     @property
@@ -460,7 +528,15 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 f"request {index + 1}: the cassette expects model {want.model!r}, "
                 f"the client sent {got.model!r}"
             )
-        return _served(self.exchanges[index].response, request)
+        response = self.exchanges[index].response
+        if response.omitted:
+            if self.omitted_at is None:
+                self.omitted_at = index
+            raise ReplayBodyOmitted(
+                f"request {index + 1}: the answer (HTTP {response.status}) was recorded without "
+                "its body; replay checks the exchanges up to here"
+            )
+        return _served(response, request)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
@@ -471,35 +547,303 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         return self._serve(request)
 
 
-class RecordingTransport(httpx.BaseTransport):
-    """Wraps a real transport and keeps each exchange as a cassette would hold it."""
+class _Raw:
+    """One exchange as it happened, kept until the cassette is made (then redacted)."""
 
-    def __init__(self, inner: httpx.BaseTransport, *, secrets: Sequence[str] = ()) -> None:
-        self.inner = inner
-        self.secrets = tuple(s for s in secrets if s)
-        self.exchanges: list[Exchange] = []
-        self.unanswered: list[str] = []
+    __slots__ = ("headers", "method", "model", "path", "status", "text")
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        summary = summarize_request(request, secrets=self.secrets)
-        try:
-            response = self.inner.handle_request(request)
-            try:
-                content = response.read()
-            finally:
-                response.close()
-        except Exception as exc:
-            self.unanswered.append(f"{summary.method} {summary.path}: {type(exc).__name__}")
-            raise
-        text = content.decode(response.encoding or "utf-8", errors="replace")
-        self.exchanges.append(
-            Exchange(
-                request=summary,
-                response=sanitize_response(
-                    response.status_code, response.headers, text, secrets=self.secrets
-                ),
-            )
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        model: str | None,
+        status: int,
+        headers: list[tuple[str, str]],
+        text: str,
+    ) -> None:
+        self.method, self.path, self.model = method, path, model
+        self.status, self.headers, self.text = status, headers, text
+
+
+class Recorder:
+    """Records the HTTP exchanges of any run, and makes a cassette with no secret in it.
+
+    Hand the clients it makes (or its transports) to any number of
+    :class:`~fluid_build.copilot.client.LLMClient` s, sync or async; every
+    request and answer passes through. It learns the secrets of every request
+    (credential headers, URL userinfo, key-like query parameters) on top of
+    the ``secrets`` given, and removes them, by value, from everything it
+    keeps. Nothing is redacted until it is read (:attr:`exchanges`,
+    :meth:`cassette`), so a key first seen late (a fallback's) still goes
+    from earlier answers.
+
+    ::
+
+        recorder = Recorder(secrets=[api_key], bodies=False)
+        with recorder.client(timeout=60) as http:
+            client = LLMClient(provider, model, api_key, http_client=http, envelope=...)
+            ...                                       # one call, or a whole forge run
+        cassette = recorder.cassette(
+            name="forge-run", provider=..., model=..., call=recipe, expect=expectation
         )
+
+    ``bodies=False`` keeps no prompt and no model output: the recipe's
+    messages become :data:`OMITTED`, 2xx answers are kept without their
+    body (``omitted``), and ``expect.output`` is dropped. What replay needs
+    to match requests (method, path, model), the statuses, headers, error
+    answers and waits stay.
+    """
+
+    def __init__(
+        self,
+        *,
+        secrets: Iterable[str | None] = (),
+        bodies: bool = True,
+        max_bytes: int = MAX_RECORDED_BYTES,
+    ) -> None:
+        self.bodies = bodies
+        self.max_bytes = max_bytes
+        self._secrets: dict[str, None] = {}
+        self._raw: list[_Raw] = []
+        self._unanswered: list[str] = []
+        self._lock = threading.Lock()
+        self.add_secrets(*secrets)
+
+    # -- secrets ------------------------------------------------------------------------
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret known so far: the ones given and the ones seen in requests."""
+        with self._lock:
+            return tuple(self._secrets)
+
+    def add_secrets(self, *values: str | None) -> None:
+        """Remove ``values`` too, wherever they appear in what is kept."""
+        with self._lock:
+            for value in values:
+                if value:
+                    self._secrets[value] = None
+
+    def _learn(self, request: httpx.Request) -> None:
+        found = request_secrets(request.headers.multi_items(), request.url)
+        self.add_secrets(*found, request.url.password, request.url.username)
+
+    # -- what passes through ----------------------------------------------------------------
+
+    def transport(self, inner: httpx.BaseTransport | None = None) -> RecordingTransport:
+        """A sync transport recording into this recorder (default inner: a real one)."""
+        return RecordingTransport(inner or httpx.HTTPTransport(), recorder=self)
+
+    def async_transport(self, inner: httpx.AsyncBaseTransport | None = None) -> RecordingTransport:
+        """An async transport recording into this recorder (default inner: a real one)."""
+        return RecordingTransport(inner or httpx.AsyncHTTPTransport(), recorder=self)
+
+    def client(self, inner: httpx.BaseTransport | None = None, **kwargs: Any) -> httpx.Client:
+        """An ``httpx.Client`` (``kwargs`` as for it) whose every exchange is recorded."""
+        return httpx.Client(transport=self.transport(inner), **kwargs)
+
+    def async_client(
+        self, inner: httpx.AsyncBaseTransport | None = None, **kwargs: Any
+    ) -> httpx.AsyncClient:
+        """An ``httpx.AsyncClient`` whose every exchange is recorded."""
+        return httpx.AsyncClient(transport=self.async_transport(inner), **kwargs)
+
+    def _begin(self, request: httpx.Request) -> str:
+        self._learn(request)
+        return f"{request.method.upper()} {redact_url(request.url.path, self.secrets)}"
+
+    def _keep(self, request: httpx.Request, response: httpx.Response, content: bytes) -> None:
+        model: str | None = None
+        try:
+            data = json.loads(request.content) if request.content else None
+        except (ValueError, RecursionError, httpx.RequestNotRead):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            model = data["model"]
+        text = content.decode(response.encoding or "utf-8", errors="replace")
+        raw = _Raw(
+            request.method.upper(),
+            request.url.path,
+            model,
+            response.status_code,
+            list(response.headers.multi_items()),
+            text,
+        )
+        with self._lock:
+            self._raw.append(raw)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self._unanswered.append(f"{what}: {type(exc).__name__}")
+
+    # -- what is kept ---------------------------------------------------------------------
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        """The exchanges so far, redacted with every secret known now."""
+        secrets = self.secrets
+        with self._lock:
+            raws = list(self._raw)
+        out = []
+        for raw in raws:
+            headers: dict[str, str] = {}
+            for name, value in raw.headers:
+                low = name.lower()
+                headers[low] = f"{headers[low]}, {value}" if low in headers else value
+            out.append(
+                Exchange(
+                    request=ExchangeRequest(
+                        method=raw.method,
+                        path=redact_url(raw.path, secrets),
+                        model=redact(raw.model, secrets) if raw.model is not None else None,
+                    ),
+                    response=sanitize_response(
+                        raw.status, headers, raw.text, secrets=secrets, bodies=self.bodies
+                    ),
+                )
+            )
+        return out
+
+    @property
+    def unanswered(self) -> list[str]:
+        """Requests that got no answer (``METHOD /path: Exception``): they cannot be replayed."""
+        with self._lock:
+            return [redact(line, self._secrets) for line in self._unanswered]
+
+    def check_answered(self) -> None:
+        """Raise :class:`CassetteError` when a request got no answer."""
+        missing = self.unanswered
+        if missing:
+            raise CassetteError(
+                "a request got no answer, and only answers can be replayed: " + "; ".join(missing)
+            )
+
+    def scrub(self, value: Any) -> Any:
+        """A JSON value (a message, an output) with every secret out, as a cassette keeps it."""
+        return redact_json(value, self.secrets)
+
+    def recipe(self, recipe: CallRecipe) -> CallRecipe:
+        """``recipe`` as a cassette keeps it: redacted, or without the prompt (``bodies=False``)."""
+        secrets = self.secrets
+        if self.bodies:
+            messages = [self.scrub(dict(m)) for m in recipe.messages]
+            system = redact(recipe.system, secrets) if recipe.system is not None else None
+        else:
+            messages = [
+                {"role": str(m.get("role", "user")), "content": OMITTED} for m in recipe.messages
+            ]
+            system = OMITTED if recipe.system is not None else None
+        env = {
+            name: redact_url(value, secrets) if "://" in value else redact(value, secrets)
+            for name, value in recipe.env.items()
+        }
+        return recipe.model_copy(
+            update={
+                "messages": messages,
+                "system": system,
+                "env": env,
+                "capability_matrix": self.scrub(dict(recipe.capability_matrix)),
+            }
+        )
+
+    def expectation(
+        self,
+        *,
+        error: BaseException | None,
+        output: Any = None,
+        waits: Sequence[float] = (),
+        attempts: int | None = None,
+    ) -> Expectation:
+        """What a run came to, as a cassette keeps it (``attempts``: the exchanges recorded)."""
+        code = getattr(error, "code", None)
+        kept_output = self.scrub(output) if error is None and self.bodies else None
+        return Expectation(
+            outcome="error" if error is not None else "success",
+            error_class=type(error).__name__ if error is not None else None,
+            error_code=code if error is not None and isinstance(code, str) else None,
+            output=kept_output,
+            attempts=len(self._raw) if attempts is None else attempts,
+            waits=list(waits),
+        )
+
+    def cassette(
+        self,
+        *,
+        name: str,
+        provider: str,
+        model: str,
+        call: CallRecipe,
+        expect: Expectation,
+        description: str = "",
+        now: datetime | None = None,
+    ) -> Cassette:
+        """The cassette of what was recorded; refuses when a request got no answer.
+
+        ``call`` and ``expect`` are scrubbed here as well (by value, by name,
+        by pattern; without prompt and output when ``bodies=False``).
+        """
+        self.check_answered()
+        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d")
+        if not self.bodies or expect.output is not None:
+            expect = expect.model_copy(
+                update={"output": self.scrub(expect.output) if self.bodies else None}
+            )
+        return Cassette(
+            version=CASSETTE_VERSION,
+            name=name,
+            description=redact(description, self.secrets),
+            provider=provider,
+            model=redact(model, self.secrets),
+            source=f"recorded {stamp} from {provider} ({redact(model, self.secrets)})",
+            call=self.recipe(call),
+            exchanges=self.exchanges,
+            expect=expect,
+            bodies=self.bodies,
+        )
+
+
+class RecordingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """Wraps a real transport (sync or async) and records each exchange into a :class:`Recorder`.
+
+    Answers are read whole (at most ``recorder.max_bytes`` decompressed
+    bytes: past that the request fails and counts as unanswered) and handed
+    on decoded.
+    """
+
+    def __init__(
+        self,
+        inner: httpx.BaseTransport | httpx.AsyncBaseTransport,
+        *,
+        secrets: Sequence[str] = (),
+        bodies: bool = True,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.inner = inner
+        self.recorder = recorder if recorder is not None else Recorder(bodies=bodies)
+        self.recorder.add_secrets(*secrets)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self.recorder.secrets
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        return self.recorder.exchanges
+
+    @property
+    def unanswered(self) -> list[str]:
+        return self.recorder.unanswered
+
+    def _too_big(self, size: int) -> CassetteError | None:
+        limit = self.recorder.max_bytes
+        if size > limit:
+            return CassetteError(f"the answer is larger than {limit} bytes; it is not recorded")
+        return None
+
+    def _handed_on(
+        self, request: httpx.Request, response: httpx.Response, content: bytes
+    ) -> httpx.Response:
+        self.recorder._keep(request, response, content)
         headers = [
             (k, v)
             for k, v in response.headers.multi_items()
@@ -509,8 +853,53 @@ class RecordingTransport(httpx.BaseTransport):
             response.status_code, headers=headers, content=content, request=request
         )
 
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(self.inner, httpx.BaseTransport):
+            raise TypeError("this RecordingTransport wraps an async transport")
+        what = self.recorder._begin(request)
+        try:
+            response = self.inner.handle_request(request)
+            try:
+                buf = bytearray()
+                for chunk in response.iter_bytes():
+                    buf += chunk
+                    problem = self._too_big(len(buf))
+                    if problem is not None:
+                        raise problem
+            finally:
+                response.close()
+        except Exception as exc:
+            self.recorder._failed(what, exc)
+            raise
+        return self._handed_on(request, response, bytes(buf))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(self.inner, httpx.AsyncBaseTransport):
+            raise TypeError("this RecordingTransport wraps a sync transport")
+        what = self.recorder._begin(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+            try:
+                buf = bytearray()
+                async for chunk in response.aiter_bytes():
+                    buf += chunk
+                    problem = self._too_big(len(buf))
+                    if problem is not None:
+                        raise problem
+            finally:
+                await response.aclose()
+        except Exception as exc:
+            self.recorder._failed(what, exc)
+            raise
+        return self._handed_on(request, response, bytes(buf))
+
     def close(self) -> None:
-        self.inner.close()
+        if isinstance(self.inner, httpx.BaseTransport):
+            self.inner.close()
+
+    async def aclose(self) -> None:
+        if isinstance(self.inner, httpx.AsyncBaseTransport):
+            await self.inner.aclose()
 
 
 # -- clocks -------------------------------------------------------------------------
@@ -762,6 +1151,8 @@ def _judge(
     output: Any,
     error: BaseException | None,
 ) -> ReplayResult:
+    if transport.omitted_at is not None:
+        return _judge_flow(cassette, transport, clock)
     expect = cassette.expect
     problems = list(transport.mismatches)
     if expect.outcome == "success":
@@ -808,11 +1199,48 @@ def _judge(
     )
 
 
+def _judge_flow(cassette: Cassette, transport: ReplayTransport, clock: _Clock) -> ReplayResult:
+    """A replay that reached an answer recorded without its body: compare the flow up to it.
+
+    The requests so far matched (or the mismatches say where not); the waits
+    taken are the recorded ones, in order; when the omitted answer was the
+    last exchange, the request count and every wait must match too. The
+    outcome and the output cannot be compared: they came from the body.
+    """
+    expect = cassette.expect
+    problems = list(transport.mismatches)
+    attempts = len(transport.seen)
+    waits = list(clock.waits)
+    last = transport.omitted_at == len(cassette.exchanges) - 1
+    wanted = list(expect.waits) if last else list(expect.waits[: len(waits)])
+    if last and attempts != expect.attempts:
+        problems.append(f"expected {expect.attempts} request(s), the client sent {attempts}")
+    if len(waits) != len(wanted) or any(
+        abs(a - b) > WAIT_TOLERANCE for a, b in zip(waits, wanted, strict=False)
+    ):
+        problems.append(
+            f"expected waits {_fmt_waits(wanted)} s up to request {attempts}, "
+            f"the client waited {_fmt_waits(waits)} s"
+        )
+    return ReplayResult(
+        name=cassette.name,
+        ok=not problems,
+        mismatches=problems,
+        outcome="flow-only",
+        attempts=attempts,
+        waits=waits,
+        error=None,
+        provider=cassette.provider,
+    )
+
+
 def run_cassette(cassette: Cassette) -> ReplayResult:
     """Replay ``cassette`` and compare with its ``expect``; never raises for a mismatch.
 
     Compared: the outcome, the error class and code (or the validated output),
-    the requests sent, and the waits asked of the clock (within 1e-6 s).
+    the requests sent, and the waits asked of the clock (within 1e-6 s). A
+    cassette recorded without bodies replays up to its first answer without
+    a body and compares the flow up to there (outcome ``flow-only``).
     """
     clock = VirtualClock()
     transport = ReplayTransport(cassette.exchanges)
@@ -847,7 +1275,7 @@ def _recipe_env(client: LLMClient, env: Mapping[str, str]) -> dict[str, str]:
     info = PROVIDERS[config.provider]
     kept: dict[str, str] = {}
     if config.base_url and info.base_url_var and config.base_url != info.default_base_url:
-        kept[info.base_url_var] = redact(config.base_url, [config.api_key or ""])
+        kept[info.base_url_var] = redact_url(config.base_url, [config.api_key or ""])
     if config.provider == "azure" and config.api_version:
         kept["AZURE_OPENAI_API_VERSION"] = config.api_version
     for name in (
@@ -880,15 +1308,21 @@ def record(
     transport: httpx.BaseTransport | None = None,
     clock: VirtualClock | None = None,
     now: datetime | None = None,
+    bodies: bool = True,
 ) -> Cassette:
     """Make one real call and keep it as a cassette (written to ``out`` when given).
 
     The key is resolved as :class:`LLMClient` resolves it (argument, then the
     environment). Kept: each request's method, path and model; each answer's
-    status, headers without credentials or cookies, and body, redacted (the
-    key is also removed by value). ``expect`` is what was observed. Retries
-    run without jitter so a replay waits exactly what the recording waited;
-    ``clock`` replaces real sleeping (tests).
+    status, headers without credentials, cookies or account ids, and body,
+    redacted (the key by value wherever it appears, credential fields by
+    name, URL userinfo and key-like query values, known key shapes by
+    pattern); the recipe and the output redacted the same way.
+    ``bodies=False`` keeps neither the prompt nor the model's output (see
+    :class:`Recorder`). ``expect`` is what was observed. Retries run without
+    jitter so a replay waits exactly what the recording waited; ``clock``
+    replaces real sleeping (tests). For a run of several calls, use
+    :class:`Recorder` directly.
     """
     import os
 
@@ -896,10 +1330,7 @@ def record(
 
     source_env = dict(os.environ if env is None else env)
     config = resolve_provider_config(provider, model, api_key, base_url, env=source_env)
-    recorder = RecordingTransport(
-        transport if transport is not None else httpx.HTTPTransport(),
-        secrets=[config.api_key or ""],
-    )
+    recorder = Recorder(secrets=[config.api_key or ""], bodies=bodies)
     messages = (
         [{"role": "user", "content": prompt}]
         if isinstance(prompt, str)
@@ -918,7 +1349,7 @@ def record(
     ticking: _Clock = clock if clock is not None else _WallClock()
     output: Any = None
     error: BaseException | None = None
-    with httpx.Client(transport=recorder, timeout=httpx.Timeout(config.timeout)) as http:
+    with recorder.client(transport, timeout=httpx.Timeout(config.timeout)) as http:
         client = _client(
             provider=config.provider,
             model=config.model,
@@ -934,30 +1365,14 @@ def record(
             output = _execute(client, recipe, ticking)
         except Exception as exc:  # noqa: BLE001 - a failure is an outcome worth keeping
             error = exc
-    if recorder.unanswered:
-        raise CassetteError(
-            "a request got no answer, and only answers can be replayed: "
-            + "; ".join(recorder.unanswered)
-        )
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d")
-    code = getattr(error, "code", None)
-    cassette = Cassette(
-        version=CASSETTE_VERSION,
+    cassette = recorder.cassette(
         name=name or (Path(out).stem if out is not None else f"{config.provider}-recorded"),
         description=description,
         provider=config.provider,
         model=config.model,
-        source=f"recorded {stamp} from {config.provider} ({config.model})",
         call=recipe,
-        exchanges=list(recorder.exchanges),
-        expect=Expectation(
-            outcome="error" if error is not None else "success",
-            error_class=type(error).__name__ if error is not None else None,
-            error_code=code if error is not None and isinstance(code, str) else None,
-            output=output if error is None else None,
-            attempts=len(recorder.exchanges),
-            waits=list(ticking.waits),
-        ),
+        expect=recorder.expectation(error=error, output=output, waits=ticking.waits),
+        now=now,
     )
     if out is not None:
         write_cassette(cassette, out)
