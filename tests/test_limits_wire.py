@@ -388,3 +388,69 @@ def test_a_half_open_trial_ends_inside_its_lease_whatever_the_server_does() -> N
     assert isinstance(error, ProviderTimeoutError)
     assert error.code == "llm.deadline_exceeded"
     assert seconds < breaker.lease_ttl()  # 1.5 s: the next trial can never overlap it
+
+
+@pytest.mark.parametrize(
+    ("provider", "url", "body", "where"),
+    [
+        (
+            "anthropic",
+            "https://api.anthropic.com/v1/messages",
+            {"content": [{"type": "text", "text": ["a"]}]},
+            "content.0.text",
+        ),
+        (
+            "anthropic",
+            "https://api.anthropic.com/v1/messages",
+            {"content": "text"},
+            "content",
+        ),
+        (
+            "gemini",
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent",
+            {"candidates": [{"content": {"parts": "x"}}]},
+            "candidates.0.content.parts",
+        ),
+        (
+            "ollama",
+            "http://127.0.0.1:11434/api/chat",
+            {"message": {"content": "ok", "tool_calls": [{"function": "f"}]}},
+            "message.tool_calls.0.function",
+        ),
+    ],
+    ids=["anthropic-text", "anthropic-content", "gemini-parts", "ollama-function"],
+)
+def test_every_adapter_names_the_wrong_field(
+    provider: str, url: str, body: dict[str, Any], where: str
+) -> None:
+    import respx
+
+    envelope = RetryEnvelope(RetryPolicy(attempts=1), cooldown=None, hook=lambda e: None)
+    env = {"ANTHROPIC_API_KEY": "sk-ant-x", "GEMINI_API_KEY": "AIza-x"}
+    model = {"gemini": "gemini-2.5-flash", "ollama": "llama3.1"}.get(provider)
+    with respx.mock() as mock, LLMClient(provider, model, envelope=envelope, env=env) as llm:
+        mock.post(url).respond(200, json=body)
+        _, error = timed(lambda: llm.complete("hi"))
+    assert error.code == "llm.malformed_response", repr(error)
+    assert error.details["field"] == where
+
+
+def test_a_stream_event_that_does_not_fit_is_named_with_what_arrived() -> None:
+    import respx
+
+    events = (
+        b'data: {"choices": [{"index": 0, "delta": {"content": "par"}}]}\n\n'
+        b'data: {"choices": [{"index": 0, "delta": {"tool_calls": 5}}]}\n\n'
+    )
+    envelope = RetryEnvelope(RetryPolicy(attempts=1), cooldown=None, hook=lambda e: None)
+    with (
+        respx.mock() as mock,
+        LLMClient("vllm", "m", base_url="http://h/v1", envelope=envelope, env={}) as llm,
+    ):
+        mock.post("http://h/v1/chat/completions").respond(
+            200, content=events, headers={"content-type": "text/event-stream"}
+        )
+        _, error = timed(lambda: list(llm.stream("hi")))
+    assert error.code == "llm.malformed_response"
+    assert error.details["field"] == "choices.0.delta.tool_calls"
+    assert error.details["partial_text"] == "par"

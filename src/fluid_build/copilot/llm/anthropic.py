@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from fluid_build.copilot.llm.base import COUNT, NULL, TEXT, Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.base import (
+    COUNT,
+    NULL,
+    TEXT,
+    Adapter,
+    Parsed,
+    Request,
+    StreamState,
+    text_of,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter"]
@@ -117,7 +126,7 @@ class AnthropicAdapter(Adapter):
         calls: list[ToolCall] = []
         for block in data.get("content") or []:
             if block.get("type") == "text":
-                texts.append(str(block.get("text") or ""))
+                texts.append(text_of(block.get("text")))
             elif block.get("type") == "tool_use":
                 arguments = block.get("input") if isinstance(block.get("input"), dict) else {}
                 if block.get("name") == respond:
@@ -167,14 +176,14 @@ class AnthropicAdapter(Adapter):
                     events.append(state.add_call(index, id=block.get("id"), name=block.get("name")))
             else:
                 blocks[index] = "text"
-                event_ = state.add_text(str(block.get("text") or ""))
+                event_ = state.add_text(text_of(block.get("text")))
                 if event_:
                     events.append(event_)
         elif kind == "content_block_delta":
             index = int(data.get("index") or 0)
             delta = data.get("delta") or {}
             if delta.get("type") == "text_delta":
-                event_ = state.add_text(str(delta.get("text") or ""))
+                event_ = state.add_text(text_of(delta.get("text")))
                 if event_:
                     events.append(event_)
             elif delta.get("type") == "input_json_delta":

@@ -24,6 +24,7 @@ __all__ = [
     "aiter_stream",
     "iter_stream",
     "loads_arguments",
+    "text_of",
 ]
 
 
@@ -197,6 +198,15 @@ _NAMES = {
     list: "a list",
     type(None): "null",
 }
+
+
+def text_of(value: Any) -> str:
+    """A text field of an answer: a string, or nothing; anything else is a shape error."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise TypeError("a text field is not a string")
 
 
 def _describe(value: Any) -> str:

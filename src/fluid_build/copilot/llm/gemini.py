@@ -6,7 +6,16 @@ import json
 from typing import Any, ClassVar
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.llm.base import COUNT, NULL, TEXT, Adapter, Parsed, Request, StreamState
+from fluid_build.copilot.llm.base import (
+    COUNT,
+    NULL,
+    TEXT,
+    Adapter,
+    Parsed,
+    Request,
+    StreamState,
+    text_of,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
@@ -131,7 +140,7 @@ class GeminiAdapter(Adapter):
             if part.get("thought"):
                 continue  # thinking summaries are not the answer
             if "text" in part:
-                texts.append(str(part["text"]))
+                texts.append(text_of(part["text"]))
             elif "functionCall" in part:
                 call = part["functionCall"] or {}
                 raw_args = call.get("args")
@@ -166,7 +175,7 @@ class GeminiAdapter(Adapter):
             if part.get("thought"):
                 continue
             if "text" in part:
-                text_event = state.add_text(str(part["text"]))
+                text_event = state.add_text(text_of(part["text"]))
                 if text_event:
                     events.append(text_event)
             elif "functionCall" in part:

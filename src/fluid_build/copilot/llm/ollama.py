@@ -14,6 +14,7 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     loads_arguments,
+    text_of,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
@@ -101,7 +102,7 @@ class OllamaAdapter(Adapter):
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         message = data.get("message") or {}
         return Parsed(
-            str(message.get("content") or ""),
+            text_of(message.get("content")),
             _calls(message),
             _usage(data),
             data.get("done_reason"),
@@ -116,7 +117,7 @@ class OllamaAdapter(Adapter):
         events: list[StreamEvent] = []
         state.model = data.get("model") or state.model
         message = data.get("message") or {}
-        text_event = state.add_text(str(message.get("content") or ""))
+        text_event = state.add_text(text_of(message.get("content")))
         if text_event:
             events.append(text_event)
         for call in _calls(message):
