@@ -180,6 +180,13 @@ def _result_json(result: ReplayResult) -> dict[str, Any]:
 @click.option("--name", help="The cassette's name (default: the file name).")
 @click.option("--description", default="", help="What the cassette shows.")
 @click.option("--force", is_flag=True, help="Overwrite an existing cassette.")
+@click.option(
+    "--no-bodies",
+    "no_bodies",
+    is_flag=True,
+    help="Keep no prompt and no model output: the cassette checks the flow "
+    "(requests, statuses, waits) only.",
+)
 def record_command(
     prompt: str,
     provider: str,
@@ -192,12 +199,15 @@ def record_command(
     name: str | None,
     description: str,
     force: bool,
+    no_bodies: bool,
 ) -> None:
     """Make one real call with PROMPT and write it as a cassette.
 
     The API key comes from the environment, as for any call; it is never
-    written: request headers are not kept, credential headers and cookies of
-    the answers are dropped, and bodies are redacted.
+    written: request headers are not kept, credential headers, cookies and
+    account ids of the answers are dropped, and bodies are redacted (the key
+    by value, credential fields by name, URL userinfo and key-like query
+    values). --no-bodies keeps neither PROMPT nor the model's output.
     """
     from fluid_build.copilot.llm.replay import record
     from fluid_build.errors import FluidError
@@ -216,6 +226,7 @@ def record_command(
             strict_schema=strict_schema,
             name=name,
             description=description,
+            bodies=not no_bodies,
         )
     except FluidError as exc:
         raise SystemExit(report_error(exc)) from None
@@ -228,6 +239,7 @@ def record_command(
     click.echo(
         f"recorded {out}: {cassette.provider} ({cassette.model}), {what}, "
         f"{expect.attempts} request(s), waits {_waits(expect.waits)}"
+        + ("" if cassette.bodies else ", without bodies")
     )
     click.echo("check it (fluid corpus replay) and read it before sharing it.")
 
