@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fluid_build._files import MAX_DEPTH, TooDeepError, UnsafeFileError, load_yaml, read_regular
 from fluid_build._redact import redact, truncate
 from fluid_build.errors import FluidError
 
-__all__ = ["DataProduct", "Intent", "IntentError", "load_intent"]
+__all__ = [
+    "MAX_INTENT_BYTES",
+    "MAX_INTENT_DEPTH",
+    "DataProduct",
+    "Intent",
+    "IntentError",
+    "load_intent",
+]
 
-_MAX_INTENT_BYTES = 1_000_000
+#: The largest intent file read; nothing past this is ever read.
+MAX_INTENT_BYTES: Final = 1_000_000
+#: The deepest YAML nesting an intent file may use.
+MAX_INTENT_DEPTH: Final = MAX_DEPTH
 
 
 class IntentError(FluidError):
@@ -61,18 +72,25 @@ def _field_errors(error: ValidationError) -> list[str]:
 
 
 def load_intent(path: str | Path) -> Intent:
-    """Read and validate an intent file; any problem is an :class:`IntentError` naming the field."""
+    """Read and validate an intent file; any problem is an :class:`IntentError` naming the field.
+
+    The file must be a regular file (a directory, FIFO or device is refused at
+    once, without reading it) of at most 1 MB; at most 1 MB + 1 byte is ever
+    read. The YAML may nest at most :data:`MAX_INTENT_DEPTH` levels.
+    """
     file = Path(path)
     try:
-        raw = file.read_bytes()
+        raw = read_regular(file, limit=MAX_INTENT_BYTES, name=str(file))
+    except UnsafeFileError as exc:
+        raise IntentError(f"the intent file {exc}") from None
     except OSError as exc:
         raise IntentError(f"cannot read the intent file {file}: {exc.strerror or exc}") from None
-    if len(raw) > _MAX_INTENT_BYTES:
-        raise IntentError(f"the intent file {file} is larger than 1 MB; is it the right file?")
     try:
-        data: Any = yaml.safe_load(raw.decode("utf-8"))
+        data: Any = load_yaml(raw.decode("utf-8"), name=str(file), max_depth=MAX_INTENT_DEPTH)
     except UnicodeDecodeError:
         raise IntentError(f"the intent file {file} is not UTF-8 text") from None
+    except TooDeepError as exc:
+        raise IntentError(f"the intent file {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
