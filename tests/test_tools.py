@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +26,7 @@ from fluid_build.copilot.agents.tools import (
     ToolRegistry,
     Workspace,
     WorkspacePath,
+    _DaemonPool,
     _parse_docstring,
     _plan_batches,
     forge_tool,
@@ -621,11 +626,14 @@ def test_a_queued_call_that_times_out_never_runs_late() -> None:
         """Runs after anything queued before it."""
         return "drained"
 
-    tools = [forge_tool(stuck, timeout=0.05), forge_tool(quick, timeout=0.05), probe]
+    async def both(reg: ToolRegistry) -> list[ToolOutcome]:
+        # quick is queued behind stuck on the only worker and gives up first.
+        return list(await asyncio.gather(reg.arun(call("stuck")), reg.arun(call("quick"))))
+
+    tools = [forge_tool(stuck, timeout=0.3), forge_tool(quick, timeout=0.05), probe]
     with ToolRegistry(tools, executor_workers=1) as reg:
         try:
-            first = reg.run(call("stuck"))
-            second = reg.run(call("quick"))
+            first, second = asyncio.run(both(reg))
         finally:
             release.set()
         assert reg.run(call("probe")).value == "drained"
@@ -634,6 +642,100 @@ def test_a_queued_call_that_times_out_never_runs_late() -> None:
     assert first.error.details["started"] is True
     assert second.error.details["started"] is False
     assert not ran.is_set()
+
+
+def test_a_job_picked_up_after_its_deadline_is_cancelled_not_run() -> None:
+    ran = threading.Event()
+    pool = _DaemonPool(1, "fluid-tool-test")
+    try:
+        future = pool.submit(ran.set, deadline=time.monotonic() - 1)
+        concurrent.futures.wait([future], timeout=5)
+        assert future.cancelled()
+        assert pool.submit(lambda: "ok", deadline=time.monotonic() + 5).result(5) == "ok"
+    finally:
+        pool.shutdown()
+    assert not ran.is_set()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(lambda: None, deadline=time.monotonic() + 5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_blocked_bodies_never_exhaust_the_pool(mode: str) -> None:
+    """More calls to a body that blocks than the pool has workers: each times out, and the
+    pool replaces every abandoned worker, so later calls still run."""
+    release = threading.Event()
+    workers = 2
+
+    def hang() -> str:
+        """Block until released."""
+        release.wait(30)
+        return "late"
+
+    def quick(n: int) -> int:
+        """Answer at once."""
+        return n
+
+    tools = [forge_tool(hang, timeout=0.05, read_only=True), quick]
+    with ToolRegistry(tools, executor_workers=workers) as reg:
+        try:
+            hung = [run_in(mode, reg, call("hang", str(i))) for i in range(workers + 3)]
+            hung += run_all(mode, reg, [call("hang", f"b{i}") for i in range(2 * workers)])
+            assert reg.abandoned_threads == len(hung)
+            answers = run_all(mode, reg, [call("quick", str(n), n=n) for n in range(6)])
+        finally:
+            release.set()
+        deadline = time.monotonic() + 10
+        while reg.abandoned_threads and time.monotonic() < deadline:
+            time.sleep(0.005)  # the released threads end on their own
+        assert reg.abandoned_threads == 0
+    for outcome in hung:
+        assert outcome.error is not None
+        assert outcome.error.code == "tool.timeout"
+        assert outcome.error.details["started"] is True
+        assert outcome.seconds < 1.0
+    assert [a.value for a in answers] == list(range(6))
+
+
+_HANGING_SCRIPT = """
+import json, sys, threading, time
+from fluid_build.copilot.agents.tools import ToolRegistry, forge_tool
+from fluid_build.copilot.llm.types import ToolCall
+
+forever = threading.Event()
+
+def hang() -> str:
+    \"\"\"Never return.\"\"\"
+    forever.wait()
+    return "never"
+
+def quick() -> str:
+    \"\"\"Answer at once.\"\"\"
+    return "ok"
+
+reg = ToolRegistry([forge_tool(hang, timeout=0.05), quick], executor_workers=2)
+codes = [reg.run(ToolCall(id=str(i), name="hang", arguments={})).error.code for i in range(5)]
+last = reg.run(ToolCall(id="q", name="quick", arguments={})).value
+print(json.dumps({"codes": codes, "last": last, "abandoned": reg.abandoned_threads}))
+if sys.argv[1] == "close":
+    reg.close()
+"""
+
+
+@pytest.mark.parametrize("ending", ["close", "no-close"])
+def test_a_process_with_abandoned_tool_threads_exits_promptly(ending: str) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _HANGING_SCRIPT, ending],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report == {"codes": ["tool.timeout"] * 5, "last": "ok", "abandoned": 5}
+    assert seconds < 5, f"the process took {seconds:.1f} s to exit"
 
 
 class Abort(BaseException):

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Final
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Final
 
-from fluid_build.copilot.agents.tools import Tool, WorkspacePath, forge_tool
+from pydantic import Field
 
-__all__ = ["TEMPLATES", "workspace_tools"]
+from fluid_build._files import read_text_head
+from fluid_build.copilot.agents.errors import ToolValidationError
+from fluid_build.copilot.agents.tools import (
+    Tool,
+    Workspace,
+    WorkspacePath,
+    current_workspace,
+    forge_tool,
+)
+
+__all__ = ["MAX_SAMPLE_CHARS", "MAX_WALK_DEPTH", "TEMPLATES", "workspace_tools"]
+
+#: The most characters ``read_sample_schema`` returns; it reads at most 4 bytes per character.
+MAX_SAMPLE_CHARS: Final = 1_000_000
+#: How deep ``discover_workspace`` descends below the folder it lists.
+MAX_WALK_DEPTH: Final = 32
 
 _READABLE: Final = frozenset({".json", ".yaml", ".yml", ".sql", ".csv", ".md", ".txt"})
 _SKIP_DIRS: Final = frozenset({".git", ".fluid", "node_modules", "__pycache__", ".venv"})
@@ -20,6 +39,41 @@ TEMPLATES: Final = {
 }
 
 
+def _entries(fd: int) -> list[tuple[str, bool]]:
+    """The regular files and directories in the open directory ``fd``, sorted; never symlinks."""
+    found: list[tuple[str, bool]] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:  # removed while listing
+                continue
+            if stat.S_ISDIR(mode):
+                found.append((entry.name, True))
+            elif stat.S_ISREG(mode):
+                found.append((entry.name, False))
+    return sorted(found)
+
+
+def _walk(workspace: Workspace, fd: int, prefix: tuple[str, ...]) -> Iterator[str]:
+    """Regular files below the open directory ``fd``, in path order, opened without following
+    symlinks (a directory swapped for a symlink mid-walk is skipped, not followed)."""
+    for name, is_dir in _entries(fd):
+        if not is_dir:
+            yield "/".join((*prefix, name))
+            continue
+        if name in _SKIP_DIRS or len(prefix) >= MAX_WALK_DEPTH:
+            continue
+        try:
+            child = workspace.open_at(fd, name, directory=True)
+        except (OSError, ToolValidationError):  # gone, swapped for a symlink, unreadable
+            continue
+        try:
+            yield from _walk(workspace, child, (*prefix, name))
+        finally:
+            os.close(child)
+
+
 @forge_tool(read_only=True, timeout=10)
 def discover_workspace(
     directory: WorkspacePath = ".",  # type: ignore[assignment]  # validated into a Path
@@ -31,29 +85,37 @@ def discover_workspace(
         directory: A folder inside the workspace to list (default: its root).
         max_entries: The most paths to return.
     """
-    root = directory
+    workspace = current_workspace()
+    fd = workspace.open(directory, directory=True)
     found: list[str] = []
-    for path in sorted(root.rglob("*")):
-        if any(part in _SKIP_DIRS for part in path.relative_to(root).parts):
-            continue
-        if path.is_file() and not path.is_symlink():
-            found.append(str(path.relative_to(root)))
+    try:
+        for relative in _walk(workspace, fd, ()):
             if len(found) >= max_entries:
                 break
+            found.append(relative)
+    finally:
+        os.close(fd)
     return found
 
 
 @forge_tool(read_only=True, timeout=10)
-def read_sample_schema(path: WorkspacePath, max_chars: int = 20_000) -> str:
+def read_sample_schema(
+    path: WorkspacePath,
+    max_chars: Annotated[int, Field(ge=1, le=MAX_SAMPLE_CHARS)] = 20_000,
+) -> str:
     """Read a schema, SQL, YAML, JSON, CSV or Markdown file from the workspace.
 
     Args:
         path: The file, relative to the workspace.
         max_chars: The most characters to return.
     """
-    if path.suffix.lower() not in _READABLE:
+    if Path(path).suffix.lower() not in _READABLE:
         raise ValueError(f"{path.suffix or 'this'} files are not readable here")
-    return path.read_text(encoding="utf-8", errors="replace")[:max_chars]
+    fd = current_workspace().open(path)
+    try:
+        return read_text_head(fd, max_chars)
+    finally:
+        os.close(fd)
 
 
 @forge_tool(read_only=True, timeout=5)

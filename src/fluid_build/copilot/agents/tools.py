@@ -22,13 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import errno
 import functools
 import inspect
+import itertools
 import math
 import os
+import queue
 import re
+import stat
+import threading
 import time
 import typing
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +56,7 @@ from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError
 
+from fluid_build._files import NotRegularFileError, open_regular
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
 
@@ -58,6 +66,7 @@ __all__ = [
     "ToolRegistry",
     "Workspace",
     "WorkspacePath",
+    "current_workspace",
     "forge_tool",
 ]
 
@@ -92,15 +101,28 @@ def _violation(why: str) -> ToolValidationError:
     return ToolValidationError(reason, code="tool.workspace_violation", reason=reason)
 
 
+_O_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+#: Whether this platform can open relative to a directory descriptor without
+#: following symlinks (``openat`` with ``O_NOFOLLOW``): every POSIX system.
+_HAVE_OPENAT: Final = bool(_O_DIRECTORY and _O_NOFOLLOW) and os.open in os.supports_dir_fd
+_SWAPPED: Final = "a symbolic link appeared on the path after it was checked"
+
+
 class Workspace:
     """The directory that ``WorkspacePath`` arguments are confined to.
 
     ``root`` is resolved (symlinks included) once, here. Backslashes in a
     relative path are read as separators, so ``src\\main.py`` means
     ``src/main.py`` on every platform.
+
+    :meth:`resolve` checks a path's text and where it leads now; :meth:`open`
+    opens it so that nothing changed on disk since can lead it outside (see
+    docs/tools.md).
     """
 
-    __slots__ = ("root",)
+    __slots__ = ("_identity", "root")
 
     root: Path
 
@@ -109,6 +131,8 @@ class Workspace:
         if not resolved.is_dir():
             raise NotADirectoryError(f"workspace root is not a directory: {resolved}")
         self.root = resolved
+        info = os.stat(resolved)
+        self._identity = (info.st_dev, info.st_ino)
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -132,6 +156,133 @@ class Workspace:
         if not real.is_relative_to(self.root):
             raise _violation("a symbolic link leads outside the workspace")
         return real
+
+    # -- opening without following symlinks -----------------------------------
+
+    def _parts(self, path: str | os.PathLike[str]) -> list[str]:
+        """The components of ``path`` below the root: a relative string, or a resolved path."""
+        if isinstance(path, str):
+            why = _lexical_violation(path)
+            if why is not None:
+                raise _violation(why)
+            text = path.replace("\\", "/")
+        else:
+            full = Path(os.fspath(path))
+            if not full.is_relative_to(self.root):
+                raise _violation("the path is not inside the workspace")
+            text = full.relative_to(self.root).as_posix()
+        parts = [part for part in text.split("/") if part not in ("", ".")]
+        if ".." in parts:
+            raise _violation("'..' segments are not allowed")
+        return parts
+
+    def relative(self, path: str | os.PathLike[str]) -> str:
+        """How ``path`` (relative, or a resolved path inside the root) reads from the root."""
+        return "/".join(self._parts(path)) or "."
+
+    def _open_root(self) -> int:
+        fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != self._identity:
+            os.close(fd)
+            raise _violation("the workspace root was replaced")
+        return fd
+
+    def open_at(self, dir_fd: int, name: str, *, directory: bool = False, shown: str = "") -> int:
+        """Open one entry ``name`` of the open directory ``dir_fd``, never following a symlink.
+
+        ``directory=True`` opens a directory (for ``os.scandir`` or the next
+        step of a walk); otherwise a regular file, opened without blocking
+        (a FIFO, device, socket or directory is a ``NotRegularFileError``).
+        A symlink is refused with ``tool.workspace_violation``.
+        """
+        if not name or name in (".", "..") or "/" in name or "\x00" in name:
+            raise _violation("not a single path component")
+        try:
+            if directory:
+                return os.open(
+                    name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd
+                )
+            return open_regular(name, name=shown or name, dir_fd=dir_fd, follow_symlinks=False)
+        except NotRegularFileError as exc:
+            if exc.kind == "a symbolic link":
+                raise _violation(_SWAPPED) from None
+            raise
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                try:
+                    mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+                except OSError:
+                    raise exc from None
+                if stat.S_ISLNK(mode):
+                    raise _violation(_SWAPPED) from None
+            raise
+
+    def open(self, path: str | os.PathLike[str], *, directory: bool = False) -> int:
+        """A read-only descriptor on ``path``, opened so that it cannot lead outside the root.
+
+        ``path`` is relative to the root, or a path :meth:`resolve` returned.
+        From a descriptor on the root (checked to be the same directory as
+        when the workspace was built), each component is opened with
+        ``O_NOFOLLOW`` relative to the one before. Symlinks are not followed:
+        a path :meth:`resolve` returned has none, so one met here was swapped
+        in after the check, and is refused with ``tool.workspace_violation``.
+        A file must be a regular file, opened without blocking. The caller
+        closes the descriptor.
+        """
+        parts = self._parts(path)
+        shown = "/".join(parts) or "."
+        if not _HAVE_OPENAT:
+            return self._open_and_verify(parts, shown, directory=directory)
+        if not parts and not directory:
+            raise NotRegularFileError(".", "a directory")
+        fd = self._open_root()
+        try:
+            for index, name in enumerate(parts):
+                last = index == len(parts) - 1
+                step = self.open_at(fd, name, directory=directory or not last, shown=shown)
+                os.close(fd)
+                fd = step
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_and_verify(self, parts: list[str], shown: str, *, directory: bool) -> int:
+        """Where ``openat`` is missing: open, then check the real path of what was opened."""
+        full = os.path.join(self.root, *parts)
+        if directory:
+            fd = os.open(full, os.O_RDONLY | _O_CLOEXEC)
+        else:
+            fd = open_regular(full, name=shown)
+        try:
+            real = os.path.realpath(full)
+            if not Path(real).is_relative_to(self.root) or not os.path.samestat(
+                os.fstat(fd), os.stat(real)
+            ):
+                raise _violation(_SWAPPED)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+_CURRENT: Final[contextvars.ContextVar[Workspace | None]] = contextvars.ContextVar(
+    "fluid_build.current_workspace", default=None
+)
+
+
+def current_workspace() -> Workspace:
+    """The workspace of the registry running the current tool call.
+
+    Inside a tool body this is the ``Workspace`` its ``WorkspacePath``
+    arguments were confined to: open them with ``current_workspace().open(path)``
+    so a symlink swapped in after validation cannot lead outside.
+    """
+    workspace = _CURRENT.get()
+    if workspace is None:
+        raise RuntimeError("no workspace: current_workspace() works inside a tool call only")
+    return workspace
 
 
 _WORKSPACE_KEY: Final = "fluid_build.workspace"
@@ -450,15 +601,140 @@ def _run_coroutine(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
     return asyncio.run(fn(**kwargs))
 
 
+@dataclass(eq=False)
+class _Worker:
+    abandoned: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class _Job:
+    future: concurrent.futures.Future[Any]
+    fn: Callable[[], Any]
+    deadline: float
+
+
+class _PoolState:
+    """What a pool's worker threads share. It never refers to the pool, so the pool can be
+    collected (and its workers told to stop) while they live."""
+
+    def __init__(self, size: int, prefix: str) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = threading.Semaphore(0)
+        self.size = size
+        self.live = 0  # workers that are not abandoned
+        self.orphans = 0  # abandoned workers whose body has not returned yet
+        self.running: dict[concurrent.futures.Future[Any], _Worker] = {}
+        self.closed = False
+        self.prefix = prefix
+        self.names = itertools.count()
+
+    def start_worker(self) -> None:
+        """Start one more worker (the lock is held)."""
+        self.live += 1
+        thread = threading.Thread(
+            target=_work, args=(self,), name=f"{self.prefix}_{next(self.names)}", daemon=True
+        )
+        thread.start()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for _ in range(self.live):
+                self.jobs.put(None)
+
+
+def _work(state: _PoolState) -> None:
+    me = _Worker()
+    while True:
+        job = state.jobs.get()
+        if job is None:
+            return
+        if time.monotonic() >= job.deadline:
+            job.future.cancel()  # its caller gave up waiting: never start it late
+        with state.lock:
+            state.running[job.future] = me
+        started = job.future.set_running_or_notify_cancel()
+        if started:
+            try:
+                result = job.fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+        with state.lock:
+            state.running.pop(job.future, None)
+            if me.abandoned:
+                state.orphans -= 1
+                return  # a replacement took this worker's place
+        del job
+        state.idle.release()
+
+
+class _DaemonPool:
+    """A thread pool whose workers are daemon threads, and whose stuck workers are replaced.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its workers at interpreter
+    exit, so one body that never returns keeps the process alive forever.
+    Here, :meth:`abandon` gives up on a running job: its thread is left to
+    finish the body in the background (then it ends instead of taking more
+    work) and a new worker takes its place, so the pool keeps ``size``
+    usable workers. Daemon threads never hold up exit.
+
+    A job still queued when its deadline passes is cancelled by the worker
+    that picks it up, never started late.
+    """
+
+    def __init__(self, size: int, prefix: str) -> None:
+        self._state = _PoolState(size, prefix)
+        weakref.finalize(self, _PoolState.close, self._state)
+
+    def submit(self, fn: Callable[[], Any], deadline: float) -> concurrent.futures.Future[Any]:
+        state = self._state
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with state.lock:
+            if state.closed:
+                raise RuntimeError("cannot run a tool after the registry was closed")
+            state.jobs.put(_Job(future, fn, deadline))
+            if not state.idle.acquire(blocking=False) and state.live < state.size:
+                state.start_worker()
+        return future
+
+    def abandon(self, future: concurrent.futures.Future[Any]) -> bool:
+        """Give up on ``future``'s running job; True when a worker was replaced."""
+        state = self._state
+        with state.lock:
+            worker = state.running.pop(future, None)
+            if worker is None or future.done():
+                return False
+            worker.abandoned = True
+            state.live -= 1
+            state.orphans += 1
+            if not state.closed:
+                state.start_worker()
+            return True
+
+    @property
+    def abandoned(self) -> int:
+        """How many threads still run bodies that were given up on."""
+        return self._state.orphans
+
+    def shutdown(self) -> None:
+        self._state.close()
+
+
 class ToolRegistry:
     """The tools one agent may call, and the place their calls run.
 
-    Sync bodies run on a shared thread pool so a blocking body cannot freeze
-    the caller or the event loop. Python cannot kill a thread: a sync body
-    that overruns its timeout is abandoned, not stopped. Its outcome returns at
-    the deadline while the thread finishes in the background, holding a pool
-    worker until it does (and holding up interpreter exit, which waits for
-    pool threads).
+    Sync bodies run on the registry's pool of ``executor_workers`` daemon
+    threads, so a blocking body cannot freeze the caller or the event loop.
+    Python cannot kill a thread: a sync body that overruns its timeout is
+    abandoned, not stopped. Its outcome returns at the deadline; the body keeps
+    running on its own thread until it returns (its result is then dropped), a
+    new worker takes its place in the pool, and the daemon thread never holds
+    up interpreter exit.
     """
 
     def __init__(
@@ -485,9 +761,7 @@ class ToolRegistry:
         self._names = sorted(by_name)
         self._workspace = workspace
         self._workers = executor_workers
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=executor_workers, thread_name_prefix="fluid-tool"
-        )
+        self._pool = _DaemonPool(executor_workers, "fluid-tool")
         # Timed-out async bodies that ignored cancellation: kept referenced until done.
         self._orphans: set[asyncio.Future[Any]] = set()
 
@@ -502,9 +776,14 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         return [self._tools[name].spec() for name in self._names]
 
+    @property
+    def abandoned_threads(self) -> int:
+        """Threads still running sync bodies that timed out (each ends when its body returns)."""
+        return self._pool.abandoned
+
     def close(self) -> None:
         """Stop accepting calls. Running bodies are not waited for."""
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown()
 
     def __enter__(self) -> ToolRegistry:
         return self
@@ -609,26 +888,43 @@ class ToolRegistry:
 
     # -- sync -----------------------------------------------------------------
 
+    def _context(self) -> contextvars.Context:
+        """A copy of the caller's context in which :func:`current_workspace` is this one's."""
+        context = contextvars.copy_context()
+        context.run(_CURRENT.set, self._workspace)
+        return context
+
+    def _body(self, tool: Tool, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+        context = self._context()
+        if tool.is_async:
+            return functools.partial(context.run, _run_coroutine, tool.fn, kwargs)
+        return functools.partial(context.run, tool.fn, **kwargs)
+
+    def _give_up(self, future: concurrent.futures.Future[Any]) -> bool:
+        """Stop waiting for ``future``: True when its body had started (and is abandoned)."""
+        # cancel() succeeds only for a body still queued: it will never run late.
+        if future.cancel():
+            return False
+        self._pool.abandon(future)
+        return True
+
     def _submit(self, call: ToolCall) -> ToolOutcome | _Running:
         started = time.monotonic()
         prepared = self._prepare(call, started)
         if isinstance(prepared, ToolOutcome):
             return prepared
         tool, kwargs = prepared
-        if tool.is_async:
-            future = self._pool.submit(_run_coroutine, tool.fn, kwargs)
-        else:
-            future = self._pool.submit(functools.partial(tool.fn, **kwargs))
-        return _Running(call, tool, future, started, time.monotonic() + tool.timeout)
+        deadline = time.monotonic() + tool.timeout
+        future = self._pool.submit(self._body(tool, kwargs), deadline)
+        return _Running(call, tool, future, started, deadline)
 
     def _collect(self, running: ToolOutcome | _Running) -> ToolOutcome:
         if isinstance(running, ToolOutcome):
             return running
         future = running.future
         concurrent.futures.wait([future], timeout=max(running.deadline - time.monotonic(), 0.0))
-        if not future.done():
-            # cancel() succeeds only for a body still queued: it will never run late.
-            ran = not future.cancel()
+        if future.cancelled() or not future.done():
+            ran = not future.cancelled() and self._give_up(future)
             return self._timed_out(running.call, running.tool, ran=ran, started=running.started)
         exc = future.exception()
         value = future.result() if exc is None else None
@@ -681,18 +977,23 @@ class ToolRegistry:
         queued: concurrent.futures.Future[Any] | None = None
         waiter: asyncio.Future[Any]
         if tool.is_async:
-            waiter = asyncio.ensure_future(tool.fn(**kwargs))
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_task(tool.fn(**kwargs), context=self._context())
         else:
             # What loop.run_in_executor does, keeping the pool's future to learn if it started.
-            queued = self._pool.submit(functools.partial(tool.fn, **kwargs))
+            queued = self._pool.submit(self._body(tool, kwargs), time.monotonic() + tool.timeout)
             waiter = asyncio.wrap_future(queued)
         try:
             await asyncio.wait({waiter}, timeout=tool.timeout)
         except asyncio.CancelledError:
             waiter.cancel()
+            if queued is not None:
+                self._give_up(queued)
             raise
+        if queued is not None and queued.cancelled():
+            return self._timed_out(call, tool, ran=False, started=started)
         if not waiter.done():
-            ran = queued is None or not queued.cancel()
+            ran = queued is None or self._give_up(queued)
             waiter.cancel()
             if not waiter.done():
                 self._orphans.add(waiter)
