@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -181,3 +182,125 @@ def test_agent_loop_uses_workspace_tools(runner: CliRunner, tmp_path: Path) -> N
     generate = next(s for s in receipt["stages"] if s["name"] == "generate")
     assert generate["llm_calls"] == 3
     assert (tmp_path / "o/contract.fluid.yaml").exists()
+
+
+# -- the output tree: atomic writes, never through a symlink ---------------------------
+
+
+def forge_into(runner: CliRunner, out: Path) -> Any:
+    return runner.invoke(cli, ["forge", "--out", str(out), "--json"])
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir())
+
+
+@pytest.mark.parametrize("inner", ["models", ".fluid", "docs"])
+def test_a_symlinked_directory_in_the_output_is_refused(
+    runner: CliRunner, tmp_path: Path, inner: str
+) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / inner).symlink_to(elsewhere, target_is_directory=True)
+    result = forge_into(runner, out)
+    assert result.exit_code != 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["error"]["error"] == "OutputTreeError"
+    message = payload["error"]["message"]
+    assert f"{inner} in {out} is a symbolic link" in message
+    assert "remove it or choose another --out" in message
+    assert files_under(elsewhere) == []  # nothing written through it
+    assert files_under(out) == []  # and nothing else either: checked before any write
+
+
+def test_a_symlinked_target_file_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "models").mkdir(parents=True)
+    victim = tmp_path / "victim.sql"
+    victim.write_text("keep me")
+    (out / "models" / "fct_order_lines.sql").symlink_to(victim)
+    result = forge_into(runner, out)
+    assert result.exit_code != 0
+    assert "models/fct_order_lines.sql in" in result.stdout
+    assert victim.read_text() == "keep me"
+    assert not (out / "contract.fluid.yaml").exists()
+
+
+def test_the_output_directory_itself_may_not_be_a_symlink(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "real")
+    result = forge_into(runner, tmp_path / "out")
+    assert result.exit_code != 0
+    assert f"{tmp_path / 'out'} is a symbolic link" in result.stdout
+    assert files_under(tmp_path / "real") == []
+    # The directories leading to --out may be symlinks: only the tree below it is checked.
+    result = forge_into(runner, tmp_path / "out" / "inner")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "real" / "inner" / "contract.fluid.yaml").exists()
+
+
+def test_an_output_that_is_a_file_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "models").write_text("a file, not a directory")
+    result = forge_into(runner, tmp_path / "out")
+    assert result.exit_code != 0
+    assert "models in" in result.stdout
+    assert "is not a directory" in result.stdout
+
+
+def test_files_are_replaced_atomically_by_rename(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "contract.fluid.yaml").write_text("old contract")
+    os.link(out / "contract.fluid.yaml", tmp_path / "old-inode.yaml")
+    result = forge_into(runner, out)
+    assert result.exit_code == 0, result.output
+    # A rename puts a new file in place; writing in place would have changed the old inode.
+    assert (tmp_path / "old-inode.yaml").read_text() == "old contract"
+    assert yaml.safe_load((out / "contract.fluid.yaml").read_text())["name"] == "sales_orders"
+    assert files_under(out) == [
+        ".fluid/forge-receipt.json",
+        "contract.fluid.yaml",
+        "docs/sales_orders.md",
+        "models/fct_order_lines.sql",
+    ]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_symlink_swapped_in_after_the_check_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existed: bool
+) -> None:
+    from fluid_build.forge import app
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (out / "models" if existed else out).mkdir(parents=True)
+    elsewhere.mkdir()
+    real_stage = app._OutputTree.stage
+
+    def swap_then_stage(tree: Any, parts: tuple[str, ...], text: str) -> Any:
+        if parts[0] == "models" and not (out / "models").is_symlink():
+            if existed:
+                (out / "models").rename(tmp_path / "moved")
+            (out / "models").symlink_to(elsewhere, target_is_directory=True)
+        return real_stage(tree, parts, text)
+
+    monkeypatch.setattr(app._OutputTree, "stage", swap_then_stage)
+    output = app.ForgeOutput(
+        contract={"name": "x"},
+        additional_files=[app.GeneratedFile(path="models/a.sql", content="select 1")],
+        rationale="r",
+    )
+    run = app.ForgeRun("p", "m", out)
+    if existed:
+        # Opened (without following) at the check: the writes stay in the real directory,
+        # wherever it was moved, and never pass through the symlink.
+        app._write_all(run, output)
+        assert (tmp_path / "moved" / "a.sql").read_text() == "select 1"
+    else:
+        with pytest.raises(app.OutputTreeError, match=r"models in .* is a symbolic link"):
+            app._write_all(run, output)
+        assert files_under(out) == []  # the staged contract was removed, nothing renamed in
+    assert files_under(elsewhere) == []

@@ -1,19 +1,22 @@
 """The forge pipeline: plan, generate, validate, then write everything at once.
 
 A stage whose output fails validation gets up to 3 attempts, each told the
-previous errors (field paths and what was expected). Files are staged in a
-temporary directory and moved into place only when every stage succeeded,
-so a failed run leaves no half-written file.
+previous errors (field paths and what was expected). Files are written only
+when every stage succeeded, each to a temporary file next to its target and
+renamed over it (``os.replace``), so a failed run leaves no half-written file;
+a symbolic link anywhere in the output tree is refused (:class:`OutputTreeError`)
+and nothing is written through it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
+import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from fluid_build import __version__
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
 from fluid_build.copilot.agents.retry import RetryEvent
 from fluid_build.copilot.client import LLMClient
+from fluid_build.errors import FluidError
 from fluid_build.forge.intent import Intent
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "ForgeOutput",
     "ForgeRun",
     "GeneratedFile",
+    "OutputTreeError",
     "Plan",
     "run_forge",
     "validate_output",
@@ -314,30 +319,178 @@ class _Pipeline:
         raise last.with_details(note=f"gave up after {MAX_STAGE_ATTEMPTS} attempts")
 
 
+class OutputTreeError(FluidError):
+    """The output directory cannot be written safely; nothing was written.
+
+    Raised when ``--out`` itself, a directory inside it, or a file about to
+    be replaced is a symbolic link (or is not the directory or regular file
+    it must be). ``path`` is relative to the output directory.
+    """
+
+    def __init__(self, out_dir: Path, path: str, problem: str) -> None:
+        self.out_dir = out_dir
+        self.path = path
+        where = f"{out_dir}" if path == "." else f"{path} in {out_dir}"
+        super().__init__(
+            f"cannot write the output: {where} {problem}; forge never writes through a "
+            "symbolic link in its output directory: remove it or choose another --out"
+        )
+
+
+_O_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS: Final = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+
+
+class _OutputTree:
+    """The output directory, opened once and walked by descriptor without following symlinks.
+
+    Every directory below ``out`` is opened with ``O_NOFOLLOW`` relative to
+    its parent's descriptor, so a symlink placed anywhere in the tree (even
+    between the check and the write) is refused, never written through.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._dirs: dict[tuple[str, ...], int] = {}
+
+    def __enter__(self) -> _OutputTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def _refuse(self, parts: tuple[str, ...], problem: str) -> OutputTreeError:
+        return OutputTreeError(self.out, "/".join(parts) or ".", problem)
+
+    @staticmethod
+    def _kind(dir_fd: int | None, name: str) -> str | None:
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(mode):
+            return "link"
+        return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+    def _open_root(self, create: bool) -> int | None:
+        if () in self._dirs:
+            return self._dirs[()]
+        kind = self._kind(None, str(self.out))
+        if kind == "link":
+            raise self._refuse((), "is a symbolic link")
+        if kind is None:
+            if not create:
+                return None
+            self.out.mkdir(parents=True, exist_ok=True)
+        elif kind != "dir":
+            raise self._refuse((), "is not a directory")
+        try:
+            fd = os.open(self.out, _DIR_FLAGS)
+        except OSError as exc:
+            raise self._refuse((), f"cannot be opened ({exc.strerror or exc})") from None
+        self._dirs[()] = fd
+        return fd
+
+    def directory(self, parts: tuple[str, ...], *, create: bool) -> int | None:
+        """A descriptor on the directory ``parts`` below ``out``; None when it does not exist
+        yet and ``create`` is false. A symlink or a non-directory on the way is refused."""
+        if parts in self._dirs:
+            return self._dirs[parts]
+        if not parts:
+            return self._open_root(create)
+        parent = self.directory(parts[:-1], create=create)
+        if parent is None:
+            return None
+        name = parts[-1]
+        kind = self._kind(parent, name)
+        if kind is None:
+            if not create:
+                return None
+            with contextlib.suppress(FileExistsError):  # made meanwhile: opened below, no-follow
+                os.mkdir(name, 0o777, dir_fd=parent)
+        elif kind == "link":
+            raise self._refuse(parts, "is a symbolic link")
+        elif kind != "dir":
+            raise self._refuse(parts, "is not a directory")
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if self._kind(parent, name) == "link":
+                raise self._refuse(parts, "is a symbolic link") from None
+            raise self._refuse(parts, f"cannot be opened ({exc.strerror or exc})") from None
+        self._dirs[parts] = fd
+        return fd
+
+    def check(self, parts: tuple[str, ...]) -> None:
+        """Refuse now what would stop writing the file ``parts``: nothing is created here."""
+        parent = self.directory(parts[:-1], create=False)
+        if parent is None:
+            return
+        kind = self._kind(parent, parts[-1])
+        if kind == "link":
+            raise self._refuse(parts, "is a symbolic link")
+        if kind not in (None, "file"):
+            raise self._refuse(parts, "exists and is not a regular file")
+
+    def stage(self, parts: tuple[str, ...], text: str) -> tuple[int, str, str]:
+        """Write ``text`` to a new temporary file next to ``parts``: (dir fd, temp name, name)."""
+        parent = self.directory(parts[:-1], create=True)
+        assert parent is not None
+        temp = f".{parts[-1]}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(temp, _NEW_FILE, 0o666, dir_fd=parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(text.encode("utf-8"))
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            self.discard(parent, temp)
+            raise
+        return parent, temp, parts[-1]
+
+    def commit(self, staged: tuple[int, str, str], parts: tuple[str, ...]) -> None:
+        parent, temp, name = staged
+        if self._kind(parent, name) == "link":
+            raise self._refuse(parts, "is a symbolic link")
+        os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+
+    @staticmethod
+    def discard(parent: int, temp: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=parent)
+
+
 def _write_all(run: ForgeRun, output: ForgeOutput) -> None:
-    """Stage every file, then move them into place: all or nothing."""
-    out = run.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".fluid-forge-", dir=out))
-    try:
-        planned: list[tuple[Path, Path]] = []
+    """Check the whole output tree, stage every file next to its target, then rename them in.
 
-        def stage(relative: Path, text: str) -> None:
-            temp = staging / relative
-            temp.parent.mkdir(parents=True, exist_ok=True)
-            temp.write_text(text, encoding="utf-8")
-            planned.append((temp, out / relative))
-
-        stage(CONTRACT_PATH, yaml.safe_dump(output.contract, sort_keys=False, allow_unicode=True))
-        for file in output.additional_files:
-            stage(Path(*PurePosixPath(file.path).parts), file.content)
-        run.files = [str(target.relative_to(out)) for _, target in planned]
-        stage(RECEIPT_PATH, json.dumps(run.receipt(), indent=2) + "\n")
-        for temp, target in planned:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(temp, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    Each file is written to a temporary file in its own directory and moved
+    over its target with ``os.replace`` (atomic: a reader sees the old file or
+    the new one, never half of either). Nothing is written when any target,
+    or any directory on the way to it, is a symbolic link.
+    """
+    files: list[tuple[tuple[str, ...], str]] = [
+        (CONTRACT_PATH.parts, yaml.safe_dump(output.contract, sort_keys=False, allow_unicode=True))
+    ]
+    files += [(PurePosixPath(f.path).parts, f.content) for f in output.additional_files]
+    run.files = ["/".join(parts) for parts, _ in files]
+    files.append((RECEIPT_PATH.parts, json.dumps(run.receipt(), indent=2) + "\n"))
+    with _OutputTree(run.out_dir) as tree:
+        for parts, _ in files:
+            tree.check(parts)
+        staged: list[tuple[int, str, str]] = []
+        try:
+            for parts, text in files:
+                staged.append(tree.stage(parts, text))
+            for (parts, _), item in zip(files, staged, strict=True):
+                tree.commit(item, parts)
+        finally:
+            for parent, temp, _ in staged:
+                tree.discard(parent, temp)
 
 
 def run_forge(
