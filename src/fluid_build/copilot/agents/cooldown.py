@@ -401,12 +401,25 @@ class SqliteCooldownStore:
     by one byte per write, and a reader re-reads the table only when that
     file's size changed. A call on a key with nothing stored costs one
     ``stat()``.
+
+    The file is in WAL mode, so a writer never blocks readers. A write waits
+    at most ``busy_timeout`` seconds (0.1 by default) for another writer's
+    lock, and as long again for another thread of this process that is
+    waiting on it; then it raises ``sqlite3.OperationalError`` ("database is
+    locked"), which :class:`ResilientCooldownStore` treats as contention, not
+    as a failure (see :meth:`ResilientCooldownStore.is_contention`). The
+    state is advisory: a call never waits longer than that on it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 2.0) -> None:
+    #: Seconds a write waits for the lock before giving up (per operation).
+    DEFAULT_BUSY_TIMEOUT: Final = 0.1
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> None:
         self.path = Path(path)
         self._generation_path = self.path.with_name(self.path.name + ".gen")
-        self._busy_timeout = busy_timeout
+        self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -414,16 +427,30 @@ class SqliteCooldownStore:
         self._cache: dict[str, tuple[float, int]] = {}
         self._writes = 0
 
+    def _acquire(self) -> None:
+        """Take this store's thread lock, waiting no longer than a busy database would."""
+        if not self._lock.acquire(timeout=max(self.busy_timeout, 0.001)):
+            raise sqlite3.OperationalError(
+                "database is locked (another thread of this process is waiting on it)"
+            )
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            with conn:
-                conn.execute(_SCHEMA)
-                for table in _LEGACY_TABLES:
-                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+            timeout = max(self.busy_timeout, 0.0)
+            conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+                conn.execute("PRAGMA journal_mode=WAL")
+                # Advisory state: a power cut may lose the last changes, never the file.
+                conn.execute("PRAGMA synchronous=NORMAL")
+                with conn:
+                    conn.execute(_SCHEMA)
+                    for table in _LEGACY_TABLES:
+                        conn.execute(f"DROP TABLE IF EXISTS {table}")
+            except BaseException:
+                conn.close()
+                raise
             self._generation_path.touch(exist_ok=True)
             self._conn, self._pid = conn, os.getpid()
             self._seen_generation = -1
@@ -438,7 +465,8 @@ class SqliteCooldownStore:
     def _refresh(self, now: float) -> None:
         generation = self._generation()
         if generation != self._seen_generation or self._pid != os.getpid():
-            with self._lock:
+            self._acquire()
+            try:
                 conn = self._connection()
                 generation = self._generation()
                 rows = conn.execute(
@@ -446,6 +474,8 @@ class SqliteCooldownStore:
                 ).fetchall()
                 self._cache = {key: (float(until), int(n)) for key, until, n in rows}
                 self._seen_generation = generation
+            finally:
+                self._lock.release()
 
     def _write(
         self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float | None
@@ -454,7 +484,8 @@ class SqliteCooldownStore:
 
         With ``now``, entries that ended over a minute before it are purged too.
         """
-        with self._lock:
+        self._acquire()
+        try:
             conn = self._connection()
             with conn:
                 row = conn.execute(sql, params).fetchone()
@@ -468,6 +499,8 @@ class SqliteCooldownStore:
                         (MAX_ENTRIES,),
                     )
             self._bump()
+        finally:
+            self._lock.release()
         return row
 
     def _bump(self) -> None:
@@ -539,7 +572,8 @@ class SqliteCooldownStore:
         self._write(f"DELETE FROM fluid_state WHERE key IN ({marks}) RETURNING key", keys, None)  # noqa: S608 - only placeholders
 
     def entries(self, now: float) -> list[StoreEntry]:
-        with self._lock:
+        self._acquire()
+        try:
             rows = (
                 self._connection()
                 .execute(
@@ -549,16 +583,21 @@ class SqliteCooldownStore:
                 )
                 .fetchall()
             )
+        finally:
+            self._lock.release()
         return [
             StoreEntry(k, float(u), float(s), int(n), o, str(t or "")) for k, u, s, n, o, t in rows
         ]
 
     def clear(self) -> int:
-        with self._lock:
+        self._acquire()
+        try:
             conn = self._connection()
             with conn:
                 gone = conn.execute("DELETE FROM fluid_state").rowcount
             self._bump()
+        finally:
+            self._lock.release()
         return int(gone)
 
     def close(self) -> None:
@@ -795,29 +834,73 @@ class ResilientCooldownStore:
     counts and leases while the shared store is down. The first failure logs
     one warning; the store is tried again every ``retry_every`` seconds and a
     recovery is logged too.
+
+    Contention is not a failure: when the shared store is busy (another
+    process holds the sqlite file's write lock past its short busy timeout,
+    see :meth:`is_contention`), the call goes ahead on the mirror's answer,
+    the store's answer being advisory. One warning says so (at most one per
+    ``retry_every`` seconds), the store is not marked down, reads keep asking
+    it, and writes skip it for ``contention_pause`` seconds so that no call
+    waits on the lock twice in a row. The changes made meanwhile stay in this
+    process until they end.
     """
+
+    WRITES: Final = frozenset({"extend", "cap", "incr", "acquire", "release", "delete", "clear"})
 
     def __init__(
         self,
         primary: CooldownStore,
         *,
         retry_every: float = 30.0,
+        contention_pause: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.primary = primary
         self.fallback = MemoryCooldownStore()
         self._retry_every = retry_every
+        self._contention_pause = contention_pause
         self._clock = clock
         self._down_since: float | None = None
-        # Keys written while the shared store was down: only the mirror has them.
+        self._busy_until: float | None = None
+        self._busy_warned: float | None = None
+        self._busy_lock = threading.Lock()  # one warning, however many threads meet the lock
+        #: How many operations went ahead without the shared store because it was busy.
+        self.contended = 0
+        # Keys written while the shared store was down or busy: only the mirror has them.
         self._unsynced: set[str] = set()
 
     @property
     def degraded(self) -> bool:
         return self._down_since is not None
 
+    @staticmethod
+    def is_contention(exc: BaseException) -> bool:
+        """Whether ``exc`` says the store is busy (locked by a writer), not broken."""
+        if not isinstance(exc, sqlite3.OperationalError):
+            return False
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return True
+        text = str(exc).lower()
+        return "is locked" in text or "is busy" in text
+
     def _usable(self) -> bool:
         return self._down_since is None or self._clock() - self._down_since >= self._retry_every
+
+    def _contended(self) -> None:
+        with self._busy_lock:
+            now = self._clock()
+            self.contended += 1
+            self._busy_until = now + self._contention_pause
+            if self._busy_warned is not None and now - self._busy_warned < self._retry_every:
+                return
+            self._busy_warned = now
+            LOG.warning(
+                "cooldown store %r is busy (another process holds its lock); calls go ahead "
+                "without waiting for it, as its answers are advisory, and this process keeps "
+                "its own cooldowns and breaker counts until the lock is free",
+                self.primary,
+            )
 
     def _failed(self, exc: Exception) -> None:
         if self._down_since is None:
@@ -836,13 +919,20 @@ class ResilientCooldownStore:
             self._down_since = None
 
     def _shared(self, op: str, *args: Any) -> tuple[bool, Any]:
-        """``(True, result)`` from the primary, or ``(False, None)`` when it is down."""
+        """``(True, result)`` from the primary, or ``(False, None)`` when it is down or busy."""
         if not self._usable():
             return False, None
+        if op in self.WRITES and self._busy_until is not None:
+            if self._clock() < self._busy_until:
+                return False, None
+            self._busy_until = None
         try:
             result = getattr(self.primary, op)(*args)
         except Exception as exc:  # noqa: BLE001 - a store must never fail a call
-            self._failed(exc)
+            if self.is_contention(exc):
+                self._contended()
+            else:
+                self._failed(exc)
             return False, None
         self._recovered()
         return True, result
