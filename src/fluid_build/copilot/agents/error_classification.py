@@ -852,11 +852,12 @@ def _context(
     request: httpx.Request | None,
     provider: str | None,
     model: str | None,
+    secrets: Iterable[str] = (),
 ) -> _Context:
-    ctx = _Context(provider, model)
+    ctx = _Context(provider, model, tuple(s for s in secrets if s))
     if request is None:
         return ctx
-    ctx.secrets = tuple(_request_secrets(request))
+    ctx.secrets = tuple(dict.fromkeys([*ctx.secrets, *_request_secrets(request)]))
     host = request.url.host or ""
     bare = request.url.copy_with(query=None, fragment=None, username=None, password=None)
     ctx.url = redact(str(bare), ctx.secrets)
@@ -1213,6 +1214,7 @@ def classify_provider_error(
     provider: str | None = None,
     model: str | None = None,
     now: float | datetime | None = None,
+    secrets: Iterable[str] = (),
 ) -> AgentExecutionError:
     """The typed error for anything raised around an httpx call to a provider.
 
@@ -1228,10 +1230,13 @@ def classify_provider_error(
     ``exc`` and everything chained to it are redacted in place afterwards
     (:func:`redact_chain`): callers chain it to the typed error, and a
     chained httpx exception must not show the request's key, the URL's
-    userinfo or a key-like query value.
+    userinfo or a key-like query value. ``secrets`` (the caller's API key)
+    are removed by value as well: an exception that is not an httpx one
+    carries no request to learn the key from.
     """
+    secrets = tuple(secrets)
     if isinstance(exc, AgentExecutionError):
-        redact_chain(exc)
+        redact_chain(exc, secrets)
         return exc
     last_attempt = (
         getattr(exc, "last_attempt", None) if type(exc).__name__ == "RetryError" else None
@@ -1242,11 +1247,12 @@ def classify_provider_error(
         except Exception:  # noqa: BLE001
             inner = None
         if isinstance(inner, BaseException):
-            redact_chain(exc)
-            return classify_provider_error(inner, provider=provider, model=model, now=now)
-    secrets: tuple[str, ...] = ()
+            redact_chain(exc, secrets)
+            return classify_provider_error(
+                inner, provider=provider, model=model, now=now, secrets=secrets
+            )
     try:
-        ctx = _context(exc, _request_of(exc), provider, model)
+        ctx = _context(exc, _request_of(exc), provider, model, secrets)
         secrets = ctx.secrets
         if isinstance(exc, httpx.HTTPStatusError):
             response = exc.response
