@@ -846,3 +846,25 @@ def test_concurrency_is_capped(mode: str, workers: int, max_concurrency: int) ->
 def test_max_concurrency_must_be_positive(registry: ToolRegistry) -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
         registry.run_many([call("add", a=1)], max_concurrency=0)
+
+
+def test_the_example_in_docs_tools_md_runs(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parent.parent / "docs" / "tools.md"
+    example = docs.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "outside.txt").write_text("secret")
+    namespace: dict[str, Any] = {}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(example, str(docs), "exec"), namespace)  # noqa: S102 - our own docs
+    finally:
+        os.chdir(cwd)
+    registry: ToolRegistry = namespace["registry"]
+    with registry:
+        assert registry.run(call("read_file", path="notes.txt", limit=2)).value == "one\ntwo\n"
+        (tmp_path / "project" / "link.txt").symlink_to(tmp_path / "outside.txt")
+        refused = registry.run(call("read_file", path="link.txt"))
+    assert refused.error is not None
+    assert refused.error.code == "tool.workspace_violation"
