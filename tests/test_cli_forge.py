@@ -204,7 +204,7 @@ def test_a_symlinked_directory_in_the_output_is_refused(
     elsewhere.mkdir()
     (out / inner).symlink_to(elsewhere, target_is_directory=True)
     result = forge_into(runner, out)
-    assert result.exit_code != 0, result.output
+    assert result.exit_code == EXIT_CODES["output"] == 4, result.output
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload["error"]["error"] == "OutputTreeError"
     message = payload["error"]["message"]
@@ -221,7 +221,7 @@ def test_a_symlinked_target_file_is_refused(runner: CliRunner, tmp_path: Path) -
     victim.write_text("keep me")
     (out / "models" / "fct_order_lines.sql").symlink_to(victim)
     result = forge_into(runner, out)
-    assert result.exit_code != 0
+    assert result.exit_code == EXIT_CODES["output"], result.output
     assert "models/fct_order_lines.sql in" in result.stdout
     assert victim.read_text() == "keep me"
     assert not (out / "contract.fluid.yaml").exists()
@@ -233,7 +233,7 @@ def test_the_output_directory_itself_may_not_be_a_symlink(
     (tmp_path / "real").mkdir()
     (tmp_path / "out").symlink_to(tmp_path / "real")
     result = forge_into(runner, tmp_path / "out")
-    assert result.exit_code != 0
+    assert result.exit_code == EXIT_CODES["output"], result.output
     assert f"{tmp_path / 'out'} is a symbolic link" in result.stdout
     assert files_under(tmp_path / "real") == []
     # The directories leading to --out may be symlinks: only the tree below it is checked.
@@ -246,7 +246,7 @@ def test_an_output_that_is_a_file_is_refused(runner: CliRunner, tmp_path: Path) 
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "models").write_text("a file, not a directory")
     result = forge_into(runner, tmp_path / "out")
-    assert result.exit_code != 0
+    assert result.exit_code == EXIT_CODES["output"], result.output
     assert "models in" in result.stdout
     assert "is not a directory" in result.stdout
 

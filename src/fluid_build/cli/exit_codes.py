@@ -16,6 +16,7 @@ EXIT_CODES: Final = {
     "internal": 1,  # a bug: please report it
     "usage": 2,  # click's own: a wrong option or argument
     "intent": 3,  # the intent (or cassette) file is missing or invalid
+    "output": 4,  # the output directory cannot be written safely (a symlink in it)
     "auth": 10,  # ProviderAuthError, and configuration the provider needs
     "rate_limit": 11,  # RateLimitError, quota exhausted included
     "timeout": 12,  # ProviderTimeoutError, and connection failures
@@ -43,10 +44,13 @@ def exit_code_for(exc: BaseException) -> int:
         ToolValidationError,
     )
     from fluid_build.copilot.llm.replay import CassetteError, ReplayMismatch
+    from fluid_build.forge.app import OutputTreeError
     from fluid_build.forge.intent import IntentError
 
     if isinstance(exc, IntentError | CassetteError):
         return EXIT_CODES["intent"]
+    if isinstance(exc, OutputTreeError):
+        return EXIT_CODES["output"]
     if isinstance(exc, ReplayMismatch):
         return EXIT_CODES["corpus_mismatch"]
     family = [
