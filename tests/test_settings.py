@@ -164,3 +164,137 @@ def test_timeout_is_clamped_and_never_crashes(
 def test_config_repr_hides_the_key() -> None:
     config = resolve_provider_config("openai", api_key="sk-proj-hideme123456")
     assert "hideme" not in repr(config)
+
+
+# -- bad configuration: a typed error naming the variable, with a valid example -----------
+
+K = "sk-proj-SETTINGSKEY0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("env", "variable", "example"),
+    [
+        ({"OPENAI_BASE_URL": "http://["}, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+        ({"OPENAI_BASE_URL": "sqlite://"}, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+        ({"OPENAI_BASE_URL": "https://"}, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+        ({"OPENAI_BASE_URL": "http://h:notaport/v1"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://h:99999/v1"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://h:0/v1"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://exa mple.com"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://h/\x00"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://h%00/"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "http://256.1.1.1/v1"}, "OPENAI_BASE_URL", "https://api.openai"),
+        ({"OPENAI_BASE_URL": "gopher://x"}, "OPENAI_BASE_URL", "https://api.openai"),
+        (
+            {"FLUID_LLM_PROVIDER": "anthropic", "ANTHROPIC_BASE_URL": "http://[::1"},
+            "ANTHROPIC_BASE_URL",
+            "https://api.anthropic.com",
+        ),
+        (
+            {"FLUID_LLM_PROVIDER": "gemini", "GEMINI_BASE_URL": "ftp://x"},
+            "GEMINI_BASE_URL",
+            "https://generativelanguage.googleapis.com/v1beta",
+        ),
+        ({"FLUID_LLM_PROVIDER": "ollama", "OLLAMA_HOST": "[::1"}, "OLLAMA_HOST", "127.0.0.1:11434"),
+        ({"FLUID_LLM_PROVIDER": "ollama", "OLLAMA_HOST": ":notaport"}, "OLLAMA_HOST", "127.0.0"),
+        (
+            {"FLUID_LLM_PROVIDER": "azure", "FLUID_LLM_MODEL": "d", "AZURE_OPENAI_ENDPOINT": "x"},
+            "AZURE_OPENAI_ENDPOINT",
+            "https://my-resource.openai.azure.com",
+        ),
+        (
+            {"FLUID_LLM_PROVIDER": "vllm", "FLUID_LLM_MODEL": "m", "OPENAI_BASE_URL": "h:8000"},
+            "OPENAI_BASE_URL",
+            "http://127.0.0.1:8000/v1",
+        ),
+        ({"FLUID_LLM_PROVIDER": "nope"}, "FLUID_LLM_PROVIDER", "openai"),
+        ({"FLUID_LLM_PROVIDER": "open\x00ai"}, "FLUID_LLM_PROVIDER", "openai"),
+        ({"FLUID_LLM_MODEL": "gpt-4o\x1b[31m"}, "FLUID_LLM_MODEL", "gpt-4o-mini"),
+        ({"FLUID_LLM_MODEL": "gpt\n4o"}, "FLUID_LLM_MODEL", "gpt-4o-mini"),
+        (
+            {
+                "FLUID_LLM_PROVIDER": "azure",
+                "FLUID_LLM_MODEL": "d",
+                "AZURE_OPENAI_ENDPOINT": "https://r.openai.azure.com",
+                "AZURE_OPENAI_API_VERSION": "2024-10-21\n; x",
+            },
+            "AZURE_OPENAI_API_VERSION",
+            "2024-10-21",
+        ),
+        ({"FLUID_LLM_PROVIDER": "groq"}, "FLUID_LLM_MODEL", "llama-3.3-70b-versatile"),
+    ],
+)
+def test_a_bad_value_is_a_typed_error_naming_the_variable_with_an_example(
+    env: dict[str, str], variable: str, example: str
+) -> None:
+    keys = dict.fromkeys(("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "GROQ_API_KEY"), K)
+    keys |= {"ANTHROPIC_API_KEY": K, "GEMINI_API_KEY": K}
+    env = {"FLUID_LLM_PROVIDER": "openai", **keys, **env}
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config(env=env)
+    error = caught.value
+    assert error.code in {"llm.bad_endpoint", "llm.not_configured"}
+    assert variable in error.message
+    assert f"{variable}={example}" in error.message
+    assert error.details["variable"] == variable
+    assert str(error.details["example"]).startswith(example)
+    assert K not in str(error)
+
+
+def test_a_bad_base_url_is_shown_without_its_credentials() -> None:
+    env = {"OPENAI_API_KEY": K, "OPENAI_BASE_URL": "https://user:hunter2@h:notaport/v1?key=abc123"}
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config(env=env)
+    shown = str(caught.value) + repr(caught.value) + str(caught.value.to_dict())
+    assert "hunter2" not in shown
+    assert "abc123" not in shown
+    assert "https://h:notaport/v1" in shown
+
+
+def test_a_bad_base_url_argument_names_the_argument() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("openai", api_key=K, base_url="http://[")
+    assert "base_url" in caught.value.message
+    assert "base_url='https://api.openai.com/v1'" in caught.value.message
+    assert caught.value.details["variable"] is None
+
+
+@pytest.mark.parametrize("variable", ["OPENAI_API_KEY", "FLUID_LLM_API_KEY"])
+def test_a_malformed_key_names_where_it_came_from(variable: str) -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config("openai", env={variable: "sk-proj-abc\ndef-secret-part"})
+    message = caught.value.message
+    assert variable in message
+    assert f"{variable}=<your key>" in message
+    assert "secret-part" not in str(caught.value) + repr(caught.value)
+
+
+def test_several_keys_and_no_endpoint_show_an_example() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config(env={"OPENAI_API_KEY": K, "GEMINI_API_KEY": K})
+    assert "FLUID_LLM_PROVIDER=openai" in caught.value.message
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("vllm", model="m")
+    assert "OPENAI_BASE_URL=http://127.0.0.1:8000/v1" in caught.value.message
+
+
+@pytest.mark.parametrize(("value", "allowed"), [("1", True), ("YES", True), ("on", True)])
+def test_the_ollama_opt_in_takes_any_yes(value: str, allowed: bool) -> None:
+    env = {"OLLAMA_HOST": "gpu-box.lan:11434", "FLUID_OLLAMA_ALLOW_REMOTE": value}
+    assert resolve_provider_config("ollama", env=env).base_url == "http://gpu-box.lan:11434"
+
+
+def test_an_ollama_opt_in_that_is_not_a_yes_says_so() -> None:
+    env = {"OLLAMA_HOST": "gpu-box.lan:11434", "FLUID_OLLAMA_ALLOW_REMOTE": "please"}
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("ollama", env=env)
+    assert "'please', which is not 1, true, yes or on" in caught.value.message
+    assert "OLLAMA_HOST=127.0.0.1:11434" in caught.value.message
+
+
+@pytest.mark.parametrize("timeout", [-1.0, float("nan"), float("inf")])
+def test_a_bad_timeout_argument_is_typed(timeout: float) -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("openai", api_key=K, timeout=timeout)
+    assert caught.value.code == "llm.not_configured"
+    assert "timeout=120" in caught.value.message

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fluid_build._redact import redact
+
 if TYPE_CHECKING:
     from keyring.backend import KeyringBackend
 
@@ -106,9 +108,34 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
+def _home_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``FLUID_HOME`` cannot name a directory, or None when it can (or is unset)."""
+    base = (env.get(FLUID_HOME_ENV) or "").strip()
+    if not base:
+        return None
+    shown = repr(base[:80])
+    if not base.isprintable():
+        return (
+            f"{FLUID_HOME_ENV}={shown} contains control characters; no stored configuration is "
+            f"read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.fluid)"
+        )
+    try:
+        Path(base).expanduser()
+    except RuntimeError:  # "~someone" for a user this machine does not know
+        return (
+            f"{FLUID_HOME_ENV}={shown} names the home of an unknown user; no stored "
+            f"configuration is read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.fluid)"
+        )
+    return None
+
+
 def _home(env: Mapping[str, str]) -> Path:
     base = (env.get(FLUID_HOME_ENV) or "").strip()
-    return Path(base).expanduser() if base else Path.home() / ".fluid"
+    if not base:
+        return Path.home() / ".fluid"
+    if _home_problem(env) is not None:
+        return Path(base)  # shown as it was given; never read (see _load)
+    return Path(base).expanduser()
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
@@ -116,14 +143,32 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
     return _home(_env(env)) / CONFIG_FILE_NAME
 
 
+_YES: Final = frozenset({"1", "true", "yes", "on"})
+_NO: Final = frozenset({"", "0", "false", "no", "off"})
+
+
 def plaintext_allowed(env: Mapping[str, str] | None = None) -> bool:
-    """True when ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS`` opts in to keys in the JSON file."""
-    value = _env(env).get(PLAINTEXT_OPT_IN_ENV, "").strip().lower()
-    return value in {"1", "true", "yes", "on"}
+    """True when ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS`` opts in to keys in the JSON file.
+
+    ``1``/``true``/``yes``/``on`` (any case) opt in; anything else does not, and a
+    value that is neither yes nor no logs one warning.
+    """
+    raw = _env(env).get(PLAINTEXT_OPT_IN_ENV) or ""
+    value = raw.strip().lower()
+    if value not in _YES | _NO and (PLAINTEXT_OPT_IN_ENV, raw) not in _SAID_VALUES:
+        _SAID_VALUES.add((PLAINTEXT_OPT_IN_ENV, raw))
+        LOG.warning(
+            "%s=%r is not a yes/no value; plaintext keys stay off (to opt in: %s=1)",
+            PLAINTEXT_OPT_IN_ENV,
+            redact(raw)[:40],
+            PLAINTEXT_OPT_IN_ENV,
+        )
+    return value in _YES
 
 
 # What was already logged: one command may read the file several times, says it once.
 _SAID: set[tuple[str, str]] = set()
+_SAID_VALUES: set[tuple[str, str]] = set()
 
 
 def _warn(path: Path, problem: str, problems: list[str], *, loud: bool = False) -> None:
@@ -142,14 +187,22 @@ def _load(env: Mapping[str, str]) -> _Loaded:
         _warn(path, f"{problem}; ignoring this file (run `fluid ai setup` to rewrite it)", problems)
         return _Loaded(AIConfig(path=str(path), exists=True, problems=tuple(problems)))
 
+    home_problem = _home_problem(env)
+    if home_problem is not None:
+        problems.append(home_problem)
+        if (FLUID_HOME_ENV, home_problem) not in _SAID:
+            _SAID.add((FLUID_HOME_ENV, home_problem))
+            LOG.warning("%s", home_problem)
+        return _Loaded(AIConfig(path=str(path), problems=tuple(problems)))
     try:
         with open(path, "rb") as handle:
             info = os.fstat(handle.fileno())
             data = handle.read(_MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         return _Loaded(AIConfig(path=str(path)))
-    except OSError as exc:
-        return ignored(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})")
+    except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return ignored(f"cannot be read ({type(exc).__name__}: {detail})")
     if not stat.S_ISREG(info.st_mode):
         return ignored("is not a regular file")
     if len(data) > _MAX_FILE_BYTES:

@@ -1,8 +1,10 @@
 """Reading fluid_build's environment variables: typed, bounded, never crashing.
 
-A value that does not parse logs one warning naming the variable and falls
-back to the default; a value out of range is clamped, with a warning. The
-environment is read only by the ``from_env`` factories, never at import.
+A value that does not parse (garbage, ``nan``, ``inf``, a number too large to
+hold) logs one warning naming the variable, the range it takes and a valid
+example, and falls back to the default; a value out of range is clamped,
+with a warning. Empty or blank is the same as unset. The environment is read
+only by the ``from_env`` factories, never at import.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ def _shown(raw: str) -> str:
     return repr(truncate(redact(raw), 60))
 
 
+def _default(value: float | None) -> str:
+    return "no limit" if value is None else f"{value:g}"
+
+
+def _expected(name: str, minimum: float, maximum: float, default: float | None) -> str:
+    example = default if default is not None else minimum
+    return f" (expected {minimum:g} to {maximum:g}, e.g. {name}={example:g})"
+
+
 def env_float(
     env: Mapping[str, str],
     name: str,
@@ -37,10 +48,22 @@ def env_float(
     try:
         value = float(raw.strip())
     except ValueError:
-        LOG.warning("%s=%s is not a number; using %s", name, _shown(raw), default)
+        LOG.warning(
+            "%s=%s is not a number; using %s%s",
+            name,
+            _shown(raw),
+            _default(default),
+            _expected(name, minimum, maximum, default),
+        )
         return default
     if not math.isfinite(value):
-        LOG.warning("%s=%s is not a finite number; using %s", name, _shown(raw), default)
+        LOG.warning(
+            "%s=%s is not a finite number; using %s%s",
+            name,
+            _shown(raw),
+            _default(default),
+            _expected(name, minimum, maximum, default),
+        )
         return default
     if value < minimum or value > maximum:
         clamped = min(max(value, minimum), maximum)
@@ -65,8 +88,14 @@ def env_int(
         return default
     try:
         value = int(raw.strip())
-    except ValueError:
-        LOG.warning("%s=%s is not a whole number; using %d", name, _shown(raw), default)
+    except ValueError:  # garbage, "1.5", or more digits than int() takes
+        LOG.warning(
+            "%s=%s is not a whole number; using %d%s",
+            name,
+            _shown(raw),
+            default,
+            _expected(name, minimum, maximum, default),
+        )
         return default
     if value < minimum or value > maximum:
         clamped = min(max(value, minimum), maximum)

@@ -5,17 +5,26 @@ Order: explicit arguments; then ``FLUID_LLM_PROVIDER`` / ``FLUID_LLM_MODEL`` /
 then the provider's own variables; then, for the provider, the single one
 whose key is set. A missing key is a :class:`ProviderAuthError` raised before
 any request, naming the variable to set.
+
+A value that cannot be used (an unknown provider, a URL that does not parse,
+control characters in a model name or a key) is a typed error too, never a
+bare ``ValueError``: its message names the variable (or the argument) it came
+from and shows a valid example, and ``details`` carries ``variable`` and
+``example`` for tools such as ``fluid doctor``. The value itself is shown only
+without credentials (URL user and password dropped), never for a key.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from fluid_build._redact import redact, truncate
 from fluid_build.config import env_float
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import ProviderConfig
@@ -70,9 +79,52 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
 # Providers picked automatically when theirs is the only key set.
 _AUTO: Final = ("openai", "anthropic", "gemini")
 
+#: A valid value for each variable, shown when the value set cannot be used.
+EXAMPLES: Final[Mapping[str, str]] = {
+    "FLUID_LLM_PROVIDER": "openai",
+    "FLUID_LLM_MODEL": "gpt-4o-mini",
+    "OPENAI_BASE_URL": "https://api.openai.com/v1",
+    "ANTHROPIC_BASE_URL": "https://api.anthropic.com",
+    "GEMINI_BASE_URL": "https://generativelanguage.googleapis.com/v1beta",
+    "OLLAMA_HOST": "127.0.0.1:11434",
+    "AZURE_OPENAI_ENDPOINT": "https://my-resource.openai.azure.com",
+    "AZURE_OPENAI_API_VERSION": "2024-10-21",
+    "OPENAI_API_VERSION": "2024-10-21",
+    "FLUID_OLLAMA_ALLOW_REMOTE": "1",
+}
+# The example for a server speaking the OpenAI API that is not OpenAI itself.
+_LOCAL_SERVER: Final = "http://127.0.0.1:8000/v1"
+_YES: Final = frozenset({"1", "true", "yes", "on"})
+# Examples of a model name for the providers that have no default model.
+_MODEL_EXAMPLES: Final[Mapping[str, str]] = {
+    "azure": "my-gpt-4o-deployment",
+    "groq": "llama-3.3-70b-versatile",
+    "mistral": "mistral-small-latest",
+    "openrouter": "openai/gpt-4o-mini",
+}
 
-def _not_configured(message: str, provider: str | None = None) -> ProviderError:
-    return ProviderError(message, provider=provider, code="llm.not_configured", retryable=False)
+
+def _not_configured(
+    message: str,
+    provider: str | None = None,
+    *,
+    variable: str | None = None,
+    example: str | None = None,
+) -> ProviderError:
+    details = {"variable": variable, "example": example} if variable else None
+    return ProviderError(
+        message, provider=provider, code="llm.not_configured", retryable=False, details=details
+    )
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """A value for a message: credentials redacted, cut short, control characters escaped."""
+    return repr(truncate(redact(value), limit))
+
+
+def _clean(value: str) -> bool:
+    """No control characters and no whitespace inside (the ends are already stripped)."""
+    return value.isprintable() and not any(ch.isspace() for ch in value)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -83,7 +135,15 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
 def _pick_provider(env: Mapping[str, str]) -> str:
     named = _get(env, "FLUID_LLM_PROVIDER")
     if named:
-        return named.lower()
+        name = named.lower()
+        if name not in PROVIDERS:
+            raise _not_configured(
+                f"unknown provider {_shown(named, 40)} in FLUID_LLM_PROVIDER: set it to one of "
+                f"{', '.join(sorted(PROVIDERS))}, e.g. FLUID_LLM_PROVIDER=openai",
+                variable="FLUID_LLM_PROVIDER",
+                example=EXAMPLES["FLUID_LLM_PROVIDER"],
+            )
+        return name
     with_keys = [p for p in _AUTO if any(_get(env, v) for v in PROVIDERS[p].key_vars)]
     if len(with_keys) == 1:
         return with_keys[0]
@@ -94,16 +154,24 @@ def _pick_provider(env: Mapping[str, str]) -> str:
         )
     keys = ", ".join(v for p in with_keys for v in PROVIDERS[p].key_vars if _get(env, v))
     raise _not_configured(
-        f"several provider keys are set ({keys}): choose one with FLUID_LLM_PROVIDER or provider="
+        f"several provider keys are set ({keys}): choose one with FLUID_LLM_PROVIDER "
+        f"(e.g. FLUID_LLM_PROVIDER={with_keys[0]}) or provider=",
+        variable="FLUID_LLM_PROVIDER",
+        example=with_keys[0],
     )
 
 
 def _key(
     provider: str, info: ProviderInfo, api_key: str | None, env: Mapping[str, str]
 ) -> str | None:
-    key = api_key if api_key is not None else _get(env, "FLUID_LLM_API_KEY")
+    source = "api_key="
+    key = api_key
     if key is None:
-        key = next((v for name in info.key_vars if (v := _get(env, name))), None)
+        for name in ("FLUID_LLM_API_KEY", *info.key_vars):
+            key = _get(env, name)
+            if key is not None:
+                source = name
+                break
     key = key.strip() if key else None
     if not key:
         if not info.key_required:
@@ -111,14 +179,23 @@ def _key(
         names = " or ".join(info.key_vars)
         raise ProviderAuthError(
             f"no API key for {provider}: set {names} (or FLUID_LLM_API_KEY) in the environment, "
-            "or pass api_key=",
+            f"e.g. {info.key_vars[0]}=<your key>, or pass api_key=",
             provider=provider,
+            details={"variable": info.key_vars[0], "example": "<your key>"},
         )
-    if any(ch.isspace() for ch in key) or not key.isprintable():
+    if not _clean(key):
+        # Never echo any of it: a key with a pasted newline is still a key.
+        if source == "api_key=":
+            where, fix = "api_key=", "pass the key alone: api_key='<your key>'"
+        else:
+            where = f"{source} holds a key that"
+            fix = f"set the key alone, on one line: {source}=<your key>"
         raise ProviderAuthError(
-            f"the API key for {provider} looks malformed (it contains whitespace or control "
-            "characters): check how it was pasted into the environment",
+            f"the API key for {provider} looks malformed: {where} contains whitespace or "
+            f"control characters (a pasted newline or space?); {fix}",
             provider=provider,
+            details={"variable": None if source == "api_key=" else source},
+            secrets=(key,),
         )
     return key
 
@@ -132,52 +209,174 @@ def _is_local(host: str) -> bool:
         return False
 
 
+def _public(url: str) -> str:
+    """``url`` as a message may show it: no user, password, query or fragment."""
+    head = url.split("#", 1)[0].split("?", 1)[0]
+    scheme, sep, rest = head.partition("://")
+    if not sep:
+        return head.rpartition("@")[2]
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be used as an endpoint, or None when it can."""
+    if not _clean(url):
+        return "it contains whitespace or control characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a malformed or out-of-range port raises here, not at send time
+    except ValueError:
+        return "it does not parse as a URL"
+    if parts.scheme.lower() not in {"http", "https"}:
+        return "it is not an http:// or https:// URL"
+    host = parts.hostname
+    if not host:
+        return "it names no host"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not all(ch.isalnum() or ch in "-._" for ch in host):
+            return f"its host {host[:40]!r} is not a host name"
+    if port == 0:
+        return "its port is 0"
+    import httpx  # what will send it must accept it too
+
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return "it is not a valid URL"
+    return None
+
+
 def _base_url(
     provider: str, info: ProviderInfo, base_url: str | None, env: Mapping[str, str]
 ) -> str | None:
-    url = base_url or (_get(env, info.base_url_var) if info.base_url_var else None)
-    url = url or info.default_base_url
+    source = "base_url="
+    url = base_url.strip() if base_url and base_url.strip() else None
+    if url is None and info.base_url_var:
+        url = _get(env, info.base_url_var)
+        source = info.base_url_var
+    if url is None and info.default_base_url:
+        return info.default_base_url
     if url is None:
         if provider == "azure":
             raise _not_configured(
-                "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT "
-                "(https://<resource>.openai.azure.com) or pass base_url=",
+                "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT (e.g. "
+                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']}) or pass base_url=",
                 provider,
+                variable="AZURE_OPENAI_ENDPOINT",
+                example=EXAMPLES["AZURE_OPENAI_ENDPOINT"],
             )
         if info.adapter == "openai_compatible":
             raise _not_configured(
                 f"{provider} needs the server's URL: set OPENAI_BASE_URL "
-                "(e.g. http://127.0.0.1:8000/v1) or pass base_url=",
+                f"(e.g. OPENAI_BASE_URL={_LOCAL_SERVER}) or pass base_url=",
                 provider,
+                variable="OPENAI_BASE_URL",
+                example=_LOCAL_SERVER,
             )
         return None
     if provider == "ollama" and "://" not in url:
         url = f"http://{url}"  # OLLAMA_HOST is often host:port
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # a malformed port raises here rather than at send time
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+    problem = _url_problem(url)
+    if problem is not None:
+        example = (
+            EXAMPLES.get(info.base_url_var or "")
+            or info.default_base_url
+            or "https://api.example.com/v1"
+        )
+        if info.adapter == "openai_compatible" and info.base_url_var == "OPENAI_BASE_URL":
+            example = _LOCAL_SERVER
+        if source == "base_url=":
+            shown, fix = "base_url", f"pass base_url='{example}'"
+        else:
+            shown, fix = source, f"set it like {source}={example}"
         raise ProviderError(
-            f"{provider} base URL {url!r} is not an http(s) URL",
+            f"{provider} base URL {_shown(_public(url), 80)} from {shown} is not an http(s) "
+            f"URL fluid can use: {problem}; {fix}",
             provider=provider,
             code="llm.bad_endpoint",
             retryable=False,
+            details={"variable": None if source == "base_url=" else source, "example": example},
         )
+    host = urlsplit(url).hostname or ""
     if provider == "ollama":
-        host = parts.hostname
         if host in {"0.0.0.0", "::"}:  # noqa: S104 - a listen address, meaning this machine
             url = url.replace(host, "127.0.0.1", 1)
-        elif not _is_local(host) and _get(env, "FLUID_OLLAMA_ALLOW_REMOTE") not in {"1", "true"}:
+        elif not _is_local(host) and not _allow_remote(env):
             raise ProviderError(
                 f"OLLAMA_HOST points to {host}, which is not this machine; prompts would leave "
-                "it unencrypted. Set FLUID_OLLAMA_ALLOW_REMOTE=1 to allow it.",
+                "it unencrypted. Set FLUID_OLLAMA_ALLOW_REMOTE=1 to allow it"
+                + _remote_note(env)
+                + ", or point OLLAMA_HOST at this machine (e.g. OLLAMA_HOST=127.0.0.1:11434).",
                 provider=provider,
                 code="llm.bad_endpoint",
                 retryable=False,
+                details={"variable": "FLUID_OLLAMA_ALLOW_REMOTE", "example": "1"},
             )
     return url
+
+
+def _allow_remote(env: Mapping[str, str]) -> bool:
+    return (_get(env, "FLUID_OLLAMA_ALLOW_REMOTE") or "").lower() in _YES
+
+
+def _remote_note(env: Mapping[str, str]) -> str:
+    value = _get(env, "FLUID_OLLAMA_ALLOW_REMOTE")
+    if value is None or value.lower() in {"0", "false", "no", "off"}:
+        return ""
+    return f" (it is set to {_shown(value, 20)}, which is not 1, true, yes or on)"
+
+
+def _model(name: str, model: str | None, env: Mapping[str, str]) -> str:
+    source = "model="
+    chosen = model.strip() if model and model.strip() else None
+    if chosen is None:
+        chosen = _get(env, "FLUID_LLM_MODEL")
+        source = "FLUID_LLM_MODEL"
+    if chosen is None:
+        chosen = PROVIDERS[name].default_model
+    if not chosen:
+        what = "deployment name" if name == "azure" else "model name"
+        example = _MODEL_EXAMPLES.get(name, "my-model")
+        raise _not_configured(
+            f"{name} needs a {what}: set FLUID_LLM_MODEL (e.g. FLUID_LLM_MODEL={example}) "
+            "or pass model=",
+            name,
+            variable="FLUID_LLM_MODEL",
+            example=example,
+        )
+    if not chosen.isprintable():
+        where = "model=" if source == "model=" else "FLUID_LLM_MODEL"
+        raise _not_configured(
+            f"the model name {_shown(chosen, 40)} from {where} contains control characters: "
+            f"set it to the name alone, e.g. {where}"
+            + ("'gpt-4o-mini'" if where == "model=" else "=gpt-4o-mini"),
+            name,
+            variable=None if source == "model=" else "FLUID_LLM_MODEL",
+            example=EXAMPLES["FLUID_LLM_MODEL"],
+        )
+    return chosen
+
+
+def _api_version(name: str, env: Mapping[str, str]) -> str | None:
+    if name != "azure":
+        return None
+    for variable in ("AZURE_OPENAI_API_VERSION", "OPENAI_API_VERSION"):
+        value = _get(env, variable)
+        if value is None:
+            continue
+        if not _clean(value):
+            raise _not_configured(
+                f"{variable}={_shown(value, 40)} contains whitespace or control characters: "
+                f"set it like {variable}=2024-10-21",
+                name,
+                variable=variable,
+                example=EXAMPLES[variable],
+            )
+        return value
+    return None
 
 
 def resolve_provider_config(
@@ -191,23 +390,27 @@ def resolve_provider_config(
 ) -> ProviderConfig:
     """The :class:`ProviderConfig` for a call; raises typed errors, never sends anything."""
     env = os.environ if env is None else env
-    name = (provider or _pick_provider(env)).lower()
+    name = (provider.strip() if provider else _pick_provider(env)).lower()
     info = PROVIDERS.get(name)
     if info is None:
         raise _not_configured(
-            f"unknown provider {name!r}: use one of {', '.join(sorted(PROVIDERS))}", name
+            f"unknown provider {_shown(name, 40)}: use one of {', '.join(sorted(PROVIDERS))}, "
+            "e.g. provider='openai'",
+            truncate(redact(name), 40),
         )
-    if name == "openai" and base_url is None and _get(env, "OPENAI_BASE_URL"):
-        base_url = _get(env, "OPENAI_BASE_URL")
-    chosen_model = model or _get(env, "FLUID_LLM_MODEL") or info.default_model
-    if not chosen_model:
-        what = "deployment name" if name == "azure" else "model name"
-        raise _not_configured(f"{name} needs a {what}: set FLUID_LLM_MODEL or pass model=", name)
+    chosen_model = _model(name, model, env)
     url = _base_url(name, info, base_url, env)
     key = _key(name, info, api_key, env)
     if timeout is None:
         timeout = env_float(
             env, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
+        )
+    elif timeout and not (
+        isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
+    ):
+        raise _not_configured(
+            f"timeout={timeout!r} is not a positive number of seconds: pass e.g. timeout=120",
+            name,
         )
     return ProviderConfig(
         provider=name,
@@ -215,7 +418,5 @@ def resolve_provider_config(
         api_key=key,
         base_url=url,
         timeout=float(timeout or DEFAULT_TIMEOUT),
-        api_version=_get(env, "AZURE_OPENAI_API_VERSION") or _get(env, "OPENAI_API_VERSION")
-        if name == "azure"
-        else None,
+        api_version=_api_version(name, env),
     )
