@@ -23,7 +23,6 @@ import httpx
 
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
-from fluid_build.copilot.agents.retry import ATTEMPT_ENDS
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -76,7 +75,7 @@ def deadline_from_env(env: Mapping[str, str]) -> float:
 class Deadline:
     """One call's deadline on a monotonic clock, and who to blame when it passes."""
 
-    __slots__ = ("clock", "ends", "model", "provider", "seconds", "started")
+    __slots__ = ("bound", "clock", "ends", "model", "provider", "seconds", "started")
 
     def __init__(
         self,
@@ -93,6 +92,11 @@ class Deadline:
         self.ends = self.started + seconds
         self.provider = provider
         self.model = model
+        self.bound: float | None = None  # sooner, while the call is a half-open trial
+
+    def narrow(self, bound: float | None) -> None:
+        """End the reads by ``bound`` (on ``clock``) too; None lifts it."""
+        self.bound = bound
 
     def of(self, provider: str, model: str) -> Deadline:
         """The same deadline, blaming another provider (a fallback entry)."""
@@ -105,8 +109,7 @@ class Deadline:
 
     def _ends(self) -> float:
         # A half-open trial's attempt ends sooner: inside its lease.
-        bound = ATTEMPT_ENDS.get()
-        return self.ends if bound is None else min(self.ends, bound)
+        return self.ends if self.bound is None else min(self.ends, self.bound)
 
     def timeout(self, per_attempt: float) -> httpx.Timeout:
         """The request's timeouts: the attempt's own, never past the deadline."""

@@ -648,6 +648,7 @@ class LLMClient:
             model=self.model,
             started=deadline.started,
             deadline=deadline.seconds,
+            narrow=deadline.narrow,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
@@ -701,6 +702,7 @@ class LLMClient:
             model=self.model,
             started=deadline.started,
             deadline=deadline.seconds,
+            narrow=deadline.narrow,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
@@ -963,6 +965,7 @@ class LLMClient:
             model=self.model,
             started=deadline.started,
             deadline=deadline.seconds,
+            narrow=deadline.narrow,
         )
         try:
             yield from first
@@ -1045,6 +1048,7 @@ class LLMClient:
             model=self.model,
             started=deadline.started,
             deadline=deadline.seconds,
+            narrow=deadline.narrow,
         )
         try:
             for item in first:

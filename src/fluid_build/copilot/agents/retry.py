@@ -32,7 +32,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -69,10 +68,6 @@ __all__ = [
 ]
 
 LOG = logging.getLogger("fluid_build.retry")
-
-#: While a half-open trial's attempt runs: when (on the envelope's clock) it must
-#: be over, so that its reads end inside its lease. None otherwise.
-ATTEMPT_ENDS: ContextVar[float | None] = ContextVar("fluid_attempt_ends", default=None)
 
 T = TypeVar("T")
 WaitReason = Literal["retry_after", "backoff", "cooldown"]
@@ -223,8 +218,10 @@ class _Run:
         started: float,
         trial: str | None,
         deadline: float | None = None,
+        narrow: Callable[[float | None], None] | None = None,
     ) -> None:
         self.env = envelope
+        self.narrow = narrow
         self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
         self.provider = provider
         self.model = model
@@ -248,12 +245,6 @@ class _Run:
     def elapsed(self) -> float:
         return self.env.clock() - self.started
 
-    def attempt_ends(self) -> float | None:
-        """When (on ``clock``) a half-open trial's attempt must be over: inside its lease."""
-        if self.trial is None or self.deadline is None:
-            return None
-        return self.started + self.deadline
-
     def left(self) -> float | None:
         """Seconds left before the call's deadline (None: no deadline)."""
         return None if self.deadline is None else max(self.deadline - self.elapsed(), 0.0)
@@ -264,6 +255,8 @@ class _Run:
         assert self.env.breaker is not None
         bound = self.elapsed() + self.env.breaker.trial_seconds
         self.deadline = bound if self.deadline is None else min(self.deadline, bound)
+        if self.narrow is not None:  # the caller's reads must end inside the lease too
+            self.narrow(self.started + self.deadline)
 
     # -- attempts --------------------------------------------------------------
 
@@ -430,6 +423,8 @@ class _Run:
 
     def end(self) -> None:
         """However the call ended (an answer, any error, a cancellation): give the lease back."""
+        if self.narrow is not None:
+            self.narrow(None)
         if self.trial is not None and self.env.breaker is not None and self.key is not None:
             self.env.breaker.release(self.key, self.trial)
             self.trial = None
@@ -531,12 +526,15 @@ class RetryEnvelope:
         model: str | None = None,
         started: float | None = None,
         deadline: float | None = None,
+        narrow: Callable[[float | None], None] | None = None,
     ) -> T:
         """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error.
 
         ``started`` (on ``clock``) and ``deadline`` (seconds) let a caller whose
         call began earlier (a pre-flight, a fallback chain) bound the whole of
-        it; the shorter of ``deadline`` and the policy's wins.
+        it; the shorter of ``deadline`` and the policy's wins. ``narrow`` is
+        told when (on ``clock``) the attempts must end sooner, while this call
+        is a half-open trial, and told None when the call ends.
         """
         started = self.clock() if started is None else started
         skey = None if key is None else str(key)
@@ -555,7 +553,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial, deadline)
+            run = _Run(self, skey, provider, model, started, trial, deadline, narrow)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -570,13 +568,10 @@ class RetryEnvelope:
                         for wait in run.cooldown_waits():
                             self.sleep(wait)
                         run.before_send()
-                        bound = ATTEMPT_ENDS.set(run.attempt_ends())
                         try:
                             result = fn()
                         except Exception as exc:  # noqa: BLE001 - classified, then judged
                             raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
-                        finally:
-                            ATTEMPT_ENDS.reset(bound)
                         run.succeeded()
                         return result
             except AgentExecutionError as error:
@@ -602,6 +597,7 @@ class RetryEnvelope:
         model: str | None = None,
         started: float | None = None,
         deadline: float | None = None,
+        narrow: Callable[[float | None], None] | None = None,
     ) -> T:
         """The async twin of :meth:`call`: same decisions, awaited sleeps."""
         started = self.clock() if started is None else started
@@ -620,7 +616,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial, deadline)
+            run = _Run(self, skey, provider, model, started, trial, deadline, narrow)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -637,13 +633,10 @@ class RetryEnvelope:
                         for wait in run.cooldown_waits():
                             await self.asleep(wait)
                         run.before_send()
-                        bound = ATTEMPT_ENDS.set(run.attempt_ends())
                         try:
                             result = await fn()
                         except Exception as exc:  # noqa: BLE001 - classified, then judged
                             raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
-                        finally:
-                            ATTEMPT_ENDS.reset(bound)
                         run.succeeded()
                         return result
             except AgentExecutionError as error:
