@@ -332,18 +332,29 @@ def _pydantic_problems(exc: ValidationError) -> str:
     return "; ".join(shown) + more
 
 
+#: The largest cassette file read (a recorded stream of a long answer fits easily).
+MAX_CASSETTE_BYTES: Final = 64 * 1024 * 1024
+
+
 def load_cassette(path: str | Path) -> Cassette:
     """Read and validate a cassette; any problem is a :class:`CassetteError` saying what."""
+    from fluid_build._files import UnsafeFileError, load_json, read_regular
+
     where = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # Bounded: never a FIFO, a device or a directory, never more than the limit.
+        text = read_regular(path, limit=MAX_CASSETTE_BYTES, name=where).decode("utf-8")
+    except UnsafeFileError as exc:
+        raise CassetteError(f"{exc.reason}; {exc.advice}", path=where) from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise CassetteError(f"cannot be read ({reason})", path=where) from None
     except UnicodeDecodeError:
         raise CassetteError("is not UTF-8 text", path=where) from None
     try:
-        data = json.loads(text)
+        data = load_json(text, name=where)
+    except UnsafeFileError as exc:
+        raise CassetteError(f"{exc.reason}; {exc.advice}", path=where) from None
     except json.JSONDecodeError as exc:
         raise CassetteError(
             f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})", path=where
