@@ -260,9 +260,8 @@ def _guarded(part: str, collect: Callable[[], T], fallback: Callable[[dict[str, 
     """``collect()``, or ``fallback(finding)`` when it raised: one part never sinks the report."""
     try:
         return collect()
-    except Exception as exc:
-        logging.getLogger("fluid_build.doctor").debug("%s failed", part, exc_info=True)
-        return fallback(_finding(exc))
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        return fallback({**_finding(exc), "part": part})
 
 
 # The loggers whose warnings say something about the configuration.
