@@ -416,11 +416,6 @@ def _client(handler: Any, **kwargs: Any) -> Any:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs client.py (lead's file) to pass secrets=(api_key,) to SchemaValidationError; "
-    "see the redaction report",
-)
 def test_raw_output_from_the_client_redacts_the_requests_key() -> None:
     class Plan(pydantic.BaseModel):
         name: str
@@ -430,6 +425,26 @@ def test_raw_output_from_the_client_redacts_the_requests_key() -> None:
     with pytest.raises(SchemaValidationError) as caught:
         client.complete([{"role": "user", "content": "plan"}], response_model=Plan)
     assert KEY not in (caught.value.raw_output or "")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_transport_error_that_quotes_the_key_is_redacted_by_value(streaming: bool) -> None:
+    """A proxy or gateway that echoes the key in its error text: the key is known by value."""
+
+    def echo(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError(f"gateway refused token {KEY} for this route")
+
+    client = _client(echo, env={"FLUID_LLM_MAX_ATTEMPTS": "2"})
+    messages = [{"role": "user", "content": "hi"}]
+    call = (
+        (lambda: list(client.stream(messages)))
+        if streaming
+        else (lambda: client.complete(messages))
+    )
+    with pytest.raises(AgentExecutionError) as caught:
+        call()
+    assert caught.value.code == "llm.network_error"
+    assert KEY not in _rendered(caught.value)
 
 
 def test_client_errors_chain_only_redacted_urls(caplog: pytest.LogCaptureFixture) -> None:

@@ -221,6 +221,8 @@ class LLMClient:
         self._key = CooldownKey.for_call(
             self.config.provider, self.config.api_key, self.config.model, self.adapter.endpoint
         )
+        # The request's own key goes by value from every error it could reach.
+        self._secrets: tuple[str, ...] = (self.config.api_key,) if self.config.api_key else ()
         self._env = env
         self._last_error: dict[str, Any] | None = None
         self.fallback_on_auth = fallback_on_auth
@@ -508,6 +510,7 @@ class LLMClient:
                 ],
                 raw_output=text,
                 code="llm.parse_error",
+                secrets=self._secrets,
             ) from None
         if prepared.strict is not None:
             data = prepared.strict.decode(data)
@@ -515,7 +518,7 @@ class LLMClient:
             return model.model_validate(data)
         except ValidationError as exc:
             raise SchemaValidationError.from_pydantic(
-                exc, schema_name=model.__name__, raw_output=text
+                exc, schema_name=model.__name__, raw_output=text, secrets=self._secrets
             ) from None
 
     @staticmethod
@@ -649,6 +652,7 @@ class LLMClient:
             started=deadline.started,
             deadline=deadline.seconds,
             narrow=deadline.narrow,
+            secrets=self._secrets,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
@@ -703,6 +707,7 @@ class LLMClient:
             started=deadline.started,
             deadline=deadline.seconds,
             narrow=deadline.narrow,
+            secrets=self._secrets,
         )
         return self._completion(parsed, prepared, attempts, self._request_id(response))
 
@@ -894,7 +899,9 @@ class LLMClient:
         if isinstance(exc, httpx.TimeoutException):
             error = self._timed_out(exc, deadline, "the rest of the stream")
         if error is None:
-            error = classify_provider_error(exc, provider=self.provider, model=self.model)
+            error = classify_provider_error(
+                exc, provider=self.provider, model=self.model, secrets=self._secrets
+            )
         return error.with_details(interrupted=True, **state.partial())
 
     def stream(
@@ -966,6 +973,7 @@ class LLMClient:
             started=deadline.started,
             deadline=deadline.seconds,
             narrow=deadline.narrow,
+            secrets=self._secrets,
         )
         try:
             yield from first
@@ -1049,6 +1057,7 @@ class LLMClient:
             started=deadline.started,
             deadline=deadline.seconds,
             narrow=deadline.narrow,
+            secrets=self._secrets,
         )
         try:
             for item in first:

@@ -308,6 +308,7 @@ class _Pipeline:
                     schema_name="ForgeOutput",
                     validation_errors=errors,
                     raw_output=completion.text,
+                    secrets=[key] if (key := self.client.config.api_key) else (),
                 )
             stage.corrections.append(errors)
             self.on_note(_describe("generate", errors))

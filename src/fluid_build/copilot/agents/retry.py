@@ -31,7 +31,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -219,8 +219,10 @@ class _Run:
         trial: str | None,
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
+        secrets: Sequence[str] = (),
     ) -> None:
         self.env = envelope
+        self.secrets = tuple(secrets)
         self.narrow = narrow
         self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
         self.provider = provider
@@ -264,7 +266,7 @@ class _Run:
         """Classify a failed attempt, count it, and share its Retry-After with the key."""
         env = self.env
         error = classify_provider_error(
-            exc, provider=self.provider, model=self.model, now=env.wall()
+            exc, provider=self.provider, model=self.model, now=env.wall(), secrets=self.secrets
         )
         if error is not exc:
             error.__cause__ = exc
@@ -527,6 +529,7 @@ class RetryEnvelope:
         started: float | None = None,
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
+        secrets: Sequence[str] = (),
     ) -> T:
         """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error.
 
@@ -534,7 +537,8 @@ class RetryEnvelope:
         call began earlier (a pre-flight, a fallback chain) bound the whole of
         it; the shorter of ``deadline`` and the policy's wins. ``narrow`` is
         told when (on ``clock``) the attempts must end sooner, while this call
-        is a half-open trial, and told None when the call ends.
+        is a half-open trial, and told None when the call ends. ``secrets``
+        (the request's key) are removed by value from every error raised.
         """
         started = self.clock() if started is None else started
         skey = None if key is None else str(key)
@@ -553,7 +557,9 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial, deadline, narrow)
+            run = _Run(
+                self, skey, provider, model, started, trial, deadline, narrow, secrets
+            )
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -598,6 +604,7 @@ class RetryEnvelope:
         started: float | None = None,
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
+        secrets: Sequence[str] = (),
     ) -> T:
         """The async twin of :meth:`call`: same decisions, awaited sleeps."""
         started = self.clock() if started is None else started
@@ -616,7 +623,9 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(self, skey, provider, model, started, trial, deadline, narrow)
+            run = _Run(
+                self, skey, provider, model, started, trial, deadline, narrow, secrets
+            )
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
