@@ -557,9 +557,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(
-                self, skey, provider, model, started, trial, deadline, narrow, secrets
-            )
+            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -623,9 +621,7 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
-            run = _Run(
-                self, skey, provider, model, started, trial, deadline, narrow, secrets
-            )
+            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
