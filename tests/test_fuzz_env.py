@@ -784,22 +784,26 @@ def library_log() -> Iterator[list[logging.LogRecord]]:
         logger.removeHandler(handler)
 
 
-# -- known gaps, in code other changes own: each fails today; strict xfail says when fixed ---
+# -- values that once escaped untyped, or warned twice --------------------------------------
 
 
-@pytest.mark.xfail(
-    raises=RuntimeError,
-    reason="cooldown_store_from_url expands '~user' and lets RuntimeError out for an unknown user",
-)
 def test_a_cooldown_path_under_an_unknown_users_home_does_not_crash(tmp_path: Path) -> None:
     env = {
         "FLUID_COOLDOWN_URL": "~nosuchuser-fluid/cooldown.sqlite3",
         "XDG_CACHE_HOME": str(tmp_path),
     }
-    _close(cooldown_store_from_env(env))
+    with library_log() as records:
+        store = cooldown_store_from_env(env)
+    try:
+        assert store is not None
+        store.extend("k", 5.0, now=0.0)  # the default file works
+        assert store.remaining("k", now=1.0) == pytest.approx(4.0)
+    finally:
+        _close(store)
+    assert any("unknown user" in r.getMessage() for r in records)
+    assert list(tmp_path.rglob("*.sqlite3"))  # under XDG_CACHE_HOME, the default place
 
 
-@pytest.mark.xfail(reason="a fallback's unknown provider is reported as provider=, not by variable")
 def test_an_unknown_fallback_provider_names_fluid_llm_fallbacks() -> None:
     env = {
         "OPENAI_API_KEY": "sk-proj-FALLBACKKEY0123456789abcd",
@@ -809,9 +813,10 @@ def test_an_unknown_fallback_provider_names_fluid_llm_fallbacks() -> None:
     with pytest.raises(ProviderError) as caught:
         LLMClient.from_env(env)
     assert "FLUID_LLM_FALLBACKS" in caught.value.message
+    assert caught.value.details["variable"] == "FLUID_LLM_FALLBACKS"
+    assert "anthropic:" in caught.value.details["example"]
 
 
-@pytest.mark.xfail(reason="RetryPolicy and the wire both read it, with different defaults")
 def test_a_bad_deadline_warns_once_per_client() -> None:
     env = {
         "OPENAI_API_KEY": "sk-proj-DEADLINEKEY0123456789abcd",
@@ -823,11 +828,30 @@ def test_a_bad_deadline_warns_once_per_client() -> None:
     assert len([r for r in records if "FLUID_LLM_DEADLINE_SECONDS" in r.getMessage()]) == 1
 
 
-@pytest.mark.xfail(
-    raises=ValueError, reason="httpx reads HTTPS_PROXY when the client's pool is made, untyped"
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("HTTPS_PROXY", "gopher://user:hunter2secret@proxy.invalid"),
+        ("ALL_PROXY", "socks5://127.0.0.1:1"),  # socksio is not installed
+        ("ALL_PROXY", "::::"),
+        ("SSL_CERT_FILE", "/nonexistent/ca.pem"),
+        ("SSL_CERT_FILE", os.devnull),  # a file with no certificate in it
+    ],
 )
-def test_an_unusable_proxy_variable_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "gopher://proxy.invalid")
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_unusable_proxy_or_certificate_variable_is_a_typed_error(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, streaming: bool
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "SSL_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
     env = {"OPENAI_API_KEY": "sk-proj-PROXYKEY0123456789abcdef", "FLUID_COOLDOWN_URL": "memory://"}
-    with LLMClient.from_env(env) as client, pytest.raises(FluidError):
-        client.complete("hi")
+    with LLMClient.from_env(env) as client, pytest.raises(ProviderError) as caught:
+        list(client.stream("hi")) if streaming else client.complete("hi")
+    error = caught.value
+    assert error.code == "llm.not_configured"
+    assert not error.retryable
+    assert error.details["variable"] == variable
+    assert variable in error.message
+    assert "hunter2secret" not in str(error)
+    assert error.__cause__ is None  # the raw httpx/ssl error does not travel with it

@@ -414,14 +414,15 @@ def test_cooldown_then_retry_after_shares_and_waits(mode: str) -> None:
 
 
 def test_policy_from_env(caplog: pytest.LogCaptureFixture) -> None:
-    assert RetryPolicy.from_env({}) == RetryPolicy()
+    # From the environment, the whole call is bounded by default (docs/limits.md).
+    assert RetryPolicy.from_env({}) == RetryPolicy(deadline=600)
     env = {"FLUID_LLM_MAX_ATTEMPTS": "5", "FLUID_LLM_DEADLINE_SECONDS": "90"}
     assert RetryPolicy.from_env(env) == RetryPolicy(attempts=5, deadline=90)
     with caplog.at_level(logging.WARNING, logger="fluid_build.config"):
         bad = RetryPolicy.from_env(
             {"FLUID_LLM_MAX_ATTEMPTS": "three", "FLUID_LLM_DEADLINE_SECONDS": "1e999"}
         )
-    assert bad == RetryPolicy()
+    assert bad == RetryPolicy(deadline=600)
     assert "FLUID_LLM_MAX_ATTEMPTS='three' is not a whole number; using 3" in caplog.text
     assert "FLUID_LLM_DEADLINE_SECONDS" in caplog.text
     with caplog.at_level(logging.WARNING, logger="fluid_build.config"):

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from fluid_build._redact import one_line, redact, redact_url, truncate
 from fluid_build.copilot._wire import (
     Deadline,
     Limits,
@@ -96,23 +97,80 @@ def _actionability(error: AgentExecutionError) -> int:
     return len(order)
 
 
+_FALLBACKS_ENV = "FLUID_LLM_FALLBACKS"
+_FALLBACKS_EXAMPLE = "anthropic:claude-sonnet-4-6,gemini:gemini-2.5-flash"
+
+
 def _fallback_specs(
     fallbacks: Sequence[tuple[str, str] | str] | None, env: Mapping[str, str] | None
 ) -> list[str]:
+    """The ``provider:model`` fallbacks, each checked; a bad one names where it came from."""
     if fallbacks is None:
-        raw = (os.environ if env is None else env).get("FLUID_LLM_FALLBACKS", "")
+        raw = (os.environ if env is None else env).get(_FALLBACKS_ENV, "")
         items: list[str] = [part.strip() for part in raw.split(",") if part.strip()]
+        source = _FALLBACKS_ENV
     else:
         items = [f"{f[0]}:{f[1]}" if isinstance(f, tuple) else str(f) for f in fallbacks]
+        source = "fallbacks="
     for item in items:
-        if ":" not in item or not item.split(":", 1)[0]:
-            raise ProviderError(
-                f"fallback {item!r} is not provider:model (FLUID_LLM_FALLBACKS takes "
-                "'anthropic:claude-sonnet-4-6,gemini:gemini-2.5-flash')",
-                code="llm.not_configured",
-                retryable=False,
-            )
+        name = item.split(":", 1)[0].strip().lower()
+        if ":" not in item or not name:
+            problem = "is not provider:model"
+        elif name not in PROVIDERS:
+            problem = f"names an unknown provider (one of {', '.join(sorted(PROVIDERS))})"
+        else:
+            continue
+        raise ProviderError(
+            f"fallback {truncate(redact(item), 60)!r} in {source} {problem}; e.g. "
+            f"{_FALLBACKS_ENV}={_FALLBACKS_EXAMPLE}",
+            code="llm.not_configured",
+            retryable=False,
+            details={"variable": _FALLBACKS_ENV, "example": _FALLBACKS_EXAMPLE}
+            if fallbacks is None
+            else None,
+        )
     return items
+
+
+_Pool = TypeVar("_Pool", httpx.Client, httpx.AsyncClient)
+
+#: What httpx reads from the environment when it makes a connection pool.
+_TRANSPORT_VARS: Final = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+
+
+def _pool(kind: Callable[..., _Pool], timeout: float, provider: str) -> _Pool:
+    """A connection pool, or a typed error naming the proxy or certificate variable at fault.
+
+    httpx reads ``HTTPS_PROXY``, ``ALL_PROXY``, ``SSL_CERT_FILE``... when the
+    pool is made; an unusable value (an unknown proxy scheme, SOCKS without
+    ``socksio``, a missing or empty certificate file) would otherwise escape as
+    a bare ValueError, ImportError or OSError at the first call.
+    """
+    try:
+        return kind(timeout=httpx.Timeout(timeout))
+    except Exception as exc:  # noqa: BLE001 - whatever httpx or ssl raise, typed here
+        found = [name for name in _TRANSPORT_VARS if os.environ.get(name)]
+        shown = ", ".join(f"{name}={redact_url(os.environ[name])[:120]!r}" for name in found)
+        reason = truncate(one_line(redact(str(exc))), 200)
+        raise ProviderError(
+            f"the HTTP connection pool cannot be made from this environment "
+            f"({type(exc).__name__}: {reason}); "
+            + (f"check {shown}" if shown else "check the proxy and certificate variables")
+            + " (e.g. HTTPS_PROXY=http://proxy.internal:3128; SOCKS needs httpx[socks])",
+            provider=provider,
+            code="llm.not_configured",
+            retryable=False,
+            details={"variable": found[0] if found else None, "variables": found},
+        ) from None
 
 
 _ADAPTERS: dict[str, type[Adapter]] = {
@@ -297,12 +355,12 @@ class LLMClient:
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = httpx.Client(timeout=httpx.Timeout(self.config.timeout))
+            self._http = _pool(httpx.Client, self.config.timeout, self.provider)
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
         if self._ahttp is None:
-            self._ahttp = httpx.AsyncClient(timeout=httpx.Timeout(self.config.timeout))
+            self._ahttp = _pool(httpx.AsyncClient, self.config.timeout, self.provider)
         return self._ahttp
 
     def close(self) -> None:

@@ -1075,7 +1075,17 @@ def cooldown_store_from_url(
             path = str(default_cooldown_path(env))
         primary = SqliteCooldownStore(path)
     elif scheme == "" and text:
-        primary = SqliteCooldownStore(Path(text).expanduser())
+        try:
+            where = Path(text).expanduser()
+        except RuntimeError:  # "~someone/..." for a user this machine does not know
+            where = default_cooldown_path(env)
+            LOG.warning(
+                "%s=%r names the home of an unknown user; using the sqlite file at %s",
+                COOLDOWN_URL_ENV,
+                text[:200],
+                where,
+            )
+        primary = SqliteCooldownStore(where)
     else:
         if text:
             LOG.warning(

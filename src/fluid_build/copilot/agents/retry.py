@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
-from fluid_build.config import env_float, env_int
+from fluid_build.config import env_int
 from fluid_build.copilot.agents.breaker import CircuitBreaker
 from fluid_build.copilot.agents.cooldown import (
     COOLDOWN,
@@ -91,15 +91,18 @@ class RetryPolicy(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RetryPolicy:
-        """``FLUID_LLM_MAX_ATTEMPTS`` (1..100), ``FLUID_LLM_DEADLINE_SECONDS``; bad values warn."""
+        """``FLUID_LLM_MAX_ATTEMPTS`` (1..100), ``FLUID_LLM_DEADLINE_SECONDS`` (600 s unset).
+
+        Bad values warn once and the default is used.
+        """
         import os
+
+        from fluid_build.copilot._wire import deadline_from_env
 
         env = os.environ if env is None else env
         values: dict[str, Any] = {
             "attempts": env_int(env, "FLUID_LLM_MAX_ATTEMPTS", 3, minimum=1, maximum=100),
-            "deadline": env_float(
-                env, "FLUID_LLM_DEADLINE_SECONDS", None, minimum=1.0, maximum=86_400.0
-            ),
+            "deadline": deadline_from_env(env),
         }
         values.update(overrides)
         return cls(**values)
