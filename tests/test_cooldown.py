@@ -127,6 +127,43 @@ def test_sqlite_reader_sees_a_write_made_after_it_cached(tmp_path: Path) -> None
     assert reader.remaining("k", NOW) == 9.0
 
 
+def test_sqlite_generation_file_wraps_at_its_cap_and_readers_still_see_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fluid_build.copilot.agents import cooldown
+
+    monkeypatch.setattr(cooldown, "_GENERATION_CAP", 8)
+    path = tmp_path / "c.sqlite3"
+    reader, writer = SqliteCooldownStore(path), SqliteCooldownStore(path)
+    for i in range(40):
+        assert reader.remaining(f"k{i}", NOW) == 0.0  # cached: nothing there
+        writer.extend(f"k{i}", 9.0, NOW)
+        assert reader.remaining(f"k{i}", NOW) == 9.0
+    generation = path.with_name(path.name + ".gen")
+    assert generation.stat().st_size <= 8  # capped: it does not grow with every write
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_fifo_in_place_of_the_generation_file_degrades_instead_of_hanging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "c.sqlite3"
+    os.mkfifo(path.with_name(path.name + ".gen"))
+    store = cooldown_store_from_url(str(path))
+    assert store is not None
+    done = threading.Event()
+
+    def work() -> None:
+        with caplog.at_level(logging.WARNING, logger="fluid_build.cooldown"):
+            assert store.extend("k", 4.0, NOW) == 4.0
+            assert store.remaining("k", NOW) == 4.0
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    assert done.wait(10), "the store blocked on a FIFO"
+    assert "failed (OSError" in caplog.text  # ENXIO with no reader; EINVAL with one
+
+
 def test_sqlite_creates_its_directory(tmp_path: Path) -> None:
     store = SqliteCooldownStore(tmp_path / "deep" / "er" / "c.sqlite3")
     store.extend("k", 1.0, NOW)

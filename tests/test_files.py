@@ -444,3 +444,31 @@ def test_memory_stays_bounded_on_a_4_gib_file(tmp_path: Path) -> None:
     assert "larger than 1 MB" in report["refusal"]
     assert "nests deeper than 64 levels" in report["deep"]
     assert report["growth_kib"] < 64 * 1024, report
+
+
+# -- the stored configuration (ai_config.json) ------------------------------------------------
+
+_CONFIG_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
+    "fifo": (make_fifo, "is not a regular file (it is a FIFO"),
+    "directory": (lambda p: p.mkdir(), "is not a regular file (it is a directory"),
+    "deep": (
+        lambda p: p.write_text("[" * 10_000 + "]" * 10_000, encoding="utf-8"),  # under 64 KiB
+        "is nested deeper than",
+    ),
+    "huge": (make_huge, "is larger than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CONFIG_FILES))
+def test_a_hostile_stored_configuration_is_ignored_with_a_reason(
+    tmp_path: Path, case: str
+) -> None:
+    from fluid_build.aiconfig import load_ai_config
+
+    make, problem = _CONFIG_FILES[case]
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    make(home / "ai_config.json")
+    config = finishes(lambda: load_ai_config({"FLUID_HOME": str(home)}))
+    assert config.provider is None
+    assert any(problem in p for p in config.problems), config.problems

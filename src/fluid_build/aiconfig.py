@@ -31,6 +31,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fluid_build._files import (
+    MAX_DEPTH,
+    NotRegularFileError,
+    TooDeepError,
+    load_json,
+    open_regular,
+    read_at_most,
+)
 from fluid_build._redact import redact
 
 if TYPE_CHECKING:
@@ -195,16 +203,23 @@ def _load(env: Mapping[str, str]) -> _Loaded:
             LOG.warning("%s", home_problem)
         return _Loaded(AIConfig(path=str(path), problems=tuple(problems)))
     try:
-        with open(path, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            data = handle.read(_MAX_FILE_BYTES + 1)
+        # Opened without blocking and checked before any read: a FIFO or a device
+        # planted at the path is refused, never waited on.
+        fd = open_regular(path)
     except FileNotFoundError:
         return _Loaded(AIConfig(path=str(path)))
+    except NotRegularFileError as exc:
+        return ignored(f"is not a regular file (it is {exc.kind})")
     except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         return ignored(f"cannot be read ({type(exc).__name__}: {detail})")
-    if not stat.S_ISREG(info.st_mode):
-        return ignored("is not a regular file")
+    try:
+        info = os.fstat(fd)
+        data = read_at_most(fd, _MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return ignored(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})")
+    finally:
+        os.close(fd)
     if len(data) > _MAX_FILE_BYTES:
         return ignored(f"is larger than {_MAX_FILE_BYTES} bytes")
     posix = os.name == "posix"
@@ -213,7 +228,9 @@ def _load(env: Mapping[str, str]) -> _Loaded:
             f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o}, should be 0600)"
         )
     try:
-        parsed = json.loads(data.decode("utf-8"))
+        parsed = load_json(data.decode("utf-8"), name=str(path))
+    except TooDeepError:
+        return ignored(f"is nested deeper than {MAX_DEPTH} levels")
     except (UnicodeDecodeError, ValueError) as exc:
         # The position only: the message of a JSON error can quote the file's text.
         where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""

@@ -25,11 +25,13 @@ one warning; it never fails a call.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import math
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -393,6 +395,12 @@ _ACQUIRE_SQL: Final = (
 )
 
 
+_O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+#: The generation sidecar starts again past this size (one byte per write).
+_GENERATION_CAP: Final = 1 << 20
+
+
 class SqliteCooldownStore:
     """Entries in a sqlite file, shared by every process on the machine.
 
@@ -423,7 +431,7 @@ class SqliteCooldownStore:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
-        self._seen_generation = -1
+        self._seen_generation: tuple[int, int] | None = None
         self._cache: dict[str, tuple[float, int]] = {}
         self._writes = 0
 
@@ -453,14 +461,16 @@ class SqliteCooldownStore:
                 raise
             self._generation_path.touch(exist_ok=True)
             self._conn, self._pid = conn, os.getpid()
-            self._seen_generation = -1
+            self._seen_generation = None
         return self._conn
 
-    def _generation(self) -> int:
+    def _generation(self) -> tuple[int, int]:
+        """The sidecar's size and time: it changes on every committed write."""
         try:
-            return self._generation_path.stat().st_size
+            info = self._generation_path.stat()
         except FileNotFoundError:
-            return -2
+            return (-1, 0)
+        return info.st_size, info.st_mtime_ns
 
     def _refresh(self, now: float) -> None:
         generation = self._generation()
@@ -505,10 +515,23 @@ class SqliteCooldownStore:
 
     def _bump(self) -> None:
         # Grow the sidecar only after the change is committed: a reader that
-        # sees the new size is sure to read the new rows.
-        with open(self._generation_path, "ab") as generation:
-            generation.write(b".")
-        self._seen_generation = -1
+        # sees the new size and time is sure to read the new rows. Opened
+        # without blocking and checked: a FIFO or device planted there is an
+        # error (the store is then treated as down), never a hang. At the cap
+        # the file starts again at one byte; its new modification time still
+        # tells readers that something changed.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW
+        fd = os.open(self._generation_path, flags, 0o600)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(self._generation_path))
+            if info.st_size >= _GENERATION_CAP:
+                os.ftruncate(fd, 0)
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+        self._seen_generation = None
 
     def remaining(self, key: str, now: float) -> float:
         self._refresh(now)
