@@ -460,9 +460,7 @@ _CONFIG_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(_CONFIG_FILES))
-def test_a_hostile_stored_configuration_is_ignored_with_a_reason(
-    tmp_path: Path, case: str
-) -> None:
+def test_a_hostile_stored_configuration_is_ignored_with_a_reason(tmp_path: Path, case: str) -> None:
     from fluid_build.aiconfig import load_ai_config
 
     make, problem = _CONFIG_FILES[case]
