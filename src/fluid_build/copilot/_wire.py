@@ -256,7 +256,7 @@ async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[b
             return
 
 
-def _finish(response: httpx.Response, body: bytes) -> httpx.Response:
+def _finish(response: httpx.Response, body: bytes, *, reader_inflated: bool) -> httpx.Response:
     """The answer as a plain, already-read response (what classification and parsing read)."""
     if response.is_error:
         done = httpx.Response(
@@ -268,6 +268,13 @@ def _finish(response: httpx.Response, body: bytes) -> httpx.Response:
         raise httpx.HTTPStatusError(
             f"HTTP {response.status_code}", request=response.request, response=done
         )
+    if reader_inflated is False:
+        # The hot path: httpx decoded the bytes itself (or there was nothing to
+        # decode), so the body is exactly what ``response.read()`` would have
+        # kept. Keep it the way ``read()`` does instead of building a second
+        # response (about 18 us a call).
+        response._content = body
+        return response
     return httpx.Response(
         response.status_code, headers=_undecoded(response), content=body, request=response.request
     )
@@ -288,7 +295,7 @@ def read_body(response: httpx.Response, deadline: Deadline, limits: Limits) -> h
         truncate=error,
     )
     body = b"".join(_chunks(response, reader))
-    return _finish(response, body)
+    return _finish(response, body, reader_inflated=reader.inflate is not None)
 
 
 async def aread_body(
@@ -304,7 +311,7 @@ async def aread_body(
         truncate=error,
     )
     body = b"".join([chunk async for chunk in _achunks(response, reader)])
-    return _finish(response, body)
+    return _finish(response, body, reader_inflated=reader.inflate is not None)
 
 
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
