@@ -29,10 +29,26 @@ class ToolCall(BaseModel):
 
 
 class Usage(BaseModel):
+    """Tokens one answer cost, counted the same way for every provider.
+
+    ``input_tokens`` is everything the model read: cached reads and cache
+    writes included (Anthropic reports those apart; they are added here).
+    ``output_tokens`` is everything it wrote: thinking included (Gemini's
+    ``thoughtsTokenCount`` is added here). The other fields say how much of
+    those totals was reasoning, read from a cache or written to one; 0 when
+    the provider does not say. Budgets count the totals.
+    """
+
     model_config = ConfigDict(frozen=True)
 
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Of ``output_tokens``: reasoning / thinking.
+    reasoning_tokens: int = 0
+    #: Of ``input_tokens``: read from the provider's prompt cache.
+    cache_read_tokens: int = 0
+    #: Of ``input_tokens``: written to the provider's prompt cache.
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
