@@ -639,6 +639,249 @@ def test_anthropic_stream(mock: respx.MockRouter, clock: FakeClock) -> None:
     assert done.finish_reason == "tool_use"
 
 
+ANTHROPIC_SERVER_TOOL_STREAM = sse(
+    {
+        "type": "message_start",
+        "message": {
+            "model": "claude-sonnet-4-6",
+            "usage": {
+                "input_tokens": 2,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 1,
+            },
+        },
+    },
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "thinking_delta", "thinking": "The user wants the weather."},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "signature_delta", "signature": "E"},
+    },
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {
+            "type": "server_tool_use",
+            "id": "srvtoolu_1",
+            "name": "web_search",
+            "input": {},
+        },
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '{"query": "weather Oslo"}'},
+    },
+    {"type": "content_block_stop", "index": 1},
+    {
+        "type": "content_block_start",
+        "index": 2,
+        "content_block": {
+            "type": "web_search_tool_result",
+            "tool_use_id": "srvtoolu_1",
+            "content": [{"type": "web_search_result", "title": "Oslo", "url": "https://x.example"}],
+        },
+    },
+    {"type": "content_block_stop", "index": 2},
+    {"type": "content_block_start", "index": 3, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": "Sunny."}},
+    {"type": "content_block_stop", "index": 3},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn"},
+        "usage": {
+            "input_tokens": 10682,
+            "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 2000,
+            "output_tokens": 510,
+            "server_tool_use": {"web_search_requests": 1},
+        },
+    },
+    {"type": "message_stop"},
+    named=True,
+)
+
+
+def test_anthropic_stream_keeps_server_tools_and_thinking_out_and_takes_the_final_usage(
+    mock: respx.MockRouter, clock: FakeClock
+) -> None:
+    mock.post("https://api.anthropic.com/v1/messages").respond(
+        200, content=ANTHROPIC_SERVER_TOOL_STREAM, headers={"content-type": "text/event-stream"}
+    )
+    text, seen, done = collect(make("anthropic", clock, api_key=KEY).stream("weather in Oslo?"))
+    assert text == "Sunny."
+    assert [e for e in seen if e.type == "tool_call"] == []
+    assert done is not None
+    assert done.tool_calls == []
+    usage = done.usage
+    assert (usage.input_tokens, usage.output_tokens) == (10682 + 100 + 2000, 510)
+    assert (usage.cache_read_tokens, usage.cache_write_tokens) == (2000, 100)
+
+
+def test_anthropic_answer_with_server_tools_and_cache_usage(
+    mock: respx.MockRouter, clock: FakeClock
+) -> None:
+    answer = {
+        "model": "claude-sonnet-4-6",
+        "stop_reason": "end_turn",
+        "content": [
+            {
+                "type": "server_tool_use",
+                "id": "srvtoolu_1",
+                "name": "web_search",
+                "input": {"query": "q"},
+            },
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+            {"type": "text", "text": "Sunny."},
+        ],
+        "usage": {
+            "input_tokens": 50,
+            "cache_creation_input_tokens": 1000,
+            "cache_read_input_tokens": 3000,
+            "output_tokens": 20,
+        },
+    }
+    mock.post("https://api.anthropic.com/v1/messages").respond(200, json=answer)
+    done = make("anthropic", clock, api_key=KEY).complete("hi")
+    assert (done.text, done.tool_calls) == ("Sunny.", [])
+    assert (done.usage.input_tokens, done.usage.cache_read_tokens) == (4050, 3000)
+    assert done.usage.cache_write_tokens == 1000
+
+
+def test_groq_stream_usage_from_x_groq(mock: respx.MockRouter, clock: FakeClock) -> None:
+    body = sse(
+        {"model": "llama-3.3-70b-versatile", "choices": [{"index": 0, "delta": {"content": "Hi"}}]},
+        {
+            "model": "llama-3.3-70b-versatile",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "x_groq": {
+                "id": "req_01",
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+            },
+        },
+        done=True,
+    )
+    mock.post("https://api.groq.com/openai/v1/chat/completions").respond(
+        200, content=body, headers={"content-type": "text/event-stream"}
+    )
+    client = make("groq", clock, model="llama-3.3-70b-versatile", env={"GROQ_API_KEY": "g" * 24})
+    text, _, done = collect(client.stream("hi"))
+    assert text == "Hi"
+    assert done is not None
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (12, 3)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_mistral_content_lists_join_text_and_keep_thinking_apart(
+    mock: respx.MockRouter, clock: FakeClock, streaming: bool
+) -> None:
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "let me think"}]}
+    parts = [
+        thinking,
+        {"type": "text", "text": "Paris"},
+        {"type": "reference", "reference_ids": [1]},
+    ]
+    if streaming:
+        body = sse(
+            {
+                "model": "magistral-medium",
+                "choices": [{"index": 0, "delta": {"content": [thinking]}}],
+            },
+            {
+                "model": "magistral-medium",
+                "choices": [{"index": 0, "delta": {"content": parts[1:]}}],
+            },
+            {
+                "model": "magistral-medium",
+                "choices": [{"index": 0, "delta": {"content": " is it."}}],
+            },
+            done=True,
+        )
+        mock.post("https://api.mistral.ai/v1/chat/completions").respond(
+            200, content=body, headers={"content-type": "text/event-stream"}
+        )
+    else:
+        answer = {
+            "model": "magistral-medium",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": [*parts, {"type": "text", "text": " is it."}],
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 9},
+        }
+        mock.post("https://api.mistral.ai/v1/chat/completions").respond(200, json=answer)
+    client = make("mistral", clock, model="magistral-medium", env={"MISTRAL_API_KEY": "m" * 32})
+    if streaming:
+        text, _, done = collect(client.stream("capital of France?"))
+    else:
+        done = client.complete("capital of France?")
+        text = done.text
+    assert text == "Paris is it."
+    assert done is not None
+    assert "think" not in done.text
+
+
+def test_gemini_thinking_tokens_count_as_output(mock: respx.MockRouter, clock: FakeClock) -> None:
+    answer = {
+        "candidates": [
+            {
+                "content": {"parts": [{"text": "plan...", "thought": True}, {"text": "42"}]},
+                "finishReason": "STOP",
+            }
+        ],
+        "usageMetadata": {
+            "promptTokenCount": 10,
+            "candidatesTokenCount": 2,
+            "thoughtsTokenCount": 300,
+            "cachedContentTokenCount": 4,
+            "totalTokenCount": 312,
+        },
+        "modelVersion": "gemini-2.5-flash",
+    }
+    mock.post(url__regex=r".*:generateContent$").respond(200, json=answer)
+    done = make("gemini", clock, env={"GEMINI_API_KEY": "k" * 20}).complete("hi")
+    assert done.text == "42"
+    usage = done.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (10, 302, 300)
+    assert usage.cache_read_tokens == 4
+    assert usage.total_tokens == 312  # what Gemini bills: totalTokenCount
+
+
+def test_openai_usage_details(mock: respx.MockRouter, clock: FakeClock) -> None:
+    answer = {
+        "model": "o4-mini",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": 1200,
+            "completion_tokens": 400,
+            "prompt_tokens_details": {"cached_tokens": 1024, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 320},
+        },
+    }
+    mock.post("https://api.openai.com/v1/chat/completions").respond(200, json=answer)
+    usage = make("openai", clock, api_key=KEY).complete("hi").usage
+    assert (usage.input_tokens, usage.output_tokens) == (1200, 400)
+    assert (usage.reasoning_tokens, usage.cache_read_tokens) == (320, 1024)
+
+
 def test_gemini_stream(mock: respx.MockRouter, clock: FakeClock) -> None:
     body = sse(
         {"candidates": [{"content": {"parts": [{"text": "Hel"}]}}]},

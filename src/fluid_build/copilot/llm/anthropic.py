@@ -61,7 +61,42 @@ def anthropic_messages(spec: CallSpec) -> list[dict[str, Any]]:
     return out
 
 
-_USAGE = {"input_tokens": COUNT, "output_tokens": COUNT}
+_USAGE = {
+    "input_tokens": COUNT,
+    "output_tokens": COUNT,
+    "cache_creation_input_tokens": COUNT,
+    "cache_read_input_tokens": COUNT,
+}
+#: The usage fields an Anthropic answer may carry, and what they become.
+_USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
+def _counts(usage: Any, into: dict[str, int] | None = None) -> dict[str, int]:
+    """The usage counts an answer (or a stream event) carries; later events win per field."""
+    counts = dict(into or {})
+    if isinstance(usage, dict):
+        for name in _USAGE_FIELDS:
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                counts[name] = value
+    return counts
+
+
+def _usage(counts: dict[str, int]) -> Usage:
+    """Anthropic counts cached reads and cache writes apart from input_tokens: all are input."""
+    read = counts.get("cache_read_input_tokens", 0)
+    written = counts.get("cache_creation_input_tokens", 0)
+    return Usage(
+        input_tokens=counts.get("input_tokens", 0) + read + written,
+        output_tokens=counts.get("output_tokens", 0),
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 class AnthropicAdapter(Adapter):
@@ -140,14 +175,10 @@ class AnthropicAdapter(Adapter):
                         arguments=arguments,
                     )
                 )
-        usage = data.get("usage") or {}
         return Parsed(
             "".join(texts),
             calls,
-            Usage(
-                input_tokens=int(usage.get("input_tokens") or 0),
-                output_tokens=int(usage.get("output_tokens") or 0),
-            ),
+            _usage(_counts(data.get("usage"))),
             data.get("stop_reason"),
             data.get("model"),
         )
@@ -163,46 +194,54 @@ class AnthropicAdapter(Adapter):
         if kind == "message_start":
             message = data.get("message") or {}
             state.model = message.get("model")
-            usage = message.get("usage") or {}
-            state.usage = Usage(input_tokens=int(usage.get("input_tokens") or 0))
+            state.counts = _counts(message.get("usage"))
+            state.usage = _usage(state.counts)
         elif kind == "content_block_start":
             index = int(data.get("index") or 0)
             block = data.get("content_block") or {}
-            if block.get("type") == "tool_use":
+            block_type = block.get("type")
+            if block_type == "tool_use":
                 if spec.response_schema is not None and block.get("name") == _respond_tool(spec):
                     blocks[index] = "respond"
                 else:
                     blocks[index] = "tool"
                     events.append(state.add_call(index, id=block.get("id"), name=block.get("name")))
-            else:
+            elif block_type == "text":
                 blocks[index] = "text"
                 event_ = state.add_text(text_of(block.get("text")))
                 if event_:
                     events.append(event_)
+            else:
+                # thinking, redacted_thinking, and every server-side tool block
+                # (server_tool_use, web_search_tool_result, web_fetch_tool_result,
+                # code execution and MCP results ...): the provider ran them, not
+                # the caller, so none is a tool call and none is answer text.
+                blocks[index] = "provider"
         elif kind == "content_block_delta":
             index = int(data.get("index") or 0)
             delta = data.get("delta") or {}
-            if delta.get("type") == "text_delta":
+            owner = blocks.get(index, "text")
+            if owner == "provider":
+                pass  # thinking_delta, signature_delta, a server tool's input ...
+            elif delta.get("type") == "text_delta":
                 event_ = state.add_text(text_of(delta.get("text")))
                 if event_:
                     events.append(event_)
             elif delta.get("type") == "input_json_delta":
                 fragment = str(delta.get("partial_json") or "")
-                if blocks.get(index) == "respond":
+                if owner == "respond":
                     event_ = state.add_text(fragment)
                     if event_:
                         events.append(event_)
-                else:
+                elif owner == "tool":
                     events.append(state.add_call(index, arguments_delta=fragment))
         elif kind == "message_delta":
             state.finish_reason = (data.get("delta") or {}).get(
                 "stop_reason"
             ) or state.finish_reason
-            usage = data.get("usage") or {}
-            state.usage = Usage(
-                input_tokens=state.usage.input_tokens,
-                output_tokens=int(usage.get("output_tokens") or 0),
-            )
+            # Cumulative counts: each field this event carries is the final one.
+            state.counts = _counts(data.get("usage"), state.counts)
+            state.usage = _usage(state.counts)
         elif kind == "message_stop":
             state.done = True
         return events

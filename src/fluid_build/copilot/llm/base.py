@@ -82,6 +82,7 @@ class StreamState:
     model: str | None = None
     done: bool = False
     block_kinds: dict[int, str] = field(default_factory=dict)  # an adapter's per-block notes
+    counts: dict[str, int] = field(default_factory=dict)  # raw usage counts seen so far
 
     def add_text(self, delta: str) -> StreamEvent | None:
         if not delta:

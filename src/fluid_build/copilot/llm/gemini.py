@@ -45,11 +45,26 @@ def gemini_contents(spec: CallSpec) -> list[dict[str, Any]]:
     return out
 
 
+def _count(meta: dict[str, Any], name: str) -> int:
+    value = meta.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _usage(data: dict[str, Any]) -> Usage:
-    meta = data.get("usageMetadata") or {}
+    """Thinking is output the budget pays for: thoughtsTokenCount is added to the answer's.
+
+    ``promptTokenCount`` already includes ``cachedContentTokenCount``; the
+    prompt of a tool the model ran (``toolUsePromptTokenCount``) is input too.
+    """
+    meta = data.get("usageMetadata")
+    if not isinstance(meta, dict):
+        return Usage()
+    thoughts = _count(meta, "thoughtsTokenCount")
     return Usage(
-        input_tokens=int(meta.get("promptTokenCount") or 0),
-        output_tokens=int(meta.get("candidatesTokenCount") or 0),
+        input_tokens=_count(meta, "promptTokenCount") + _count(meta, "toolUsePromptTokenCount"),
+        output_tokens=_count(meta, "candidatesTokenCount") + thoughts,
+        reasoning_tokens=thoughts,
+        cache_read_tokens=_count(meta, "cachedContentTokenCount"),
     )
 
 
@@ -68,7 +83,13 @@ _SHAPE = {
             "finishReason": TEXT,
         }
     ],
-    "usageMetadata": {"promptTokenCount": COUNT, "candidatesTokenCount": COUNT},
+    "usageMetadata": {
+        "promptTokenCount": COUNT,
+        "candidatesTokenCount": COUNT,
+        "thoughtsTokenCount": COUNT,
+        "cachedContentTokenCount": COUNT,
+        "toolUsePromptTokenCount": COUNT,
+    },
     "modelVersion": TEXT,
 }
 

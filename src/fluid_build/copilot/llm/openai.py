@@ -49,17 +49,42 @@ def openai_messages(spec: CallSpec) -> list[dict[str, Any]]:
     return out
 
 
-def _usage(data: Any) -> Usage:
-    usage = data.get("usage") if isinstance(data, dict) else None
-    if not isinstance(usage, dict):
-        return Usage()
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _usage_of(data: Any) -> dict[str, Any] | None:
+    """The usage object of an answer or chunk: ``usage``, or Groq's ``x_groq.usage``."""
+    if not isinstance(data, dict):
+        return None
+    usage = data.get("usage")
+    if isinstance(usage, dict) and usage:
+        return usage
+    groq = data.get("x_groq")
+    usage = groq.get("usage") if isinstance(groq, dict) else None
+    return usage if isinstance(usage, dict) and usage else None
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    """prompt_tokens includes cached tokens and completion_tokens reasoning: both are subsets."""
+    prompt = usage.get("prompt_tokens_details")
+    completion = usage.get("completion_tokens_details")
     return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or 0),
+        input_tokens=_count(usage.get("prompt_tokens")),
+        output_tokens=_count(usage.get("completion_tokens")),
+        reasoning_tokens=_count(completion.get("reasoning_tokens"))
+        if isinstance(completion, dict)
+        else 0,
+        cache_read_tokens=_count(prompt.get("cached_tokens")) if isinstance(prompt, dict) else 0,
     )
 
 
-_USAGE = {"prompt_tokens": COUNT, "completion_tokens": COUNT}
+_USAGE = {
+    "prompt_tokens": COUNT,
+    "completion_tokens": COUNT,
+    "prompt_tokens_details": {"cached_tokens": COUNT},
+    "completion_tokens_details": {"reasoning_tokens": COUNT},
+}
 _CONTENT = (str, list, NULL)  # a list of parts from some compatible servers (Mistral)
 
 
@@ -114,6 +139,7 @@ class OpenAIAdapter(Adapter):
             }
         ],
         "usage": _USAGE,
+        "x_groq": {"usage": _USAGE},
         "model": TEXT,
     }
 
@@ -167,8 +193,13 @@ class OpenAIAdapter(Adapter):
         text = _text(message.get("content"))
         if not text and message.get("refusal"):
             text = str(message["refusal"])
+        usage = _usage_of(data)
         return Parsed(
-            str(text), calls, _usage(data), choice.get("finish_reason"), data.get("model")
+            str(text),
+            calls,
+            Usage() if usage is None else _usage(usage),
+            choice.get("finish_reason"),
+            data.get("model"),
         )
 
     def parse_chunk(
@@ -178,8 +209,9 @@ class OpenAIAdapter(Adapter):
         if not isinstance(data, dict):
             return events
         state.model = data.get("model") or state.model
-        if data.get("usage"):
-            state.usage = _usage(data)
+        usage = _usage_of(data)
+        if usage is not None:
+            state.usage = _usage(usage)
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
             text_event = state.add_text(_text(delta.get("content")))
