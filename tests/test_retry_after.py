@@ -46,7 +46,7 @@ def rfc3339(offset: float) -> str:
         ({"Retry-After": "nan"}, None),
         ({"Retry-After": "inf"}, None),
         ({"Retry-After": "1e400"}, None),
-        ({"Retry-After": "9" * 400}, None),
+        ({"Retry-After": "9" * 400}, 300.0),  # all digits: longer than the cap, so the cap
         ({"Retry-After": "soon"}, None),
         ({"Retry-After": ""}, None),
         ({"Retry-After": "Wed, 99 Foo 2015 07:28:00 GMT"}, None),

@@ -6,7 +6,8 @@ other part of fluid_build branches on the typed class and its ``code``.
 What the body says beats what the status says: a context-length message is a
 :class:`ContextOverflowError` under any status, an invalid key reported in a
 400 is a :class:`ProviderAuthError`, and an error event inside an HTTP 200
-stream is classified by its own error type.
+stream is classified by its own error type. An ``x-should-retry: true|false``
+header, when the server sends one, has the last word on ``retryable``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import math
 import re
 import ssl
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -67,7 +69,14 @@ HeadersLike = httpx.Headers | Mapping[str, str] | Iterable[tuple[str, str]] | No
 # Retry-After and its fallbacks
 # --------------------------------------------------------------------------
 
-_SECONDS = re.compile(r"^\s*(\d{1,30}(?:\.\d{1,30})?)\s*$")
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+# What a run of digits too long for a float stands for: longer than any cap.
+_LONGEST: Final = sys.float_info.max
+
+
+def _number(digits: str) -> float:
+    """``digits`` as a float; more digits than a float holds is still a number, not junk."""
+    return min(float(digits), _LONGEST)
 
 
 def _now_ts(now: float | datetime | None) -> float:
@@ -131,13 +140,13 @@ def _requested_wait(headers: HeadersLike, now: float | datetime | None) -> float
         for raw in parsed.get_list("retry-after-ms"):
             match = _SECONDS.match(raw)
             if match:
-                seconds = _nonnegative(float(match.group(1)) / 1000.0)
+                seconds = _nonnegative(_number(match.group(1)) / 1000.0)
                 if seconds is not None:
                     return seconds
         for raw in parsed.get_list("retry-after"):
             match = _SECONDS.match(raw)
             if match:
-                seconds = _nonnegative(float(match.group(1)))
+                seconds = _nonnegative(_number(match.group(1)))
             else:
                 seconds = _parse_http_date(raw.strip(), _now_ts(now))
             if seconds is not None:
@@ -158,14 +167,14 @@ def _parse_duration(value: str) -> float | None:
     match = _DURATION.match(value)
     if not match or not any(match.groupdict().values()):
         return None
-    parts = {k: float(v) for k, v in match.groupdict().items() if v}
+    parts = {k: _number(v) for k, v in match.groupdict().items() if v}
     total = (
         parts.get("h", 0.0) * 3600
         + parts.get("m", 0.0) * 60
         + parts.get("s", 0.0)
         + parts.get("ms", 0.0) / 1000
     )
-    return _nonnegative(total)
+    return _nonnegative(min(total, _LONGEST))
 
 
 def _parse_reset_value(value: str, now: float) -> float | None:
@@ -174,7 +183,7 @@ def _parse_reset_value(value: str, now: float) -> float | None:
         return None
     match = _SECONDS.match(value)
     if match:
-        number = float(match.group(1))
+        number = _number(match.group(1))
         if number > 1e12:  # epoch milliseconds (OpenRouter)
             return _nonnegative(number / 1000 - now)
         if number > 1e9:  # epoch seconds
@@ -261,13 +270,13 @@ def _wait_from_message(message: str) -> float | None:
         return None
     if match.group("dur"):
         return _parse_duration(match.group("dur"))
-    number = float(match.group("num"))
+    number = _number(match.group("num"))
     unit = match.group("unit").lower()
     if unit == "ms" or unit.startswith("milli"):
         number /= 1000
     elif unit.startswith("m"):
         number *= 60
-    return _nonnegative(number)
+    return _nonnegative(min(number, _LONGEST))
 
 
 # --------------------------------------------------------------------------
@@ -392,6 +401,7 @@ class _Info:
     message: str = ""
     type: str = ""
     code: str = ""
+    param: str = ""
     body_status: int | None = None
     retry_delay: float | None = None
     quota_ids: list[str] = field(default_factory=list)
@@ -514,6 +524,7 @@ def _extract(data: Any) -> _Info:
         info.type = status
     code = source.get("code")
     info.code = _text(code)
+    info.param = _text(source.get("param"))
     for candidate in (code, source.get("status"), data.get("code")):
         if isinstance(candidate, int) and 100 <= candidate <= 599:
             info.body_status = candidate
@@ -544,7 +555,7 @@ _FIELD = r'"{name}"\s*:\s*"((?:[^"\\]|\\.){{0,2000}})'
 def _extract_loose(text: str) -> _Info:
     """Best-effort fields from JSON that did not parse (a truncated body)."""
     info = _Info()
-    for name in ("message", "type", "code", "status"):
+    for name in ("message", "type", "code", "status", "param"):
         match = re.search(_FIELD.format(name=name), text)
         if not match:
             continue
@@ -557,6 +568,8 @@ def _extract_loose(text: str) -> _Info:
             info.type = value
         elif name == "code":
             info.code = value
+        elif name == "param":
+            info.param = value
     return info
 
 
@@ -580,7 +593,9 @@ def _html_text(text: str) -> str:
 
 
 def _rx(*alternatives: str) -> re.Pattern[str]:
-    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
+    # Each phrase starts a word: "insufficient_quota" is a code, "x_insufficient_quota"
+    # a parameter name the provider echoes back.
+    return re.compile("|".join(f"(?<![a-z0-9_])(?:{a})" for a in alternatives), re.IGNORECASE)
 
 
 _OVERFLOW = _rx(
@@ -588,23 +603,34 @@ _OVERFLOW = _rx(
     r"maximum context length",
     r"exceed_context_size",
     r"exceeds? (?:the )?(?:available |maximum |model'?s? )?context (?:length|window|size|limit)",
+    r"(?:model'?s?|the) maximum context limit",
+    r"larger than the max(?:imum)? context size",
+    r"current length is \d+ while limit is \d+",
+    r"\d+ tokens? > \d+ (?:tokens? )?maximum",
     r"context (?:length|window|size|limit) (?:(?:has been|was|is) )?exceeded",
     r"prompt is too long",
     r"input is too long",
     r"input length and `?max_tokens`? exceed context limit",
     r"input token count.{0,60}exceeds",
+    r"input token count is \d+ but (?:the )?model only supports up to",
     r"exceeds the maximum number of tokens",
     r"reduce the length of the messages",
     r"maximum model length",
     r"longer than the model'?s? (?:maximum )?context",
     r"too long to fit into the model",
-    r"string_above_max_length",
     r"request_too_large",
     r"request too large",
     r"request entity too large",
     r"tokens? \+ `?max_new_tokens`? must be <=",
-    r"too many tokens in (?:the )?(?:prompt|input|request)",
+    r"too many tokens(?: in (?:the )?(?:prompt|input|request)|: total number of tokens)",
 )
+# OpenAI's string_above_max_length is an overflow only when the long string is the prompt:
+# "messages", "messages[3].content", "input[0].content[0].text"; "tools[0].function.description"
+# or "messages[1].tool_calls[0].id" too long is a malformed request.
+_PROMPT_PARAM = re.compile(
+    r"^(?:messages|input|prompt)(?:\[\d+\](?:\.content(?:\[\d+\](?:\.text)?)?)?)?$", re.IGNORECASE
+)
+_QUOTED_PARAM = re.compile(r"(?i)invalid '([^']{1,200})'")
 # "Limit 10000, Requested 15000" without a "Used": one request bigger than the
 # whole per-minute budget, which no amount of waiting fixes.
 _TPM_TOO_LARGE = re.compile(r"(?i)limit:? (\d+), requested:? (\d+)")
@@ -651,6 +677,7 @@ _FILTER = _rx(
     r"content management policy",
     r"safety system",
     r"flagged as potentially violating",
+    r"violat(?:es|ed|ing) (?:our|the) (?:usage |content )?polic(?:y|ies)",
 )
 
 _MODEL_NOT_FOUND = _rx(
@@ -665,7 +692,9 @@ _MODEL_NOT_FOUND = _rx(
 )
 
 _RATE_LIMIT = _rx(
-    r"rate[_ ]limit",
+    # A token ("rate limit", "rate-limited", "rate_limit_exceeded", "RateLimitError"),
+    # never part of an identifier such as "_litellm_rate_limit_descriptors".
+    r"(?<!-)rate[ _-]?limit(?:s|ed|ing)?(?:[ _-]?(?:exceeded|error|reached))?(?![a-z0-9_-])",
     r"too many requests",
     r"resource_exhausted",
 )
@@ -682,9 +711,26 @@ _OVERLOADED = _rx(
 _RESOURCES = _rx(r"requires more system memory", r"out of memory", r"insufficient memory")
 _MODELISH = _rx(r"\bmodel", r"deployment")
 
-_OVERFLOW_NUMBERS: Final = (
-    # (pattern, group of prompt tokens, group of the window)
-    (re.compile(r"(?i)prompt is too long: (\d+) tokens > (\d+)"), 1, 2),
+_OVERFLOW_NUMBERS: Final[tuple[tuple[re.Pattern[str], int | None, int], ...]] = (
+    # (pattern, group of prompt tokens or None, group of the window)
+    (re.compile(r"(?i)(\d+) tokens? > (\d+) (?:tokens? )?maximum"), 1, 2),
+    (
+        re.compile(r"(?i)request \((\d+) tokens\) exceeds the available context size \((\d+)"),
+        1,
+        2,
+    ),
+    (
+        re.compile(r"(?i)input \((\d+) tokens\) is larger than the max context size \((\d+)"),
+        1,
+        2,
+    ),
+    (re.compile(r"(?i)current length is (\d+) while limit is (\d+)"), 1, 2),
+    (
+        re.compile(r"(?i)input token count is (\d+) but (?:the )?model only supports up to (\d+)"),
+        1,
+        2,
+    ),
+    (re.compile(r"(?i)total number of tokens.{0,40}cannot exceed (\d+) - received (\d+)"), 2, 1),
     (
         re.compile(
             r"(?i)input token count \((\d+)\) exceeds the maximum number of tokens"
@@ -703,6 +749,9 @@ _OVERFLOW_NUMBERS: Final = (
         1,
     ),
     (re.compile(r"(?i)limit:? (\d+), requested:? (\d+)"), 2, 1),
+    # The window alone, when only it is stated.
+    (re.compile(r"(?i)exceeds the maximum number of tokens allowed \(?(\d+)"), None, 1),
+    (re.compile(r"(?i)maximum context (?:limit|length) (?:is|of) (\d+)"), None, 1),
 )
 
 
@@ -712,12 +761,19 @@ def _overflow_numbers(text: str, info: _Info) -> tuple[int | None, int | None]:
     for pattern, prompt_group, window_group in _OVERFLOW_NUMBERS:
         match = pattern.search(text)
         if match:
-            return int(match.group(prompt_group)), int(match.group(window_group))
+            prompt = int(match.group(prompt_group)) if prompt_group is not None else None
+            return prompt, int(match.group(window_group))
     return None, None
 
 
-def _is_overflow(status: int, text: str) -> bool:
-    if status == 413 or _OVERFLOW.search(text):
+def _is_overflow(status: int, text: str, info: _Info) -> bool:
+    if status == 413:
+        return True
+    if "string_above_max_length" in text:
+        quoted = _QUOTED_PARAM.search(info.message)
+        param = info.param or (quoted.group(1) if quoted else "")
+        return bool(_PROMPT_PARAM.match(param))
+    if _OVERFLOW.search(text):
         return True
     match = _TPM_TOO_LARGE.search(text)
     return bool(match and "used" not in text and int(match.group(2)) > int(match.group(1)))
@@ -935,7 +991,48 @@ def _note_cap(details: dict[str, object], requested: float | None) -> None:
         details["retry_after_requested"] = requested
 
 
+def _should_retry_header(headers: httpx.Headers) -> bool | None:
+    """What ``x-should-retry`` says (OpenAI, Anthropic); None when absent, garbage or split."""
+    said = {value.strip().lower() for value in headers.get_list("x-should-retry")}
+    if said == {"true"}:
+        return True
+    if said == {"false"}:
+        return False
+    return None
+
+
 def _classify_answer(
+    status: int,
+    headers: httpx.Headers,
+    body: _Body,
+    ctx: _Context,
+    now: float | datetime | None,
+) -> ProviderError:
+    error = _judge_answer(status, headers, body, ctx, now)
+    # The server knows whether sending the same request again can work; its
+    # SDKs obey this header before looking at the status, and so does the envelope.
+    verdict = _should_retry_header(headers)
+    if verdict is not None:
+        error.details["x_should_retry"] = verdict
+        if verdict is not error.retryable:
+            error.details["retryable_source"] = "x-should-retry header"
+            error.retryable = verdict
+    return error
+
+
+def _effective_status(status: int, info: _Info) -> int:
+    """The status to judge an answer by, when it is not the HTTP status itself.
+
+    An error inside a 2xx/3xx (a stream's error event) has its body's status, or 500;
+    a gateway that relays an upstream 429 as a 5xx is a rate limit.
+    """
+    if 400 <= status <= 599:
+        relayed_limit = info.body_status == 429 or info.type == "RESOURCE_EXHAUSTED"
+        return 429 if status >= 500 and relayed_limit else status
+    return info.body_status if info.body_status is not None else 500
+
+
+def _judge_answer(
     status: int,
     headers: httpx.Headers,
     body: _Body,
@@ -986,20 +1083,15 @@ def _classify_answer(
     }
 
     # 2xx and 3xx carry no verdict of their own: use what the body's error says.
-    effective = status
-    if not 400 <= status <= 599:
-        if info.body_status is not None:
-            effective = info.body_status
-        elif 300 <= status < 400 and not info.message:
-            return ProviderError(
-                f"{message}; the endpoint redirected to {headers.get('location', '?')}",
-                code="llm.bad_endpoint",
-                **common,
-            )
-        else:
-            effective = 500
+    if 300 <= status < 400 and info.body_status is None and not info.message:
+        return ProviderError(
+            f"{message}; the endpoint redirected to {headers.get('location', '?')}",
+            code="llm.bad_endpoint",
+            **common,
+        )
+    effective = _effective_status(status, info)
 
-    if _is_overflow(effective, text):
+    if _is_overflow(effective, text, info):
         prompt_tokens, window = _overflow_numbers(
             f"{info.message} {' '.join(info.extra_text)}", info
         )
@@ -1013,7 +1105,7 @@ def _classify_answer(
     if gemini == "quota" or (gemini is None and (effective == 402 or _QUOTA.search(text))):
         retry_after = _requested_wait(headers, now)
         _note_cap(details, retry_after)
-        if status == 429 or (effective == 429 and status < 400):
+        if effective == 429:
             return RateLimitError(
                 message,
                 code="llm.quota_exhausted",

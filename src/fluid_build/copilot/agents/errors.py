@@ -341,6 +341,40 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
 )
 
 
+#: The variable each provider's key is read from, named in the advice of a rejected key
+#: (kept in step with ``fluid_build.copilot.llm.settings.PROVIDERS``; a test checks).
+_KEY_VARIABLES: Final[Mapping[str, str]] = {
+    "openai": "OPENAI_API_KEY",
+    "azure": "AZURE_OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "mistral": "MISTRAL_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "openai_compatible": "OPENAI_API_KEY",
+}
+#: OpenAI-compatible servers run by the user: the right key is whatever the server was
+#: started with, not one issued by a provider.
+_LOCAL_SERVERS: Final[Mapping[str, str]] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+def _key_advice(provider: str | None) -> str | None:
+    """The advice for a rejected key that names the provider's own variable, or None."""
+    server = _LOCAL_SERVERS.get(provider or "")
+    if server is not None:
+        return (
+            f"Check OPENAI_API_KEY (or FLUID_LLM_API_KEY) in the shell running fluid: it must "
+            f"match the --api-key the {server} server was started with."
+        )
+    variable = _KEY_VARIABLES.get(provider or "")
+    if variable is None:
+        return None
+    return (
+        f"Check {variable} (or FLUID_LLM_API_KEY, which overrides it) in the shell running "
+        f"fluid, or re-run `fluid ai setup --provider {provider}`."
+    )
+
+
 def _clean_retry_after(value: float | None) -> float | None:
     if value is None:
         return None
@@ -638,9 +672,18 @@ class ContextOverflowError(ProviderError):
 
 
 class ProviderAuthError(ProviderError):
-    """The key is missing, invalid, expired or not allowed. Never retried."""
+    """The key is missing, invalid, expired or not allowed. Never retried.
+
+    The advice names the provider's own key variable; for a local vLLM or llama.cpp
+    server, ``OPENAI_API_KEY`` and the server's ``--api-key``.
+    """
 
     default_code: ClassVar[str] = "llm.auth"
+
+    @property
+    def action(self) -> str:
+        advice = _key_advice(self.provider) if self.code == "llm.auth" else None
+        return advice or super().action
 
 
 class ProviderServerError(ProviderError):
