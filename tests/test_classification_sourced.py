@@ -233,6 +233,46 @@ def test_x_should_retry_overrides_the_status(
     assert (error.details.get("retryable_source") == "x-should-retry header") is overridden
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "code"),
+    [
+        (
+            401,
+            {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}},
+            "llm.auth",
+        ),
+        (
+            400,
+            {
+                "error": {
+                    "message": "maximum context length is 128000 tokens",
+                    "code": "context_length_exceeded",
+                }
+            },
+            "llm.context_overflow",
+        ),
+        (
+            429,
+            {"error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}},
+            "llm.quota_exhausted",
+        ),
+        (
+            400,
+            {"error": {"message": "x", "code": "content_policy_violation"}},
+            "llm.content_filtered",
+        ),
+    ],
+)
+def test_x_should_retry_true_never_revives_what_the_body_proved_cannot_succeed(
+    status: int, body: dict[str, Any], code: str
+) -> None:
+    error = classify(status_error(status, body, headers={"x-should-retry": "true"}))
+    assert error.code == code
+    assert error.retryable is False
+    assert error.details["x_should_retry"] is True
+    assert "retryable_source" not in error.details
+
+
 @pytest.mark.parametrize("value", ["", "yes", "1", "maybe", "true, false", "truefalse"])
 @pytest.mark.parametrize(("status", "retryable"), [(500, True), (400, False), (429, True)])
 def test_a_garbage_x_should_retry_is_ignored(value: str, status: int, retryable: bool) -> None:

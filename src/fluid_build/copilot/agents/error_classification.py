@@ -1010,14 +1010,24 @@ def _classify_answer(
 ) -> ProviderError:
     error = _judge_answer(status, headers, body, ctx, now)
     # The server knows whether sending the same request again can work; its
-    # SDKs obey this header before looking at the status, and so does the envelope.
+    # SDKs obey this header before looking at the status, and so does the
+    # envelope. "false" always stops. "true" overrides a verdict drawn from the
+    # status, never one the body proved cannot succeed as sent: a prompt too
+    # long, a rejected key, a spent quota or a content refusal fail the same way
+    # however often they are sent.
     verdict = _should_retry_header(headers)
     if verdict is not None:
         error.details["x_should_retry"] = verdict
-        if verdict is not error.retryable:
+        if verdict is not error.retryable and (verdict is False or error.code not in _DEFINITE):
             error.details["retryable_source"] = "x-should-retry header"
             error.retryable = verdict
     return error
+
+
+#: Verdicts an ``x-should-retry: true`` cannot revive: the same request fails the same way.
+_DEFINITE: Final = frozenset(
+    {"llm.context_overflow", "llm.auth", "llm.quota_exhausted", "llm.content_filtered"}
+)
 
 
 def _effective_status(status: int, info: _Info) -> int:
