@@ -35,7 +35,7 @@ from fluid_build.copilot.agents.errors import (
 from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.llm.settings import PROVIDERS
 from tests.fakes import FakeClock, Script
-from tests.helpers import status_error
+from tests.helpers import request, status_error
 
 NOW = 1_700_000_000.0
 CASES: list[dict[str, Any]] = json.loads(
@@ -517,3 +517,23 @@ def test_the_advice_agrees_with_the_provider_table() -> None:
             assert set(info.key_vars) <= {"OPENAI_API_KEY"}
         elif info.key_vars:
             assert f"Check {info.key_vars[0]} " in action, name
+
+
+@pytest.mark.parametrize("seconds", [10**400, "9" * 400, 31])
+def test_a_google_retry_delay_of_any_length_is_a_wait_up_to_the_cap(seconds: Any) -> None:
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Resource has been exhausted (e.g. check quota).",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                    "retryDelay": {"seconds": seconds, "nanos": 0},
+                }
+            ],
+        }
+    }
+    url = "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
+    error = classify(status_error(429, body, req=request(url)), provider="gemini")
+    assert error.retry_after == (31.0 if seconds == 31 else 300.0)

@@ -485,8 +485,13 @@ def _walk_google_details(details: Any, info: _Info) -> None:
                 info.retry_delay = _parse_duration(delay)
             elif isinstance(delay, dict):  # {"seconds": 31, "nanos": 0}
                 with contextlib.suppress(TypeError, ValueError, OverflowError):
+                    seconds = delay.get("seconds", 0)
+                    if isinstance(seconds, int) and not isinstance(seconds, bool):
+                        seconds = min(seconds, _LONGEST)  # a huge count is long, not junk
+                    elif isinstance(seconds, str) and seconds.strip().isdigit():
+                        seconds = _number(seconds.strip())
                     info.retry_delay = _nonnegative(
-                        float(delay.get("seconds", 0)) + float(delay.get("nanos", 0)) / 1e9
+                        float(seconds) + float(delay.get("nanos", 0)) / 1e9
                     )
         elif kind.endswith("QuotaFailure"):
             for violation in (item.get("violations") or [])[:20]:
