@@ -80,9 +80,12 @@ def _counts(usage: Any, into: dict[str, int] | None = None) -> dict[str, int]:
     """The usage counts an answer (or a stream event) carries; later events win per field."""
     counts = dict(into or {})
     if isinstance(usage, dict):
-        for name in _USAGE_FIELDS:
-            value = usage.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
+        details = usage.get("output_tokens_details")
+        found = {name: usage.get(name) for name in _USAGE_FIELDS}
+        if isinstance(details, dict):
+            found["thinking_tokens"] = details.get("thinking_tokens")
+        for name, value in found.items():
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 counts[name] = value
     return counts
 
@@ -94,6 +97,7 @@ def _usage(counts: dict[str, int]) -> Usage:
     return Usage(
         input_tokens=counts.get("input_tokens", 0) + read + written,
         output_tokens=counts.get("output_tokens", 0),
+        reasoning_tokens=counts.get("thinking_tokens", 0),  # a part of output_tokens
         cache_read_tokens=read,
         cache_write_tokens=written,
     )
