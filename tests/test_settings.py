@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
+import httpx
 import pytest
 
+from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
-from fluid_build.copilot.llm.settings import resolve_provider_config
+from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
 
 
 def test_the_single_provider_whose_key_is_set() -> None:
@@ -298,3 +303,69 @@ def test_a_bad_timeout_argument_is_typed(timeout: float) -> None:
         resolve_provider_config("openai", api_key=K, timeout=timeout)
     assert caught.value.code == "llm.not_configured"
     assert "timeout=120" in caught.value.message
+
+
+# -- local servers and their optional key ------------------------------------------------
+
+LOCAL = {"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1", "FLUID_LLM_MODEL": "local"}
+
+
+def _sent_authorization(provider: str, env: dict[str, str]) -> list[str | None]:
+    """The Authorization header of every request a real client sends for ``env``."""
+    seen: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        if request.url.path == "/props":
+            return httpx.Response(404)
+        ok = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
+        return httpx.Response(200, json=ok)
+
+    envelope = RetryEnvelope(RetryPolicy(attempts=1), hook=lambda event: None)
+    http = httpx.Client(transport=httpx.MockTransport(handle))
+    with LLMClient(provider, env=env, envelope=envelope, http_client=http) as client:
+        client.complete("hi")
+    http.close()
+    return seen
+
+
+@pytest.mark.parametrize("provider", ["vllm", "llamacpp"])
+def test_a_local_servers_key_is_read_from_openai_api_key_and_sent(provider: str) -> None:
+    env = {**LOCAL, "OPENAI_API_KEY": "sk-local-server"}
+    assert resolve_provider_config(provider, env=env).api_key == "sk-local-server"
+    sent = _sent_authorization(provider, env)
+    assert sent  # the probe's GETs (answered 404 here) and the completion
+    assert set(sent) == {"Bearer sk-local-server"}
+
+
+@pytest.mark.parametrize("provider", ["vllm", "llamacpp"])
+def test_a_local_server_without_a_key_is_sent_none(provider: str) -> None:
+    assert resolve_provider_config(provider, env=LOCAL).api_key is None  # never required
+    assert set(_sent_authorization(provider, LOCAL)) == {None}
+
+
+@pytest.mark.parametrize("provider", ["vllm", "llamacpp"])
+def test_fluid_llm_api_key_wins_for_a_local_server_too(provider: str) -> None:
+    env = {**LOCAL, "OPENAI_API_KEY": "sk-a", "FLUID_LLM_API_KEY": "sk-b"}
+    assert resolve_provider_config(provider, env=env).api_key == "sk-b"
+
+
+def test_the_providers_table_in_the_docs_matches_the_code() -> None:
+    """docs/llm-providers.md names each provider's key variables, '(optional)' exactly
+    where a key is not required, and 'none' where there is no key at all."""
+    docs = Path(__file__).resolve().parents[1] / "docs" / "llm-providers.md"
+    rows: dict[str, str] = {}
+    for line in docs.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[0] != "`provider`":
+            for name in re.findall(r"`([a-z_]+)`", cells[0]):
+                rows[name] = cells[2]
+    assert set(rows) == set(PROVIDERS)
+    for name, info in PROVIDERS.items():
+        column = rows[name]
+        if not info.key_vars:
+            assert column == "none", name
+            continue
+        for variable in info.key_vars:
+            assert f"`{variable}`" in column, (name, variable)
+        assert ("(optional" in column) is not info.key_required, name

@@ -72,8 +72,11 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
         None,
         "https://openrouter.ai/api/v1",
     ),
-    "vllm": ProviderInfo("openai_compatible", (), False, None, "OPENAI_BASE_URL"),
-    "llamacpp": ProviderInfo("openai_compatible", (), False, None, "OPENAI_BASE_URL"),
+    # Local servers: a key is optional (sent when set, for `--api-key`), never required.
+    "vllm": ProviderInfo("openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"),
+    "llamacpp": ProviderInfo(
+        "openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"
+    ),
 }
 
 # Providers picked automatically when theirs is the only key set.
