@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
@@ -56,6 +57,7 @@ from fluid_build.copilot.llm.base import (
     iter_stream,
 )
 from fluid_build.copilot.llm.gemini import GeminiAdapter
+from fluid_build.copilot.llm.local_server import alearn_window, learn_window, probe_urls
 from fluid_build.copilot.llm.ollama import OllamaAdapter
 from fluid_build.copilot.llm.openai import OpenAIAdapter
 from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter
@@ -283,6 +285,11 @@ class LLMClient:
         self._secrets: tuple[str, ...] = (self.config.api_key,) if self.config.api_key else ()
         self._env = env
         self._last_error: dict[str, Any] | None = None
+        # A local server's own context size, asked once (see llm/local_server.py).
+        self._probe_urls = probe_urls(self.config.provider, self.adapter.endpoint)
+        self._window_asked = not self._probe_urls
+        self._server_window: int | None = None
+        self._window_lock = threading.Lock()
         self.fallback_on_auth = fallback_on_auth
         self.fallbacks: list[LLMClient] = []
         for spec in _fallback_specs(fallbacks, env):
@@ -403,6 +410,7 @@ class LLMClient:
         max_output_tokens: int | None,
         capability_matrix: Mapping[str, Any] | None,
         validate: bool = True,
+        server_window: int | None = None,
     ) -> _Prepared:
         from fluid_build.copilot.agents.preflight import check_context
 
@@ -432,6 +440,7 @@ class LLMClient:
             tools=counted or None,
             capability_matrix=matrix or None,
             max_output_tokens=max_output_tokens,
+            server_window=server_window,
         )
         spec = CallSpec(
             model=self.model,
@@ -444,6 +453,49 @@ class LLMClient:
             max_output_tokens=max_output_tokens,
         )
         return _Prepared(spec, response_model, strict, validate)
+
+    def _wants_window(self, matrix: Mapping[str, Any] | None) -> bool:
+        """Whether to ask the server now: once per client, and only if no window is given."""
+        if self._window_asked:
+            return False
+        given = {**self.capability_matrix, **(matrix or {})}
+        if "context_window" in given or given.get("preflight") is False:
+            return False
+        # A server whose circuit is not closed is not asked: a half-open trial is one request.
+        breaker = self.envelope.breaker
+        return breaker is None or breaker.state(str(self._key)).state == "closed"
+
+    def _learn_window(self, deadline: Deadline, matrix: Mapping[str, Any] | None) -> int | None:
+        """The context size the local server reports (None: unknown); never raises."""
+        if self._wants_window(matrix):
+            with self._window_lock:
+                if not self._window_asked:
+                    self._server_window = learn_window(
+                        self._client(),
+                        self._probe_urls,
+                        self.model,
+                        api_key=self.config.api_key,
+                        headers=self.config.headers,
+                        deadline_left=deadline.left(),
+                    )
+                    self._window_asked = True
+        return self._server_window
+
+    async def _alearn_window(
+        self, deadline: Deadline, matrix: Mapping[str, Any] | None
+    ) -> int | None:
+        # Two first calls at once may both ask: the same answer, twice.
+        if self._wants_window(matrix):
+            self._server_window = await alearn_window(
+                self._aclient(),
+                self._probe_urls,
+                self.model,
+                api_key=self.config.api_key,
+                headers=self.config.headers,
+                deadline_left=deadline.left(),
+            )
+            self._window_asked = True
+        return self._server_window
 
     def _http_request(
         self, client: httpx.Client | httpx.AsyncClient, request: Request, deadline: Deadline
@@ -679,6 +731,7 @@ class LLMClient:
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
             validate=validate,
+            server_window=self._learn_window(deadline, capability_matrix),
         )
         deadline.check("the pre-flight")
         client = self._client()
@@ -734,6 +787,7 @@ class LLMClient:
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
             validate=validate,
+            server_window=await self._alearn_window(deadline, capability_matrix),
         )
         deadline.check("the pre-flight")
         client = self._aclient()
@@ -988,6 +1042,7 @@ class LLMClient:
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
             validate=validate,
+            server_window=self._learn_window(deadline, capability_matrix),
         )
         deadline.check("the pre-flight")
         client = self._client()
@@ -1072,6 +1127,7 @@ class LLMClient:
             max_output_tokens=max_output_tokens,
             capability_matrix=capability_matrix,
             validate=validate,
+            server_window=await self._alearn_window(deadline, capability_matrix),
         )
         deadline.check("the pre-flight")
         client = self._aclient()

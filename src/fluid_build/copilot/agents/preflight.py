@@ -460,6 +460,7 @@ def _overflow(
     budget: int,
     reservation: int,
     plan: _Plan,
+    window_source: str,
 ) -> ContextOverflowError:
     window = caps.context_window
     larger = _suggestions(caps, tokens + reservation)
@@ -472,7 +473,9 @@ def _overflow(
         f"the prompt needs {tokens:,} tokens ({counted}) but {caps.label} "
         f"has room for {budget:,} ({room})."
     ]
-    if not caps.known:
+    if window_source == "server":
+        parts.append("The window is the one the server reports for this model.")
+    elif not caps.known:
         parts.append(
             "The window is a default: the model is not in the capability matrix; set "
             "capability_matrix['context_window'] to its real size."
@@ -496,6 +499,7 @@ def _overflow(
             "known_model": caps.known,
             "larger_models": larger,
             "source": "preflight",
+            "window_source": window_source,
         },
     )
 
@@ -509,6 +513,7 @@ def check_context(
     tools: Sequence[Mapping[str, Any]] | None = None,
     capability_matrix: Mapping[str, Any] | None = None,
     max_output_tokens: int | None = None,
+    server_window: int | None = None,
 ) -> PreflightResult:
     """Refuse, before any I/O, a prompt that cannot fit ``model``'s window.
 
@@ -518,10 +523,21 @@ def check_context(
     ["output_reservation"]``, else ``max_output_tokens``, else 4,096 (at most
     the model's output cap and a quarter of its window). ``capability_matrix
     ["preflight"] = False`` skips the check. A malformed ``capability_matrix``
-    raises ValueError.
+    raises ValueError. ``server_window`` is the context size a local server
+    reported (see :mod:`fluid_build.copilot.llm.local_server`): it replaces
+    the matrix's window unless ``capability_matrix`` sets one.
     """
     matrix = dict(capability_matrix or {})
+    if "context_window" in matrix:
+        window_source = "capability_matrix"
+    elif server_window is not None:
+        matrix["context_window"] = server_window
+        window_source = "server"
+    else:
+        window_source = "matrix"
     caps = capabilities_for(provider, model, matrix)
+    if window_source == "matrix" and not caps.known:
+        window_source = "default"
     reservation = _reservation(caps, matrix, max_output_tokens)
     budget = caps.context_window - reservation
     if caps.max_input_tokens is not None:
@@ -543,5 +559,12 @@ def check_context(
     encoder, plan = _resolve(caps)
     tokens = prompt.fixed_tokens + _count(encoder, plan, prompt.texts)
     if tokens > budget:
-        raise _overflow(caps, tokens=tokens, budget=budget, reservation=reservation, plan=plan)
+        raise _overflow(
+            caps,
+            tokens=tokens,
+            budget=budget,
+            reservation=reservation,
+            plan=plan,
+            window_source=window_source,
+        )
     return PreflightResult(budget, tokens, plan.exact, plan.method)
