@@ -463,7 +463,12 @@ class LLMClient:
             return False
         # A server whose circuit is not closed is not asked: a half-open trial is one request.
         breaker = self.envelope.breaker
-        return breaker is None or breaker.state(str(self._key)).state == "closed"
+        if breaker is None:
+            return True
+        try:
+            return breaker.state(str(self._key)).state == "closed"
+        except Exception:  # noqa: BLE001 - a store that cannot say: ask later, never fail
+            return False
 
     def _learn_window(self, deadline: Deadline, matrix: Mapping[str, Any] | None) -> int | None:
         """The context size the local server reports (None: unknown); never raises."""
