@@ -319,3 +319,65 @@ def test_the_quick_start_forge_is_offline_and_exact(place: Place) -> None:
 def test_the_interpreter_is_the_one_under_test() -> None:
     scripts = Path(sysconfig.get_path("scripts"))
     assert (scripts / "fluid").exists(), f"no console script in {scripts} ({sys.executable})"
+
+
+# -- the other commands the pages show: what they name exists ------------------------------
+
+_LONG_RUNNING = re.compile(r"^(?:[A-Z_]+=\S+ )*(nox|python3?|export|pip)\b")
+
+
+def other_commands() -> dict[str, list[str]]:
+    """Commands that are not `fluid`: nox sessions, test and benchmark runs, exports."""
+    found: dict[str, list[str]] = {}
+    for page in PAGES:
+        for _, start, lines in _blocks(page.read_text(encoding="utf-8")):
+            for offset, line in enumerate(lines):
+                command = re.sub(r"\s+#\s.*$", "", line).strip()
+                if _LONG_RUNNING.match(command) and " -m venv " not in command:
+                    where = f"{page.relative_to(ROOT)}:{start + offset}"
+                    found.setdefault(command, []).append(where)
+    return found
+
+
+def _source_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "src").rglob("*.py"))
+
+
+def test_every_nox_session_test_file_script_and_variable_the_pages_name_exists() -> None:
+    """Sessions and suites that run for minutes are not run here; what they name must exist."""
+    import noxfile  # the repository root is on sys.path in the suite
+
+    sessions = set(noxfile.nox.registry.get())  # type: ignore[attr-defined]
+    source = _source_text()
+    checked = 0
+    for command, where in other_commands().items():
+        words = command.split()
+        for i, word in enumerate(words):
+            if word == "-s" and words[0] == "nox":
+                assert words[i + 1] in sessions, f"{where}: no nox session {words[i + 1]!r}"
+            elif re.fullmatch(r"(tests|benchmarks|tools|corpus)/\S+\.py", word):
+                assert (ROOT / word).is_file(), f"{where}: {word} does not exist"
+        if words[0] == "export":
+            for assignment in words[1:]:
+                name = assignment.split("=", 1)[0]
+                assert f'"{name}"' in source, f"{where}: nothing in src/ reads {name}"
+        checked += 1
+    assert checked >= 5
+
+
+def test_a_test_selection_the_pages_show_selects_tests() -> None:
+    """`-k chaos_calls` and friends: the selection the page gives is not empty."""
+    for command, where in other_commands().items():
+        if "pytest" not in command or " -k " not in command:
+            continue
+        selection = command.split(" -k ", 1)[1].split()[0]
+        paths = [w for w in command.split() if w.startswith("tests/")]
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, "-k", selection],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{where}: {command}\n{done.stdout}{done.stderr}"
