@@ -150,7 +150,8 @@ def test_unknown_models_get_the_conservative_default(provider: str, model: str) 
     [warning] = run_start_warnings(caps, uses_tools=True, wants_strict_schema=True)
     assert "not in the capability matrix" in warning
     assert "8,192 tokens" in warning
-    assert "capability_matrix=" in warning
+    assert "capability_matrix=" in warning  # the Python name, with its variable
+    assert "FLUID_CAPABILITY_MATRIX=" in warning
 
 
 # -- overrides ----------------------------------------------------------------------
@@ -447,3 +448,202 @@ def test_the_public_surface_is_real(module: object) -> None:
     names = module.__all__  # type: ignore[attr-defined]
     assert len(names) == len(set(names))  # the order is ruff's (RUF022)
     assert all(hasattr(module, name) for name in names)
+
+
+# -- FLUID_CAPABILITY_MATRIX ----------------------------------------------------------
+
+MATRIX_ENV = "FLUID_CAPABILITY_MATRIX"
+
+
+def from_env(value: str, provider: str = "azure", model: str = "prod-gpt4o") -> dict[str, object]:
+    return capabilities.capability_matrix_from_env({MATRIX_ENV: value}, provider, model)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_unset_or_blank_matrix_overrides_nothing(value: str) -> None:
+    assert capabilities.capability_matrix_from_env({}, "azure", "x") == {}
+    assert from_env(value) == {}
+    assert from_env("{}") == {}
+
+
+def test_inline_json_overrides_every_model() -> None:
+    value = '{"context_window": 32768, "tools": true, "tokenizer": "o200k_base"}'
+    expected = {"context_window": 32_768, "tools": True, "tokenizer": "o200k_base"}
+    assert from_env(value) == expected
+    assert from_env(value, "ollama", "llama3.1") == expected
+
+
+def test_a_keyed_matrix_applies_per_model() -> None:
+    value = (
+        '{"azure:prod-gpt4o": {"context_window": 128000}, "llama3.1:8b": {"context_window": 8192},'
+        ' "Prod-GPT4o": {"context_window": 1}}'
+    )
+    assert from_env(value) == {"context_window": 128_000}  # provider:model wins
+    assert from_env(value, "openai_compatible", "prod-gpt4o") == {"context_window": 1}
+    assert from_env(value, "ollama", "llama3.1:8b") == {"context_window": 8_192}
+    assert from_env(value, "openai", "gpt-4o") == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("matrix.json", '{"context_window": 65536, "strict_schema": false}'),
+        ("matrix.yaml", "context_window: 65536\nstrict_schema: false\n"),
+        ("matrix", "{context_window: 65536, strict_schema: no}"),
+    ],
+)
+def test_a_matrix_file_is_read_as_json_or_yaml(tmp_path: Path, name: str, content: str) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    assert from_env(f"  {path}  ") == {"context_window": 65_536, "strict_schema": False}
+
+
+def test_a_matrix_path_expands_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "caps.yaml").write_text("azure:prod-gpt4o: {tools: true}\n")
+    assert from_env("~/caps.yaml") == {"tools": True}
+
+
+def _big(tmp_path: Path) -> str:
+    path = tmp_path / "big.json"
+    path.write_text('{"context_window": 1' + " " * 70_000 + "}")
+    return str(path)
+
+
+def _deep(tmp_path: Path) -> str:
+    return '{"a": {"b": {"c": {"d": {"e": 1}}}}}'
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ('{"context_window": 32768,}', "is not valid JSON (Expecting property name"),
+        ('{"context_window": "32k"}', "['context_window'] must be a whole number >= 1, not '32k'"),
+        ('{"context_window": 32768.0}', "must be a whole number"),
+        ('{"tools": "yes"}', "['tools'] must be true or false, not 'yes'"),
+        ('{"tokenizer": "bpe"}', "['tokenizer'] must be one of"),
+        ('{"context_windw": 32768}', "has unknown key(s) 'context_windw'; known keys:"),
+        ('{"m": {"tools": 1}}', "['m']['tools'] must be true or false, not 1"),
+        ('{"m": {"windw": 1}}', "['m'] has unknown key(s) 'windw'"),
+        ('{"tools": true, "m": {"tools": true}}', "mixes override keys (tools) with per-model"),
+        ("[1, 2]", "must hold an object of overrides, not list"),
+        ("/no/such/matrix.json", "names the file '/no/such/matrix.json', which does not exist"),
+        ("/dev/null", "names the file '/dev/null', which is a character device"),
+        (_big, "is larger than 64 KiB"),
+        (_deep, "nests deeper than 4 levels"),
+        ("{" + " " * 70_000 + "}", "is longer than 65,536 characters"),
+    ],
+)
+def test_a_bad_matrix_is_a_typed_error_naming_the_variable(
+    tmp_path: Path, value: object, fragment: str
+) -> None:
+    from fluid_build.copilot.agents.errors import ProviderError
+
+    text = value(tmp_path) if callable(value) else str(value)
+    with pytest.raises(ProviderError) as caught:
+        from_env(text)
+    error = caught.value
+    assert error.code == "llm.not_configured"
+    assert not error.retryable
+    assert fragment in error.message
+    assert error.message.startswith(MATRIX_ENV)
+    assert f"e.g. {MATRIX_ENV}='{{" in error.message
+    assert error.details["variable"] == MATRIX_ENV
+    assert error.details["example"] == '{"context_window": 32768, "tools": true}'
+
+
+def test_a_matrix_file_that_is_a_directory_or_not_text_is_refused(tmp_path: Path) -> None:
+    from fluid_build.copilot.agents.errors import ProviderError
+
+    with pytest.raises(ProviderError, match="which is a directory, not a regular file"):
+        from_env(str(tmp_path))
+    binary = tmp_path / "m.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ProviderError, match="not UTF-8 text"):
+        from_env(str(binary))
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("a: [1,\n")
+    with pytest.raises(ProviderError, match="not valid YAML at line"):
+        from_env(str(bad_yaml))
+
+
+def test_a_matrix_error_never_shows_a_key() -> None:
+    from fluid_build.copilot.agents.errors import ProviderError
+
+    key = "sk-proj-" + "Z9y8X7w6V5u4T3s2R1q0" * 2
+    with pytest.raises(ProviderError) as caught:
+        from_env(f"/tmp/{key}/matrix.json")
+    assert key not in str(caught.value)
+
+
+def test_the_client_reads_the_matrix_and_its_argument_wins() -> None:
+    from fluid_build.copilot.client import LLMClient
+
+    env = {
+        "AZURE_OPENAI_API_KEY": "k",
+        "AZURE_OPENAI_ENDPOINT": "https://r.openai.azure.com",
+        "FLUID_LLM_MODEL": "prod-gpt4o",
+        MATRIX_ENV: '{"context_window": 128000, "tools": true, "strict_schema": true}',
+    }
+    with LLMClient("azure", env=env) as client:
+        assert client.capabilities.context_window == 128_000
+        assert client.capabilities.tools
+        # Described by its real window: judged like a known model, so nothing to say.
+        assert client.run_start_warnings(uses_tools=True, banner=False) == []
+    with LLMClient("azure", env=env, capability_matrix={"tools": False}) as client:
+        assert client.capability_matrix == {
+            "context_window": 128_000,
+            "tools": False,
+            "strict_schema": True,
+        }
+
+
+def test_a_bad_matrix_stops_the_client_before_any_request() -> None:
+    from fluid_build.copilot.agents.errors import ProviderError
+    from fluid_build.copilot.client import LLMClient
+
+    env = {"OPENAI_API_KEY": "k", MATRIX_ENV: '{"tools": "yes"}'}
+    with pytest.raises(ProviderError) as caught:
+        LLMClient("openai", env=env)
+    assert caught.value.code == "llm.not_configured"
+
+
+def test_the_preflight_uses_the_window_from_the_environment() -> None:
+    from fluid_build.copilot.agents.errors import ContextOverflowError
+    from fluid_build.copilot.client import LLMClient
+
+    env = {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    prompt = [{"role": "user", "content": "word " * 20_000}]
+    with LLMClient("openai_compatible", "my-model", env=env) as client:
+        with pytest.raises(ContextOverflowError) as caught:
+            client._prepare(
+                prompt,
+                system=None,
+                response_model=None,
+                tools=None,
+                max_output_tokens=None,
+                capability_matrix=None,
+            )
+        assert caught.value.details["window_source"] == "default"
+    told = {**env, MATRIX_ENV: '{"context_window": 200000}'}
+    with LLMClient("openai_compatible", "my-model", env=told) as client:
+        client._prepare(
+            prompt,
+            system=None,
+            response_model=None,
+            tools=None,
+            max_output_tokens=None,
+            capability_matrix=None,
+        )
+
+
+def test_an_overridden_window_replaces_the_unknown_model_warning() -> None:
+    told = capabilities_for("azure", "prod", {"context_window": 8_192})
+    assert told.overridden == ("context_window",)
+    [tight] = run_start_warnings(told)
+    assert "tight window of 8,192 tokens" in tight
+    tools_only = capabilities_for("azure", "prod", {"tools": True})
+    [unknown] = run_start_warnings(tools_only, uses_tools=True)
+    assert "not in the capability matrix" in unknown

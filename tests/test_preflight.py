@@ -540,7 +540,7 @@ def test_an_unknown_model_gets_the_default_window_and_a_warning(
     assert "openai_compatible:my-local-model is not in the capability matrix" in (
         warnings[0].getMessage()
     )
-    assert "capability_matrix['context_window']" in warnings[0].getMessage()
+    assert """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'""" in warnings[0].getMessage()
 
 
 def test_an_unknown_model_overflow_says_the_window_is_a_default() -> None:

@@ -267,7 +267,13 @@ class LLMClient:
             else self.envelope.policy.deadline or deadline_from_env(source)
         )
         self.limits = limits if limits is not None else Limits.from_env(source)
-        self.capability_matrix = dict(capability_matrix or {})
+        from fluid_build.copilot.agents.capabilities import capability_matrix_from_env
+
+        # FLUID_CAPABILITY_MATRIX's overrides for this model; the argument's win.
+        self.capability_matrix = {
+            **capability_matrix_from_env(source, self.config.provider, self.config.model),
+            **dict(capability_matrix or {}),
+        }
         if strict_schema is None:
             from fluid_build.copilot.agents.strict_schema import strict_schema_enabled
 

