@@ -27,8 +27,10 @@ operator without leaking a credential.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Self
 
 from fluid_build._redact import JsonValue, json_safe, one_line, redact, truncate
@@ -91,17 +93,37 @@ _KEPT_HEADER_PREFIXES: Final = (
 
 @dataclass(frozen=True, slots=True)
 class ReasonCode:
-    """One row of the reason-code table."""
+    """One row of the reason-code table.
+
+    ``action`` is the operator's next step, in terms a shell can act on (a
+    ``fluid`` command, a flag, an environment variable). ``waited``, for codes
+    where waiting helps, is the step when the server named a wait: its
+    ``{until}`` becomes ``"14:03:12 UTC (62 s)"`` (see
+    :meth:`AgentExecutionError.hint`).
+    """
 
     code: str
     retryable: bool
     meaning: str
     action: str
+    waited: str | None = None
 
 
 def _table(*rows: ReasonCode) -> Mapping[str, ReasonCode]:
     return {row.code: row for row in rows}
 
+
+#: How an operator tells fluid_build a model's real window (docs/capability-warnings.md).
+_WINDOW_SETTING: Final = """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'"""
+
+_KEEPS_HAPPENING: Final = (
+    "if it keeps happening, run fewer fluid processes at once on this key, or raise "
+    "FLUID_LLM_MAX_ATTEMPTS (default 3) so the envelope retries longer."
+)
+_PERSISTS: Final = (
+    "if it persists, check the provider's status page, or set FLUID_LLM_FALLBACKS "
+    "(e.g. FLUID_LLM_FALLBACKS=anthropic:claude-sonnet-4-6) to fall back to another model."
+)
 
 #: Every reason code fluid_build emits, what it means and what to do about it.
 #: ``retryable`` is the default for the code; the error instance has the final say.
@@ -110,233 +132,263 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "llm.rate_limited",
         True,
         "The provider throttled this key.",
-        "Usually nothing: the retry envelope waits out Retry-After. If runs keep aborting, "
-        "run fewer jobs in parallel against this key.",
+        f"Wait a minute and run again; {_KEEPS_HAPPENING}",
+        f"Wait until {{until}} and run again; {_KEEPS_HAPPENING}",
     ),
     ReasonCode(
         "llm.quota_exhausted",
         False,
         "Quota, credits or billing are exhausted; retrying cannot help.",
-        "Top up credits, raise the quota or fix billing with the provider, then re-run.",
+        "Top up credits, raise the quota or fix billing in the provider's console, then run "
+        "again; waiting does not help.",
     ),
     ReasonCode(
         "llm.timeout",
         True,
         "No answer within the timeout.",
-        "Check the network; raise FLUID_LLM_TIMEOUT_SECONDS for slow proxies or big local models.",
+        "Check the network, then raise FLUID_LLM_TIMEOUT_SECONDS (default 120) for a slow "
+        "proxy or a large local model and run again.",
     ),
     ReasonCode(
         "llm.network_error",
         True,
         "The connection failed before an answer arrived.",
-        "Check connectivity, DNS, proxy settings and the base URL.",
+        "Check that the endpoint is reachable from this machine (DNS, HTTPS_PROXY, the base "
+        "URL `fluid doctor` shows), then run again.",
     ),
     ReasonCode(
         "llm.tls_error",
         False,
         "The TLS certificate of the endpoint could not be verified.",
-        "Check the base URL, and SSL_CERT_FILE if a corporate proxy re-signs traffic.",
+        "Check the base URL `fluid doctor` shows; behind a proxy that re-signs TLS, set "
+        "SSL_CERT_FILE to its CA bundle.",
     ),
     ReasonCode(
         "llm.bad_endpoint",
         False,
         "The endpoint URL is malformed, unsupported or redirects.",
-        "Fix the provider base URL (scheme, host, path); use the final URL, not a redirect.",
+        "Fix the base URL variable (OPENAI_BASE_URL, AZURE_OPENAI_ENDPOINT, OLLAMA_HOST ...): "
+        "an http:// or https:// URL, the final one rather than a redirect; `fluid doctor` "
+        "shows what is in use.",
     ),
     ReasonCode(
         "llm.endpoint_not_found",
         False,
         "The URL answered 404/405 without naming a model.",
-        "Check the base URL and API version; a proxy or a wrong path answered.",
+        "Check the base URL `fluid doctor` shows (and AZURE_OPENAI_API_VERSION for Azure): a "
+        "proxy or a wrong path answered.",
     ),
     ReasonCode(
         "llm.server_error",
         True,
         "The provider failed on its side (5xx).",
-        "Usually nothing: the envelope retries. If it persists, check the provider's status page.",
+        f"Run again in a few minutes; {_PERSISTS}",
+        f"Wait until {{until}} and run again; {_PERSISTS}",
     ),
     ReasonCode(
         "llm.overloaded",
         True,
         "The provider is overloaded (Anthropic 529, Gemini 503).",
-        "Usually nothing: the envelope retries. If it persists, try later or another model.",
+        f"Run again in a few minutes, or use a less busy model (--model); {_PERSISTS}",
+        f"Wait until {{until}} and run again, or use a less busy model (--model); {_PERSISTS}",
     ),
     ReasonCode(
         "llm.circuit_open",
         True,
         "The circuit breaker for this endpoint, model and key is open after repeated failures.",
-        "Wait until it half-opens (the message says when), run `fluid doctor --reset` once "
-        "the provider is healthy again, or configure fallbacks (FLUID_LLM_FALLBACKS); see "
-        "docs/fallbacks-and-breakers.md.",
+        "Run again once the breaker half-opens (`fluid doctor` shows until when), or run "
+        "`fluid doctor --reset` once the provider is healthy; FLUID_LLM_FALLBACKS routes "
+        "calls to another model meanwhile.",
+        "Wait until {until}, when the breaker half-opens, and run again, or run "
+        "`fluid doctor --reset` once the provider is healthy; FLUID_LLM_FALLBACKS routes "
+        "calls to another model meanwhile.",
     ),
     ReasonCode(
         "llm.insufficient_resources",
         False,
         "A local server lacks memory to load the model.",
-        "Pick a smaller model or free memory on the inference host.",
+        "Free memory on the inference host, or run again with a smaller model (--model).",
     ),
     ReasonCode(
         "llm.not_configured",
         False,
         "No provider, model or endpoint could be resolved for the call.",
-        "Set FLUID_LLM_PROVIDER and FLUID_LLM_MODEL (or pass provider= and model=); "
-        "see docs/llm-providers.md.",
+        "Set the variable the message names (FLUID_LLM_PROVIDER, FLUID_LLM_MODEL, "
+        "OPENAI_BASE_URL ...), give --provider and --model, or run "
+        "`fluid ai setup --provider <name>`.",
     ),
     ReasonCode(
         "llm.auth",
         False,
         "The API key is missing, invalid, expired or not allowed here.",
-        "Check OPENAI_API_KEY / ANTHROPIC_API_KEY / GEMINI_API_KEY (or FLUID_LLM_API_KEY) in the "
-        "shell running fluid, or re-run `fluid ai setup --provider <name>`.",
+        "Check the provider's key variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY "
+        "..., or FLUID_LLM_API_KEY) in the shell running fluid, or run "
+        "`fluid ai setup --provider <name>`.",
     ),
     ReasonCode(
         "llm.context_overflow",
         False,
         "The prompt does not fit the model's context window.",
-        "Compact the inputs or pick a model with a larger window; see docs/typed-errors.md.",
+        "Shorten the inputs (FLUID_AGENT_COMPACT_AFTER=4 compacts agent loops earlier), or "
+        "run again with a larger-window model (--model).",
     ),
     ReasonCode(
         "llm.invalid_request",
         False,
         "The provider rejected the request as malformed.",
-        "Read the provider's message; a parameter or schema is not accepted by this model.",
+        "Read the provider's message: this model refuses a parameter or the schema sent; run "
+        "again with another model (--model), and report it if this one should accept it.",
     ),
     ReasonCode(
         "llm.model_not_found",
         False,
         "The model or deployment does not exist for this key.",
-        "Check the model name (FLUID_LLM_MODEL); for Ollama run `ollama pull <model>`; "
-        "for Azure use the deployment name.",
+        "Check the model name (--model or FLUID_LLM_MODEL): for Ollama run "
+        "`ollama pull <model>` first, for Azure give the deployment name.",
     ),
     ReasonCode(
         "llm.content_filtered",
         False,
         "The provider's content filter refused the request.",
-        "Rephrase the inputs; retrying the same prompt gives the same refusal.",
+        "Rephrase the inputs that triggered the filter; the same prompt gets the same refusal.",
     ),
     ReasonCode(
         "llm.deadline_exceeded",
         False,
         "The call's deadline passed (details say where: connect, headers, body, stream "
         "event N, or a wait).",
-        "Raise FLUID_LLM_DEADLINE_SECONDS (or pass deadline=) if the model is slow but "
-        "answering; otherwise check the server, the network or the proxy.",
+        "Raise FLUID_LLM_DEADLINE_SECONDS (default 600) if the model is slow but answering; "
+        "otherwise check the server, the network or the proxy.",
     ),
     ReasonCode(
         "llm.response_too_large",
         False,
         "The answer or stream went past the size limit (decompressed bytes or stream events).",
-        "Ask for less output (max_output_tokens), or raise FLUID_LLM_MAX_RESPONSE_BYTES / "
-        "FLUID_LLM_MAX_STREAM_EVENTS if the answer is legitimately that big.",
+        "Raise FLUID_LLM_MAX_RESPONSE_BYTES or FLUID_LLM_MAX_STREAM_EVENTS if the answer is "
+        "legitimately that big; otherwise ask for less output.",
     ),
     ReasonCode(
         "llm.malformed_response",
         True,
         "The provider's answer could not be decoded.",
-        "Usually transient (a cut-off body); if it persists, a proxy is rewriting responses.",
+        "Run again (a cut-off body is usually transient); if it persists, something between "
+        "you and the provider (HTTPS_PROXY, the base URL `fluid doctor` shows) rewrites "
+        "answers.",
     ),
     ReasonCode(
         "llm.provider_error",
         False,
         "The provider failed in a way fluid_build does not recognise.",
-        "Read the provider's message and details; report it if it should be classified.",
+        "Read the provider's message and run again; if it persists, report it with the "
+        "--json output so it can be classified.",
     ),
     ReasonCode(
         "llm.unknown_error",
         False,
         "An unexpected exception happened around the provider call.",
-        "This is likely a bug: report it with the details of this error.",
+        "This is likely a bug in fluid_build: report it with the command you ran and its "
+        "--json output.",
     ),
     ReasonCode(
         "llm.cancelled",
         False,
         "The call was cancelled or interrupted.",
-        "Nothing to fix: re-run when ready.",
+        "Nothing to fix: run the command again when ready.",
     ),
     ReasonCode(
         "llm.schema_violation",
         False,
         "The model's output did not match the expected schema.",
-        "Read validation_errors; if a model keeps failing one stage, use a stronger model or "
-        "FLUID_OPENAI_STRICT_SCHEMA=1 for OpenAI.",
+        "Run again with a stronger model (--model); for OpenAI, FLUID_OPENAI_STRICT_SCHEMA=1 "
+        "constrains the output to the schema.",
     ),
     ReasonCode(
         "llm.parse_error",
         False,
         "The model's output was not valid JSON.",
-        "Use a model with structured-output support, or FLUID_OPENAI_STRICT_SCHEMA=1 for OpenAI.",
+        "Run again with a model that supports structured output (--model); for OpenAI, "
+        "FLUID_OPENAI_STRICT_SCHEMA=1.",
     ),
     ReasonCode(
         "tool.invalid_input",
         False,
         "A tool call's arguments did not match the tool's schema.",
-        "Usually nothing: the agent loop feeds this back to the model.",
+        "Usually nothing: the agent loop feeds this back to the model; if runs still fail, "
+        "use a model with stronger tool use (--model) or run without --agent-loop.",
     ),
     ReasonCode(
         "tool.unknown_tool",
         False,
         "The model called a tool that does not exist.",
-        "Usually nothing: the agent loop lists the real tools to the model.",
+        "Usually nothing: the agent loop lists the real tools to the model; if runs still "
+        "fail, use a model with stronger tool use (--model) or run without --agent-loop.",
     ),
     ReasonCode(
         "tool.workspace_violation",
         False,
         "A tool call pointed outside the workspace root.",
-        "Usually nothing: the loop refuses it. Repeated attempts deserve a look at the prompt.",
+        "Usually nothing: the loop refuses it. Keep the files the model should read next to "
+        "the intent file; if the model keeps trying, run without --agent-loop.",
     ),
     ReasonCode(
         "tool.timeout",
         False,
         "A tool body exceeded its timeout.",
-        "Raise the tool's timeout or make the tool faster.",
+        "Keep the workspace (the intent file's directory) small, or run without --agent-loop.",
     ),
     ReasonCode(
         "tool.execution_error",
         False,
         "A tool body raised an exception.",
-        "Read the server log for the full exception; the model saw only the class name.",
+        "Read the log for the tool's exception (the model saw only its class); run without "
+        "--agent-loop to skip tools.",
     ),
     ReasonCode(
         "budget.rounds_exhausted",
         False,
         "The agent loop reached its round limit without a final answer.",
-        "Raise FLUID_AGENT_MAX_ROUNDS, or simplify the task; the transcript so far is kept.",
+        "Raise FLUID_AGENT_MAX_ROUNDS (default 12), or run again with a stronger model "
+        "(--model); the transcript so far is kept.",
     ),
     ReasonCode(
         "budget.llm_calls_exhausted",
         False,
         "The run made as many model calls as its budget allows.",
-        "Raise Budget(max_llm_calls=...), or simplify the task.",
+        "Run again with a stronger model (--model) that needs fewer corrections, or simplify "
+        "the intent.",
     ),
     ReasonCode(
         "budget.tool_calls_exhausted",
         False,
         "The run made as many tool calls as its budget allows.",
-        "Raise Budget(max_tool_calls=...); a model looping on one tool deserves a look.",
+        "The model loops on its tools: run again with a stronger model (--model), or without "
+        "--agent-loop.",
     ),
     ReasonCode(
         "budget.seconds_exhausted",
         False,
         "The run used all the seconds its budget allows.",
-        "Raise Budget(max_seconds=...), or use a faster model.",
+        "Run again with a faster model or endpoint (--model), or simplify the intent.",
     ),
     ReasonCode(
         "budget.tokens_exhausted",
         False,
         "The run used all the tokens its budget allows.",
-        "Raise Budget(max_total_tokens=...), or compact earlier (FLUID_AGENT_COMPACT_AFTER).",
+        "Compact earlier (FLUID_AGENT_COMPACT_AFTER=4), shorten the inputs, or run again with "
+        "a model that needs fewer turns (--model).",
     ),
     ReasonCode(
         "budget.cost_exhausted",
         False,
         "The run spent all the USD its budget allows.",
-        "Raise Budget(max_cost_usd=...), or use a cheaper model.",
+        "Run again with a cheaper model (--model), or shorten the inputs.",
     ),
     ReasonCode(
         "agent.execution_failed",
         False,
         "An agent step failed.",
-        "Read the message and details.",
+        "Read the message above; run again with --json for the details, and report it if "
+        "the cause is unclear.",
     ),
 )
 
@@ -391,6 +443,28 @@ def _format_seconds(seconds: float) -> str:
     if seconds >= 1 and seconds == int(seconds):
         return f"{int(seconds)} s"
     return f"{seconds:.3g} s"
+
+
+def _duration(seconds: float) -> str:
+    """A wait as an operator reads it: ``6.5 s``, ``62 s``, ``5 min``, ``24 h``."""
+    if seconds < 120:
+        return _format_seconds(seconds)
+    minutes = round(seconds / 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h" if not minutes else f"{hours} h {minutes} min"
+
+
+def _until(now: float, wait: float) -> str:
+    """``"14:03:12 UTC (62 s)"``: when a wait of ``wait`` seconds from ``now`` ends.
+
+    The time is rounded up to the second; another day is written with its date.
+    """
+    start = datetime.fromtimestamp(now, UTC)
+    end = datetime.fromtimestamp(math.ceil(now + wait), UTC)
+    shown = f"{end:%H:%M:%S}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M:%S}"
+    return f"{shown} UTC ({_duration(wait)})"
 
 
 def _short(value: object, secrets: tuple[str, ...]) -> str | None:
@@ -473,11 +547,31 @@ class AgentExecutionError(FluidGenerationError):
 
     @property
     def action(self) -> str:
-        """What an operator should do about this error, in one sentence or two."""
+        """What an operator should do about this error, in one line: flags, variables, commands."""
         row = REASON_CODES.get(self.code)
         return row.action if row else REASON_CODES[self.default_code].action
 
-    def __str__(self) -> str:
+    def hint(self, *, now: float | None = None) -> str:
+        """The operator's next step, one line: :attr:`action`, or a wait until a clock time.
+
+        When the server named a wait (``retry_after``, or the longer wait it asked for
+        before the cap) and waiting helps for this code, the hint says until when, in
+        UTC: ``"Wait until 14:03:12 UTC (62 s) and run again; ..."``. ``now`` is the
+        Unix time to count from (default: the current time).
+        """
+        row = REASON_CODES.get(self.code)
+        if row is None or row.waited is None or not self.retry_after:
+            return self.action
+        wait = self.retry_after
+        requested = self.details.get("retry_after_requested")
+        if isinstance(requested, int | float) and math.isfinite(requested) and requested > wait:
+            wait = float(requested)
+        start = time.time() if now is None else now
+        return row.waited.format(until=_until(start, wait))
+
+    @property
+    def summary(self) -> str:
+        """What happened, in one line: the message and the wait the server asked for."""
         parts = [
             self.message or REASON_CODES.get(self.code, REASON_CODES[self.default_code]).meaning
         ]
@@ -490,9 +584,10 @@ class AgentExecutionError(FluidGenerationError):
                 )
             else:
                 parts.append(f"(server asked to wait {_format_seconds(self.retry_after)})")
-        parts.append(f"[{self.code}]")
-        parts.append(self.action)
         return " ".join(parts)
+
+    def __str__(self) -> str:
+        return f"{self.summary} [{self.code}] {self.action}"
 
     def _fields(self) -> dict[str, JsonValue]:
         """Class-specific public fields, in display order."""
@@ -663,6 +758,34 @@ class ContextOverflowError(ProviderError):
         super().__init__(message, **kwargs)
         self.prompt_tokens = _int_or_none(prompt_tokens)
         self.context_window = _int_or_none(context_window)
+
+    @property
+    def action(self) -> str:
+        """The table's advice, made specific when the pre-flight knows more.
+
+        A model fluid_build does not know gets the variable that sets its real
+        window; otherwise the nearest larger-window model it suggested, as flags.
+        """
+        if self.code != "llm.context_overflow" or self.details.get("source") != "preflight":
+            return super().action
+        if self.details.get("window_source") == "default":
+            return (
+                "If the model's real window is larger than the assumed "
+                f"{self.context_window or 0:,} tokens, set it with "
+                f"{_WINDOW_SETTING} and run again; "
+                "otherwise shorten the inputs or use a larger-window model (--model)."
+            )
+        larger = self.details.get("larger_models")
+        if isinstance(larger, list) and larger and isinstance(larger[0], str):
+            name = larger[0].split(" (", 1)[0]
+            provider, _, model = name.partition(":")
+            if provider and model:
+                return (
+                    f"Run again with a larger-window model (--provider {provider} --model "
+                    f"{model}), or shorten the inputs (FLUID_AGENT_COMPACT_AFTER=4 compacts "
+                    "agent loops earlier)."
+                )
+        return super().action
 
     def _fields(self) -> dict[str, JsonValue]:
         out = super()._fields()

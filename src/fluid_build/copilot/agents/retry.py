@@ -421,7 +421,7 @@ class _Run:
         extra: dict[str, object] = {"attempts": self.sent, "waits": self.waits}
         if note:
             extra["gave_up"] = note
-        final = error.with_details(note=note, **extra)
+        final = error.with_details(note=_with_knob(note), **extra)
         final.__cause__ = error.__cause__
         final.__traceback__ = error.__traceback__
         return final
@@ -433,6 +433,17 @@ class _Run:
         if self.trial is not None and self.env.breaker is not None and self.key is not None:
             self.env.breaker.release(self.key, self.trial)
             self.trial = None
+
+
+def _with_knob(note: str | None) -> str | None:
+    """The give-up note as the message shows it: with the variable that sets the limit."""
+    if note is None:
+        return None
+    if "deadline" in note:
+        return f"{note} (FLUID_LLM_DEADLINE_SECONDS sets the deadline)"
+    if note.startswith("gave up after"):
+        return f"{note} (FLUID_LLM_MAX_ATTEMPTS sets how many)"
+    return note
 
 
 def _default_random() -> float:

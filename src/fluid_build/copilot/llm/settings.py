@@ -153,12 +153,13 @@ def _pick_provider(env: Mapping[str, str]) -> str:
     if not with_keys:
         raise ProviderAuthError(
             "no LLM provider is configured: set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
-            "GEMINI_API_KEY (or FLUID_LLM_PROVIDER=ollama for a local model), or pass provider="
+            "GEMINI_API_KEY, or FLUID_LLM_PROVIDER=ollama for a local model (--provider on the "
+            "command line, provider= in Python), or run `fluid ai setup --provider <name>`"
         )
     keys = ", ".join(v for p in with_keys for v in PROVIDERS[p].key_vars if _get(env, v))
     raise _not_configured(
         f"several provider keys are set ({keys}): choose one with FLUID_LLM_PROVIDER "
-        f"(e.g. FLUID_LLM_PROVIDER={with_keys[0]}) or provider=",
+        f"(e.g. FLUID_LLM_PROVIDER={with_keys[0]}) or --provider (provider= in Python)",
         variable="FLUID_LLM_PROVIDER",
         example=with_keys[0],
     )
@@ -182,14 +183,16 @@ def _key(
         names = " or ".join(info.key_vars)
         raise ProviderAuthError(
             f"no API key for {provider}: set {names} (or FLUID_LLM_API_KEY) in the environment, "
-            f"e.g. {info.key_vars[0]}=<your key>, or pass api_key=",
+            f"e.g. {info.key_vars[0]}=<your key>, or run `fluid ai setup --provider {provider}` "
+            "(api_key= in Python)",
             provider=provider,
             details={"variable": info.key_vars[0], "example": "<your key>"},
         )
     if not _clean(key):
         # Never echo any of it: a key with a pasted newline is still a key.
         if source == "api_key=":
-            where, fix = "api_key=", "pass the key alone: api_key='<your key>'"
+            where = "api_key="
+            fix = "pass the key alone: api_key='<your key>' (or set FLUID_LLM_API_KEY)"
         else:
             where = f"{source} holds a key that"
             fix = f"set the key alone, on one line: {source}=<your key>"
@@ -266,7 +269,7 @@ def _base_url(
         if provider == "azure":
             raise _not_configured(
                 "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT (e.g. "
-                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']}) or pass base_url=",
+                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']}; base_url= in Python)",
                 provider,
                 variable="AZURE_OPENAI_ENDPOINT",
                 example=EXAMPLES["AZURE_OPENAI_ENDPOINT"],
@@ -274,7 +277,7 @@ def _base_url(
         if info.adapter == "openai_compatible":
             raise _not_configured(
                 f"{provider} needs the server's URL: set OPENAI_BASE_URL "
-                f"(e.g. OPENAI_BASE_URL={_LOCAL_SERVER}) or pass base_url=",
+                f"(e.g. OPENAI_BASE_URL={_LOCAL_SERVER}; base_url= in Python)",
                 provider,
                 variable="OPENAI_BASE_URL",
                 example=_LOCAL_SERVER,
@@ -293,6 +296,8 @@ def _base_url(
             example = _LOCAL_SERVER
         if source == "base_url=":
             shown, fix = "base_url", f"pass base_url='{example}'"
+            if info.base_url_var:
+                fix += f" (or set {info.base_url_var})"
         else:
             shown, fix = source, f"set it like {source}={example}"
         raise ProviderError(
@@ -345,17 +350,17 @@ def _model(name: str, model: str | None, env: Mapping[str, str]) -> str:
         example = _MODEL_EXAMPLES.get(name, "my-model")
         raise _not_configured(
             f"{name} needs a {what}: set FLUID_LLM_MODEL (e.g. FLUID_LLM_MODEL={example}) "
-            "or pass model=",
+            "or give --model (model= in Python)",
             name,
             variable="FLUID_LLM_MODEL",
             example=example,
         )
     if not chosen.isprintable():
-        where = "model=" if source == "model=" else "FLUID_LLM_MODEL"
+        where = "--model (model=)" if source == "model=" else "FLUID_LLM_MODEL"
         raise _not_configured(
             f"the model name {_shown(chosen, 40)} from {where} contains control characters: "
-            f"set it to the name alone, e.g. {where}"
-            + ("'gpt-4o-mini'" if where == "model=" else "=gpt-4o-mini"),
+            "set it to the name alone, e.g. "
+            + ("--model gpt-4o-mini" if source == "model=" else "FLUID_LLM_MODEL=gpt-4o-mini"),
             name,
             variable=None if source == "model=" else "FLUID_LLM_MODEL",
             example=EXAMPLES["FLUID_LLM_MODEL"],
@@ -398,7 +403,7 @@ def resolve_provider_config(
     if info is None:
         raise _not_configured(
             f"unknown provider {_shown(name, 40)}: use one of {', '.join(sorted(PROVIDERS))}, "
-            "e.g. provider='openai'",
+            "e.g. --provider openai (provider= in Python, FLUID_LLM_PROVIDER in the environment)",
             truncate(redact(name), 40),
         )
     chosen_model = _model(name, model, env)
@@ -412,7 +417,8 @@ def resolve_provider_config(
         isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
     ):
         raise _not_configured(
-            f"timeout={timeout!r} is not a positive number of seconds: pass e.g. timeout=120",
+            f"timeout={timeout!r} is not a positive number of seconds: pass e.g. timeout=120, "
+            "or leave it out to use FLUID_LLM_TIMEOUT_SECONDS",
             name,
         )
     return ProviderConfig(
