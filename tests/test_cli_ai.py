@@ -485,7 +485,8 @@ def test_check_with_a_rejected_key_exits_with_the_auth_code(
         json_code, json_out, _ = run("setup", "--check", "--json")
 
     assert code == EXIT_CODES["auth"]
-    assert "fluid: ProviderAuthError:" in err
+    assert "fluid: ProviderAuthError [llm.auth]:" in err
+    assert "hint: check OPENAI_API_KEY" in err
     assert "[llm.auth]" in err
     assert OPENAI_KEY not in out + err
     assert json_code == EXIT_CODES["auth"]

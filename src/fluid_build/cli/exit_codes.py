@@ -77,22 +77,25 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def report_error(exc: BaseException, *, as_json: bool = False) -> int:
-    """Print the operator message for ``exc`` (or its JSON) and return the exit code."""
+    """Print the operator message for ``exc`` (or its JSON) and return the exit code.
+
+    The message is the class, the reason code and what happened, then a ``hint:``
+    line (see :mod:`fluid_build.cli._messages`); the JSON carries the hint too.
+    """
     from fluid_build._redact import redact
+    from fluid_build.cli._messages import describe
 
     code = exit_code_for(exc)
+    message = describe(exc)
     if as_json:
         to_dict = getattr(exc, "to_dict", None)
-        payload = (
-            to_dict()
-            if callable(to_dict)
-            else {"error": type(exc).__name__, "message": redact(str(exc))}
-        )
+        payload = to_dict() if callable(to_dict) else None
+        if not isinstance(payload, dict):
+            payload = {"error": type(exc).__name__, "message": redact(str(exc))}
+        payload["hint"] = message.hint
         click.echo(json.dumps({"ok": False, "exit_code": code, "error": payload}))
     else:
-        name = type(exc).__name__
-        click.echo(f"fluid: {name}: {redact(str(exc))}", err=True)
-        if code == EXIT_CODES["internal"]:
-            click.echo("fluid: this looks like a bug in fluid_build; please report it.", err=True)
+        for line in message.lines():
+            click.echo(line, err=True)
     sys.stderr.flush()
     return code

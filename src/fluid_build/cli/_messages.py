@@ -1,0 +1,113 @@
+"""What the ``fluid`` command prints when a command fails: what happened, and what to do.
+
+A typed error becomes two lines on standard error::
+
+    fluid: RateLimitError [llm.rate_limited]: openai (gpt-4o) answered HTTP 429: ...
+    hint: wait until 14:03:12 UTC (62 s) and run again; if it keeps happening, ...
+
+The first says the class, the reason code and what happened; the second the
+next step, in terms a shell can act on (a flag, an environment variable, a
+``fluid`` command, a wait until a clock time). Another error prints its class
+and message, then a hint where the exit code says what to fix (the intent
+file, the output directory), or the bug line where nothing explains it.
+Every line is one line, redacted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from fluid_build._redact import one_line, redact
+
+__all__ = ["BUG_LINE", "OperatorMessage", "describe", "render_error"]
+
+#: Printed after an error fluid_build did not expect: a bug, whatever it says.
+BUG_LINE: Final = "fluid: this looks like a bug in fluid_build; please report it."
+
+# Hints for failures that are not typed errors, by exit code (docs/cli.md).
+_HINTS_BY_EXIT: Final = {
+    3: "fix the file named above (or give another path) and run again.",
+    4: "remove the symbolic link named above, or choose another --out, and run again.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorMessage:
+    """One failure as the operator sees it.
+
+    ``headline`` is ``"fluid: <Class> [<code>]: <what happened>"`` (no code for
+    an error that has none); ``hint`` the next step, or None; ``bug`` whether
+    the failure is unexpected (exit code 1).
+    """
+
+    headline: str
+    hint: str | None
+    code: str | None
+    bug: bool
+
+    def lines(self) -> list[str]:
+        """The lines printed on standard error, in order."""
+        out = [self.headline]
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        if self.bug:
+            out.append(BUG_LINE)
+        return out
+
+
+def _sentence_start(text: str) -> str:
+    """``"Wait until ..."`` as it reads after ``hint:``; a name such as ``FLUID_...`` is kept."""
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        return text[0].lower() + text[1:]
+    return text
+
+
+def _clean(text: str) -> str:
+    return one_line(redact(text))
+
+
+def describe(exc: BaseException, *, now: float | None = None) -> OperatorMessage:
+    """The operator's view of ``exc``; ``now`` (Unix time) anchors a wait's clock time."""
+    from fluid_build.cli.exit_codes import EXIT_CODES, exit_code_for
+    from fluid_build.copilot.agents.errors import AgentExecutionError
+
+    name = type(exc).__name__
+    exit_code = exit_code_for(exc)
+    if isinstance(exc, AgentExecutionError):
+        return OperatorMessage(
+            headline=f"fluid: {name} [{exc.code}]: {_clean(exc.summary)}",
+            hint=_clean(_sentence_start(exc.hint(now=now))),
+            code=exc.code,
+            bug=False,
+        )
+    code = getattr(exc, "code", None)
+    code = code if isinstance(code, str) and code else None
+    hint = _own_hint(exc, now) or _HINTS_BY_EXIT.get(exit_code)
+    shown = f"{name} [{code}]" if code else name
+    return OperatorMessage(
+        headline=f"fluid: {shown}: {_clean(str(exc))}",
+        hint=_clean(_sentence_start(hint)) if hint else None,
+        code=code,
+        bug=exit_code == EXIT_CODES["internal"],
+    )
+
+
+def _own_hint(exc: BaseException, now: float | None) -> str | None:
+    """A hint the exception offers itself (``hint(now=)`` or ``action``), if any."""
+    hint = getattr(exc, "hint", None)
+    if callable(hint):
+        try:
+            value = hint(now=now)
+        except Exception:  # noqa: BLE001 - a hint must never hide the error itself
+            return None
+        return value if isinstance(value, str) and value else None
+    if isinstance(hint, str) and hint:
+        return hint
+    action = getattr(exc, "action", None)
+    return action if isinstance(action, str) and action else None
+
+
+def render_error(exc: BaseException, *, now: float | None = None) -> list[str]:
+    """The lines ``fluid`` prints on standard error for ``exc``: what happened, then the hint."""
+    return describe(exc, now=now).lines()
