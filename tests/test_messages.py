@@ -25,7 +25,11 @@ from fluid_build.cli import _register, cli
 from fluid_build.cli._messages import BUG_LINE, describe, render_error
 from fluid_build.cli.exit_codes import EXIT_CODES, report_error
 from fluid_build.cli.forge import EXAMPLE_INTENT
-from fluid_build.copilot.agents.capabilities import capabilities_for, run_start_warnings
+from fluid_build.copilot.agents.capabilities import (
+    capabilities_for,
+    capability_matrix_from_env,
+    run_start_warnings,
+)
 from fluid_build.copilot.agents.errors import (
     REASON_CODES,
     AgentExecutionError,
@@ -400,7 +404,7 @@ EQUIVALENTS = {
 }
 
 
-def settings_messages() -> Iterator[str]:
+def settings_errors() -> Iterator[ProviderError]:
     key = {"OPENAI_API_KEY": "k"}
     cases: list[tuple[tuple[object, ...], dict[str, object]]] = [
         ((), {"env": {}}),
@@ -418,11 +422,36 @@ def settings_messages() -> Iterator[str]:
     for args, kwargs in cases:
         with pytest.raises(ProviderError) as caught:
             resolve_provider_config(*args, **kwargs)  # type: ignore[arg-type]
-        yield caught.value.message
+        yield caught.value
+    remote = {"OLLAMA_HOST": "10.0.0.9:11434", "FLUID_OLLAMA_ALLOW_REMOTE": "maybe"}
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("ollama", env=remote)
+    yield caught.value
+    with pytest.raises(ProviderError) as caught:
+        capability_matrix_from_env({"FLUID_CAPABILITY_MATRIX": '{"tools": "yes"}'}, "azure", "d")
+    yield caught.value
+
+
+@pytest.mark.parametrize("error", list(settings_errors()), ids=lambda e: e.message[:40])
+def test_a_setting_that_cannot_be_used_gets_a_hint_naming_it(error: ProviderError) -> None:
+    hint = error.hint(now=NOW)
+    check_operator_text(hint)
+    variable = error.details.get("variable")
+    if error.code != "llm.auth" and isinstance(variable, str):
+        assert hint.startswith(f"Set {variable} as the message says, e.g. {variable}=")
+
+
+def test_a_json_example_is_quoted_for_the_shell() -> None:
+    [*_, matrix] = settings_errors()
+    assert matrix.hint() == (
+        "Set FLUID_CAPABILITY_MATRIX as the message says, e.g. "
+        """FLUID_CAPABILITY_MATRIX='{"context_window": 32768, "tools": true}', and run again; """
+        "`fluid doctor` shows what is set."
+    )
 
 
 def warnings_and_messages() -> Iterator[str]:
-    yield from settings_messages()
+    yield from (error.message for error in settings_errors())
     unknown = capabilities_for("azure", "prod-gpt4o")
     yield from run_start_warnings(unknown, uses_tools=True, wants_strict_schema=True)
     yield from run_start_warnings(

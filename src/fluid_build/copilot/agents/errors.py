@@ -27,6 +27,8 @@ operator without leaking a credential.
 from __future__ import annotations
 
 import math
+import re
+import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,6 +114,10 @@ class ReasonCode:
 def _table(*rows: ReasonCode) -> Mapping[str, ReasonCode]:
     return {row.code: row for row in rows}
 
+
+# Codes of a setting that cannot be used; the error's details name the variable.
+_SETTING_CODES: Final = frozenset({"llm.not_configured", "llm.bad_endpoint"})
+_VARIABLE: Final = re.compile(r"[A-Z][A-Z0-9_]{1,63}")
 
 #: How an operator tells fluid_build a model's real window (docs/capability-warnings.md).
 _WINDOW_SETTING: Final = """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'"""
@@ -700,6 +706,24 @@ class ProviderError(AgentExecutionError):
         self.provider_error_code = _short(provider_error_code, secrets)
         self.request_id = _short(request_id, secrets)
         self.headers = _keep_headers(headers, secrets)
+
+    @property
+    def action(self) -> str:
+        """The table's advice; for a setting that cannot be used, that variable and an example."""
+        variable = self.details.get("variable")
+        example = self.details.get("example")
+        if (
+            self.code in _SETTING_CODES
+            and isinstance(variable, str)
+            and _VARIABLE.fullmatch(variable)
+            and isinstance(example, str)
+            and example
+        ):
+            return (
+                f"Set {variable} as the message says, e.g. {variable}={shlex.quote(example)}, "
+                "and run again; `fluid doctor` shows what is set."
+            )
+        return super().action
 
     def _fields(self) -> dict[str, JsonValue]:
         return {
