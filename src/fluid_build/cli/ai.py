@@ -233,20 +233,24 @@ def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool)
     if as_json:
         click.echo(json.dumps(result))
         return 0
+    from rich.markup import escape
+
+    from fluid_build.cli._console import make_console
+
+    out, err = make_console(), make_console(stderr=True)
     shown_model = model or info.default_model or "none: set FLUID_LLM_MODEL or pass --model"
-    click.echo(f"{name}: provider stored in {saved.path} (model: {shown_model})")
+    out.print(escape(f"{name}: provider stored in {saved.path} (model: {shown_model})"))
     if key is not None:
         where = "the OS keyring" if source == "keyring" else f"{saved.path} (plaintext)"
-        click.echo(f"{name}: key stored in {where} (fingerprint {key_fingerprint(key)})")
+        out.print(escape(f"{name}: key stored in {where} (fingerprint {key_fingerprint(key)})"))
     elif info.key_vars and not no_key:
-        click.echo(f"{name}: no key stored (this provider does not need one)")
+        out.print(escape(f"{name}: no key stored (this provider does not need one)"))
     for text in result["warnings"]:
-        click.echo(f"warning: {text}", err=True)
+        err.print(f"[yellow]warning:[/] {escape(text)}")
     if overridden:
-        click.echo(
-            f"note: {', '.join(overridden)} is set in this environment and wins over the "
-            "stored key",
-            err=True,
+        err.print(
+            f"[cyan]note:[/] {escape(', '.join(overridden))} is set in this environment and "
+            "wins over the stored key"
         )
     return 0
 
@@ -341,6 +345,10 @@ def _check(provider: str | None, model: str | None, as_json: bool) -> int:
             )
         )
         return 0
+    from rich.markup import escape
+
+    from fluid_build.cli._console import make_console
+
     seen = f"{count} models visible" if count is not None else "model list not readable"
-    click.echo(f"{config.provider}: {verdict} ({seen})")
+    make_console().print(f"{escape(config.provider)}: [green]{verdict}[/] ({seen})")
     return 0

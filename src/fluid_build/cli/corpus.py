@@ -10,7 +10,6 @@ real call and writes what it saw. See docs/corpus.md.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -76,11 +75,12 @@ def _waits(waits: Sequence[float]) -> str:
 
 
 def _print_table(results: Sequence[ReplayResult]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    from fluid_build.cli._console import make_console
+
+    console = make_console()
     table = Table(title="fluid corpus replay", title_justify="left")
     table.add_column("cassette", no_wrap=True)
     table.add_column("provider")

@@ -34,9 +34,9 @@ _REASONS = {
 
 
 def _console() -> Console:
-    from rich.console import Console
+    from fluid_build.cli._console import make_console
 
-    return Console(stderr=True, highlight=False)
+    return make_console(stderr=True)
 
 
 def _has_provider(env: Mapping[str, str]) -> bool:
