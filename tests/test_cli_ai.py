@@ -376,11 +376,16 @@ def test_a_world_readable_file_without_a_key_warns(
     assert "readable by every user" in caplog.text
 
 
-def test_fluid_home_defaults_to_dot_fluid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_config_lives_where_xdg_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FLUID_HOME", raising=False)
-    assert config_path() == tmp_path / ".fluid" / "ai_config.json"
-    assert config_path({"FLUID_HOME": "/srv/fluid"}) == Path("/srv/fluid/ai_config.json")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert config_path() == tmp_path / ".config" / "fluid" / "ai_config.json"
+    assert config_path({"XDG_CONFIG_HOME": "/etc/xdg-u"}) == Path("/etc/xdg-u/fluid/ai_config.json")
+    # The XDG spec: a relative path is invalid and ignored.
+    assert config_path({"XDG_CONFIG_HOME": "rel"}) == tmp_path / ".config/fluid/ai_config.json"
+    both = {"FLUID_HOME": "/srv/fluid", "XDG_CONFIG_HOME": "/etc/xdg-u"}
+    assert config_path(both) == Path("/srv/fluid/ai_config.json")
 
 
 # -- the environment wins -------------------------------------------------------

@@ -201,6 +201,7 @@ def test_a_memory_cooldown_store_is_reachable(monkeypatch: pytest.MonkeyPatch) -
     assert cooldown == {
         "source": "FLUID_COOLDOWN_URL",
         "store": "MemoryCooldownStore()",
+        "location": "MemoryCooldownStore()",
         "error": None,
         "reachable": True,
     }

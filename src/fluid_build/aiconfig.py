@@ -2,8 +2,12 @@
 
 Where things live:
 
-- ``$FLUID_HOME/ai_config.json`` (``~/.fluid`` by default; directory 0700,
-  file 0600): the provider, the model and, per provider, where its key is.
+- ``ai_config.json`` in the configuration directory (directory 0700, file
+  0600): the provider, the model and, per provider, where its key is. The
+  directory is ``$FLUID_HOME`` when set, else ``$XDG_CONFIG_HOME/fluid``
+  (``~/.config/fluid`` when ``XDG_CONFIG_HOME`` is unset or not absolute).
+  A file left in ``~/.fluid`` by an older version is moved there once (see
+  :func:`_move_legacy_config`).
 - The key: in the OS keyring (service ``fluid_build``, user = the provider)
   when a usable backend exists; in the JSON file only with the opt-in
   ``FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1``, and then read back only while that
@@ -19,6 +23,7 @@ variable already set in the environment is kept as it is.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -35,6 +40,7 @@ from fluid_build._files import (
     MAX_DEPTH,
     NotRegularFileError,
     TooDeepError,
+    file_kind,
     load_json,
     open_regular,
     read_at_most,
@@ -45,15 +51,22 @@ if TYPE_CHECKING:
     from keyring.backend import KeyringBackend
 
 __all__ = [
+    "CONFIG_DIR_NAME",
     "CONFIG_FILE_NAME",
     "FLUID_HOME_ENV",
     "KEYRING_SERVICE",
+    "LEGACY_DIR_NAME",
     "PLAINTEXT_OPT_IN_ENV",
+    "XDG_CONFIG_HOME_ENV",
     "AIConfig",
+    "ConfigSource",
     "KeySource",
     "apply_stored_config",
+    "config_dir",
     "config_path",
+    "config_source",
     "keyring_backend",
+    "legacy_config_dir",
     "load_ai_config",
     "plaintext_allowed",
     "save_ai_config",
@@ -66,10 +79,15 @@ FLUID_HOME_ENV: Final = "FLUID_HOME"
 PLAINTEXT_OPT_IN_ENV: Final = "FLUID_ALLOW_PLAINTEXT_AI_SECRETS"
 KEYRING_SERVICE: Final = "fluid_build"
 CONFIG_FILE_NAME: Final = "ai_config.json"
+XDG_CONFIG_HOME_ENV: Final = "XDG_CONFIG_HOME"
+CONFIG_DIR_NAME: Final = "fluid"
+#: Where older versions kept the configuration, under the home directory.
+LEGACY_DIR_NAME: Final = ".fluid"
 _VERSION: Final = 1
 _MAX_FILE_BYTES: Final = 64 * 1024
 
 KeySource = Literal["keyring", "file"]
+ConfigSource = Literal["FLUID_HOME", "XDG_CONFIG_HOME", "default"]
 
 
 class AIConfig(BaseModel):
@@ -125,30 +143,52 @@ def _home_problem(env: Mapping[str, str]) -> str | None:
     if not base.isprintable():
         return (
             f"{FLUID_HOME_ENV}={shown} contains control characters; no stored configuration is "
-            f"read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.fluid)"
+            f"read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.config/fluid)"
         )
     try:
         Path(base).expanduser()
     except RuntimeError:  # "~someone" for a user this machine does not know
         return (
             f"{FLUID_HOME_ENV}={shown} names the home of an unknown user; no stored "
-            f"configuration is read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.fluid)"
+            f"configuration is read (set it to a directory, e.g. {FLUID_HOME_ENV}=~/.config/fluid)"
         )
     return None
 
 
-def _home(env: Mapping[str, str]) -> Path:
+def _xdg_config_home(env: Mapping[str, str]) -> Path | None:
+    # The XDG spec: a relative path in these variables is invalid and ignored.
+    value = env.get(XDG_CONFIG_HOME_ENV) or ""
+    return Path(value) if value and os.path.isabs(value) else None
+
+
+def config_source(env: Mapping[str, str] | None = None) -> ConfigSource:
+    """What chose :func:`config_dir`: ``FLUID_HOME``, ``XDG_CONFIG_HOME`` or the default."""
+    env = _env(env)
+    if (env.get(FLUID_HOME_ENV) or "").strip():
+        return "FLUID_HOME"
+    return "XDG_CONFIG_HOME" if _xdg_config_home(env) is not None else "default"
+
+
+def config_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$FLUID_HOME``, else ``$XDG_CONFIG_HOME/fluid``, else ``~/.config/fluid``."""
+    env = _env(env)
     base = (env.get(FLUID_HOME_ENV) or "").strip()
-    if not base:
-        return Path.home() / ".fluid"
-    if _home_problem(env) is not None:
-        return Path(base)  # shown as it was given; never read (see _load)
-    return Path(base).expanduser()
+    if base:
+        if _home_problem(env) is not None:
+            return Path(base)  # shown as it was given; never read (see _load)
+        return Path(base).expanduser()
+    xdg = _xdg_config_home(env)
+    return (xdg if xdg is not None else Path.home() / ".config") / CONFIG_DIR_NAME
+
+
+def legacy_config_dir() -> Path:
+    """``~/.fluid``: where older versions kept ``ai_config.json``."""
+    return Path.home() / LEGACY_DIR_NAME
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
-    """``$FLUID_HOME/ai_config.json``, or ``~/.fluid/ai_config.json``."""
-    return _home(_env(env)) / CONFIG_FILE_NAME
+    """``ai_config.json`` in :func:`config_dir`."""
+    return config_dir(env) / CONFIG_FILE_NAME
 
 
 _YES: Final = frozenset({"1", "true", "yes", "on"})
@@ -190,6 +230,8 @@ def _warn(path: Path, problem: str, problems: list[str], *, loud: bool = False) 
 def _load(env: Mapping[str, str]) -> _Loaded:
     path = config_path(env)
     problems: list[str] = []
+    if config_source(env) != "FLUID_HOME":
+        _move_legacy_config(path)
 
     def ignored(problem: str) -> _Loaded:
         _warn(path, f"{problem}; ignoring this file (run `fluid ai setup` to rewrite it)", problems)
@@ -388,12 +430,26 @@ def apply_stored_config(env: Mapping[str, str]) -> dict[str, str]:
 # -- writing ----------------------------------------------------------------------
 
 
+def _private_dir(directory: Path) -> None:
+    """Create ``directory`` and each missing parent with mode 0700 (the XDG rule).
+
+    An existing directory is left as it is, a symbolic link to one included:
+    pointing the configuration elsewhere is the owner's choice.
+    """
+    missing = [directory, *directory.parents]
+    missing = [p for p in missing if not p.exists()]
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, mode 0600, in a 0700 directory."""
     directory = path.parent
-    if not directory.exists():
-        directory.mkdir(parents=True, mode=0o700)
-        os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+    _private_dir(directory)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -448,3 +504,159 @@ def save_ai_config(
         document["keys"] = dict(sorted(keys.items()))
     _write_private(config_path(env), json.dumps(document, indent=2) + "\n")
     return _load(env).config
+
+
+# -- moving ~/.fluid --------------------------------------------------------------
+
+_SAID_MOVES: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    if text not in _SAID_MOVES:
+        _SAID_MOVES.add(text)
+        LOG.warning("%s", text)
+
+
+def _move_legacy_config(target: Path) -> None:
+    """Move ``~/.fluid/ai_config.json`` to ``target`` once, when it is safe to.
+
+    The rules: only ``ai_config.json`` moves (``~/.fluid`` may hold another
+    program's files); never through a symbolic link (neither ``~/.fluid`` nor
+    the file may be one: they are named, not followed); never over a file at
+    ``target`` (an existing new configuration wins, and the old file is left
+    with a warning); atomic (a hard link, then the old name removed, so a
+    reader sees the whole file at one name or the other; across file systems
+    a private copy is linked into place the same way); the file keeps its
+    inode and mode, so the checks of :func:`_load` apply to it as before.
+    ``~/.fluid`` is removed when nothing else is left in it. Each outcome is
+    logged once; the common case, nothing to move, costs one ``lstat``.
+    """
+    try:
+        legacy = legacy_config_dir()
+        top = os.lstat(legacy)
+    except (OSError, RuntimeError):  # no ~/.fluid (or no home at all): nothing to do
+        return
+    source = legacy / CONFIG_FILE_NAME
+    keep_using = f"or set {FLUID_HOME_ENV}={legacy} to keep using it there"
+    if stat.S_ISLNK(top.st_mode):
+        with contextlib.suppress(OSError):
+            if not os.path.lexists(source) or os.path.lexists(target):
+                return
+            _say_once(
+                f"{legacy} is a symbolic link, which fluid does not move files through; "
+                f"fluid now reads {target}: move {source} there yourself, {keep_using}"
+            )
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        return
+    try:
+        info = os.lstat(source)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _say_once(f"{source} cannot be moved to {target} ({type(exc).__name__}); {keep_using}")
+        return
+    if not stat.S_ISREG(info.st_mode):
+        _say_once(
+            f"{source} is {file_kind(info.st_mode)}, not a regular file; it was not moved to "
+            f"{target}: move it yourself, {keep_using}"
+        )
+        return
+    if _moved_already(source, info, target):
+        return
+    try:
+        _private_dir(target.parent)
+        moved = _link_into_place(source, info, target)
+    except OSError as exc:
+        _say_once(
+            f"{source} could not be moved to {target} ({type(exc).__name__}: "
+            f"{exc.strerror or exc}); {keep_using}"
+        )
+        return
+    if not moved:
+        _moved_already(source, info, target)
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(source)
+    removed = False
+    with contextlib.suppress(OSError):
+        os.rmdir(legacy)  # only when empty: anything else in it stays
+        removed = True
+    LOG.warning(
+        "moved %s to %s, where fluid keeps its configuration now (XDG_CONFIG_HOME)%s",
+        source,
+        target,
+        f"; removed the empty {legacy}" if removed else "",
+    )
+
+
+def _moved_already(source: Path, info: os.stat_result, target: Path) -> bool:
+    """True when ``target`` exists: the same file (another process is moving it), or a
+    newer configuration, which wins; the old file is then left, with a warning."""
+    try:
+        there = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    if os.path.samestat(there, info):
+        with contextlib.suppress(OSError):
+            os.unlink(source)
+        return True
+    _say_once(
+        f"{source} is not used: {target} exists and wins. Remove the old file once you "
+        f"have checked it (or set {FLUID_HOME_ENV}={source.parent} to use it instead)"
+    )
+    return True
+
+
+def _link_into_place(source: Path, info: os.stat_result, target: Path) -> bool:
+    """Give ``source``'s file the name ``target`` without replacing anything there.
+
+    False when ``target`` appeared meanwhile. A hard link where possible; else
+    (another file system) a copy with the same mode, written and synced under a
+    temporary name first, then linked to ``target``.
+    """
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in {errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK}:
+            raise
+    else:
+        if os.path.samestat(os.lstat(target), info):
+            return True
+        os.unlink(target)  # swapped between the checks: undo, move nothing
+        return False
+    fd = open_regular(source, follow_symlinks=False)
+    try:
+        if not os.path.samestat(os.fstat(fd), info):
+            return False
+        data = read_at_most(fd, _MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {_MAX_FILE_BYTES} bytes")
+    temp_fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(temp_fd, "wb") as handle:
+            if hasattr(os, "fchmod"):
+                os.fchmod(handle.fileno(), stat.S_IMODE(info.st_mode))
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temp, target)
+        except FileExistsError:
+            return False
+        except OSError:
+            # No hard links on this file system: the one step that is not
+            # atomic against a file created in the instant between these two.
+            if os.path.lexists(target):
+                return False
+            os.replace(temp, target)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)

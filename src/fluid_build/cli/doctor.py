@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.agents.cooldown import CooldownStore
 
 __all__ = ["collect_report", "command", "public_url"]
 
@@ -199,8 +202,11 @@ def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None
     from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
 
     try:
-        # Model and key are placeholders: only the endpoint is wanted here.
-        config = resolve_provider_config(name, model="-", api_key="placeholder", env=env)
+        # Model, key and timeout are placeholders: only the endpoint is wanted here (and
+        # a bad FLUID_LLM_TIMEOUT_SECONDS is then reported once, not once per provider).
+        config = resolve_provider_config(
+            name, model="-", api_key="placeholder", timeout=1.0, env=env
+        )
     except ProviderError as exc:
         return None, exc.message or redact(str(exc))
     url = config.base_url or _default_url(PROVIDERS[name].adapter)
@@ -219,12 +225,12 @@ def _model(name: str, env: Mapping[str, str], stored: Mapping[str, Any]) -> dict
     return {"model": default, "model_source": "default" if default else None}
 
 
-def _selection(env: Mapping[str, str]) -> dict[str, Any]:
+def _selection(env: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
     from fluid_build.copilot.agents.errors import ProviderError
     from fluid_build.copilot.llm.settings import resolve_provider_config
 
     try:
-        config = resolve_provider_config(env=env)
+        config = resolve_provider_config(timeout=timeout, env=env)
     except ProviderError as exc:
         return {"provider": None, "model": None, "error": _finding(exc)}
     return {"provider": config.provider, "model": config.model, "error": None}
@@ -299,38 +305,67 @@ def _gathered() -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-def _cooldown(env: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Store:
+    """The shared store, made once per report (so FLUID_COOLDOWN_URL warns once)."""
+
+    store: CooldownStore | None = None
+    error: str | None = None  # why none could be made; None with no store: sharing is off
+
+    @property
+    def probe(self) -> CooldownStore | None:
+        """The store itself, not the fallback that hides failures in real runs."""
+        from fluid_build.copilot.agents.cooldown import ResilientCooldownStore
+
+        store = self.store
+        return store.primary if isinstance(store, ResilientCooldownStore) else store
+
+    def close(self) -> None:
+        close = getattr(self.probe, "close", None)
+        if callable(close):
+            close()
+
+
+def _make_store(env: Mapping[str, str]) -> _Store:
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import (
-        COOLDOWN_URL_ENV,
-        ResilientCooldownStore,
-        cooldown_store_from_env,
-    )
+    from fluid_build.copilot.agents.cooldown import cooldown_store_from_env
+
+    try:
+        return _Store(cooldown_store_from_env(env))
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        return _Store(None, redact(f"{type(exc).__name__}: {exc}"))
+
+
+def _cooldown(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
+    from fluid_build._redact import redact
+    from fluid_build.copilot.agents.cooldown import COOLDOWN_URL_ENV
 
     source = COOLDOWN_URL_ENV if _set(env, COOLDOWN_URL_ENV) else "default"
-    try:
-        store = cooldown_store_from_env(env)
-    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+    if made.error is not None:
         return {
             "source": source,
             "store": None,
+            "location": None,
             "reachable": False,
-            "error": redact(f"{type(exc).__name__}: {exc}"),
+            "error": made.error,
         }
-    if store is None:
-        return {"source": source, "store": None, "reachable": None, "error": None}
-    probe = store.primary if isinstance(store, ResilientCooldownStore) else store
-    result: dict[str, Any] = {"source": source, "store": repr(store), "error": None}
+    probe = made.probe
+    if probe is None:
+        return {"source": source, "store": None, "location": None, "reachable": None, "error": None}
+    path = getattr(probe, "path", None)
+    result: dict[str, Any] = {
+        "source": source,
+        "store": repr(made.store),
+        # The sqlite file; for Redis its URL, password hidden, as the repr shows it.
+        "location": str(path) if path is not None else repr(probe),
+        "error": None,
+    }
     try:
         probe.remaining("doctor-probe", time.time())
     except Exception as exc:  # noqa: BLE001 - a failure is the finding, not a crash
         result.update(reachable=False, error=redact(f"{type(exc).__name__}: {exc}"))
     else:
         result["reachable"] = True
-    finally:
-        close = getattr(probe, "close", None)
-        if callable(close):
-            close()
     return result
 
 
@@ -377,9 +412,13 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     )
     # Holds a stored key: used here, never shown.
     effective = _guarded("stored config", lambda: apply_stored_config(env), lambda f: dict(env))
+    # Read once here and handed on, so that a bad value warns once, not per reader.
+    timeout = env_float(
+        effective, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
+    )
     selection = _guarded(
         "selection",
-        lambda: _selection(effective),
+        lambda: _selection(effective, timeout),
         lambda f: {"provider": None, "model": None, "error": f},
     )
     providers = []
@@ -418,9 +457,13 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             }
 
         providers.append(_guarded(f"provider {name}", provider_row, broken_row))
-    timeout = env_float(
-        effective, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
+    made = _guarded(
+        "cooldown store", lambda: _make_store(env), lambda f: _Store(None, f["message"])
     )
+    try:
+        report = _parts(env, effective, timeout, made)
+    finally:
+        made.close()
     return {
         "providers": providers,
         "selected": selection,
@@ -436,10 +479,30 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             "key_sources": dict(stored.key_sources),
             "problems": list(stored.problems),
         },
+        **report,
+        "paths": _guarded(
+            "paths",
+            lambda: _paths(env, report["cooldown"], report["encodings"]),
+            lambda f: {"error": f["message"]},
+        ),
+    }
+
+
+def _parts(
+    env: Mapping[str, str], effective: Mapping[str, str], timeout: float | None, made: _Store
+) -> dict[str, Any]:
+    """The parts that use the shared store (made once, closed by the caller)."""
+    return {
         "cooldown": _guarded(
             "cooldown store",
-            lambda: _cooldown(env),
-            lambda f: {"source": "?", "store": "?", "reachable": False, "error": f["message"]},
+            lambda: _cooldown(env, made),
+            lambda f: {
+                "source": "?",
+                "store": "?",
+                "location": None,
+                "reachable": False,
+                "error": f["message"],
+            },
         ),
         "encodings": _guarded(
             "encodings",
@@ -450,16 +513,48 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             },
         ),
         "health": _guarded(
-            "health", lambda: _health(effective), lambda f: {"entries": [], "error": f["message"]}
+            "health",
+            lambda: _health(effective, timeout, made),
+            lambda f: {"entries": [], "error": f["message"]},
         ),
         "transport": _guarded(
             "transport", _transport, lambda f: {"variables": [], "error": f["message"]}
         ),
         "shared_state": _guarded(
             "shared state",
-            lambda: _shared_state(env),
+            lambda: _shared_state(made),
             lambda f: {"entries": [], "now": time.time(), "error": f["message"]},
         ),
+    }
+
+
+def _paths(
+    env: Mapping[str, str], cooldown: Mapping[str, Any], encodings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every file and directory a run reads, and the setting that chose each."""
+    from fluid_build.aiconfig import (
+        CONFIG_FILE_NAME,
+        config_dir,
+        config_path,
+        config_source,
+        legacy_config_dir,
+    )
+
+    legacy = legacy_config_dir() / CONFIG_FILE_NAME
+    cache_source = next(
+        (name for name in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR") if name in env), "default"
+    )
+    return {
+        "config_dir": str(config_dir(env)),
+        "config_file": str(config_path(env)),
+        "config_source": config_source(env),
+        # Left in ~/.fluid: not moved (the config warnings say why), so not read.
+        "legacy_config_file": str(legacy) if os.path.lexists(legacy) else None,
+        "cooldown_store": cooldown.get("location"),
+        "cooldown_source": cooldown.get("source"),
+        "tiktoken_cache_dir": (encodings.get("o200k_base") or {}).get("cache_dir"),
+        "tiktoken_cache_source": cache_source,
+        "error": None,
     }
 
 
@@ -502,37 +597,34 @@ def _transport() -> dict[str, Any]:
 _TRANSPORT_SEEN: dict[tuple[tuple[str, str | None, str | None], ...], str | None] = {}
 
 
-def _shared_state(env: Mapping[str, str]) -> dict[str, Any]:
+def _shared_state(made: _Store) -> dict[str, Any]:
     """Every breaker and cooldown entry in the shared store, whoever wrote it."""
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import ResilientCooldownStore, cooldown_store_from_env
     from fluid_build.copilot.agents.health import read_health
 
-    try:
-        store = cooldown_store_from_env(env)
-    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
-        return {"entries": [], "now": time.time(), "error": redact(f"{type(exc).__name__}: {exc}")}
-    if store is None:
-        return {"entries": [], "now": time.time(), "error": None}
-    probe = store.primary if isinstance(store, ResilientCooldownStore) else store
     now = time.time()
+    if made.error is not None:
+        return {"entries": [], "now": now, "error": made.error}
+    probe = made.probe
+    if probe is None:
+        return {"entries": [], "now": now, "error": None}
     try:
         entries = [item.to_dict() for item in read_health(probe, now)]
     except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
         return {"entries": [], "now": now, "error": redact(f"{type(exc).__name__}: {exc}")}
-    finally:
-        close = getattr(probe, "close", None)
-        if callable(close):
-            close()
     return {"entries": entries, "now": now, "error": None}
 
 
-def _health(env: Mapping[str, str]) -> dict[str, Any]:
+def _health(env: Mapping[str, str], timeout: float | None, made: _Store) -> dict[str, Any]:
     """Breaker and cooldown of the configured entry and its fallbacks, from the shared store."""
+    from fluid_build.copilot.agents.retry import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
 
+    if made.error is not None:
+        return {"entries": [], "error": made.error}
     try:
-        client = LLMClient(env=env)
+        envelope = RetryEnvelope.from_env(env, cooldown=made.store)
+        client = LLMClient(timeout=timeout, env=env, envelope=envelope)
     except Exception as exc:  # noqa: BLE001 - a report: say why there is nothing to show
         from fluid_build._redact import redact
 
@@ -556,13 +648,13 @@ def _key_cell(key: Mapping[str, Any]) -> str:
 
 
 def _render(report: Mapping[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    tty = sys.stdout.isatty()
-    # Plain text in a pipe, and wide enough that no value is wrapped mid-word.
-    console = Console(stderr=False, no_color=not tty, width=None if tty else 160)
+    from fluid_build.cli._console import make_console
+
+    # At a terminal, wrapped to its width; in a pipe, plain and never wrapped.
+    console = make_console()
     table = Table(title="LLM providers", show_lines=False)
     for header in ("", "provider", "key", "base URL", "model"):
         table.add_column(header, overflow="fold")
@@ -655,9 +747,30 @@ def _render(report: Mapping[str, Any]) -> None:
     elif transport.get("variables"):
         lines.append(f"http transport: ok (from {', '.join(transport['variables'])})")
     lines.extend(_shared_lines(report.get("shared_state") or {}))
+    lines.extend(_path_lines(report.get("paths") or {}))
     lines.extend(f"config warning: {text}" for text in report.get("config_warnings") or [])
     for text in lines:
         console.print(_printable(text), markup=False, highlight=False, soft_wrap=True)
+
+
+def _path_lines(paths: Mapping[str, Any]) -> list[str]:
+    if paths.get("error"):
+        return [f"paths: could not be listed ({paths['error']})"]
+    store = paths.get("cooldown_store") or (
+        "none (sharing is off)" if paths.get("cooldown_source") != "?" else "?"
+    )
+    cache = paths.get("tiktoken_cache_dir") or "none (caching is off)"
+    lines = [
+        "paths fluid reads:",
+        f"  config file: {paths['config_file']} ({paths['config_source']})",
+        f"  cooldown store: {store} ({paths.get('cooldown_source')})",
+        f"  token cache: {cache} ({paths.get('tiktoken_cache_source')})",
+    ]
+    if paths.get("legacy_config_file"):
+        lines.append(
+            f"  not read: {paths['legacy_config_file']} (the old place; see the config warning)"
+        )
+    return lines
 
 
 def _printable(text: str) -> str:
