@@ -356,12 +356,15 @@ class LLMClient:
             run_start_warnings,
         )
 
+        from fluid_build.copilot.agents.preflight import unknown_model_reported
+
         wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
-        warnings = run_start_warnings(
-            self.capabilities, uses_tools=uses_tools, wants_strict_schema=wants
-        )
+        caps = self.capabilities
+        warnings = run_start_warnings(caps, uses_tools=uses_tools, wants_strict_schema=wants)
         if banner:
             emit_run_start_banner(warnings, env=self._env, stream=stream)
+            if not caps.known:
+                unknown_model_reported(caps.provider, caps.model)
         return warnings
 
     # -- lifecycle --------------------------------------------------------------

@@ -687,7 +687,7 @@ def emit_run_start_banner(
     env: Mapping[str, str] | None = None,
     stream: TextIO | None = None,
 ) -> None:
-    """Show the run-start warnings once: a compact banner on ``stream`` plus a log line each.
+    """Show the run-start warnings once: a compact banner on ``stream`` plus an INFO log line each.
 
     ``FLUID_QUIET=1`` or ``FLUID_NONINTERACTIVE=1`` in ``env`` (default: the
     process environment) hides the banner; the count is still logged at INFO
@@ -715,5 +715,8 @@ def emit_run_start_banner(
     lines.extend(f"  ! {warning}" for warning in warnings)
     out.write("\n".join(lines) + "\n")
     out.flush()
+    # The banner is the warning. A WARNING record would be printed a second time
+    # wherever warnings are printed (the fluid command, Python's last-resort
+    # handler), so the log gets each one at INFO.
     for warning in warnings:
-        LOG.warning("capability: %s", warning)
+        LOG.info("capability: %s", warning)

@@ -282,6 +282,13 @@ def _say_once(key: tuple[str, ...], level: int, message: str, *args: object) -> 
     LOG.log(level, message, *args)
 
 
+def unknown_model_reported(provider: str, model: str) -> None:
+    """The run-start banner said ``provider:model`` is not in the capability matrix:
+    the pre-flight does not say it again (a run shows each warning once)."""
+    with _LOCK:
+        _SAID.add(("unknown", provider, model))
+
+
 def _tiktoken_cache_dir(env: Mapping[str, str]) -> str | None:
     """The directory tiktoken reads cached encodings from (None: caching is off)."""
     if "TIKTOKEN_CACHE_DIR" in env:
