@@ -2,7 +2,8 @@
 
 ``AgentLoop(client, tools=[...], workspace=path, response_model=M).run(task)``
 calls the model, runs the tools it asks for, and feeds failures back as
-corrective messages until the model gives a final answer that validates.
+corrective messages until the model gives a final answer that validates
+(against ``response_model``, then the caller's ``check``).
 
 What reaches the model when a tool fails is only
 ``{"error": "<ClassName>", "message": "Tool '<name>' failed - see server logs"}``
@@ -206,9 +207,9 @@ def guidance_for(name: str, error: AgentExecutionError | None, tools: Sequence[s
 def _schema_feedback(error: SchemaValidationError) -> str:
     lines = []
     for entry in error.validation_errors[:20]:
-        where = entry.get("loc") or "<root>"
+        where = truncate(redact(str(entry.get("loc") or "<root>")), 200)
         what = redact(str(entry.get("msg") or "invalid"))
-        kind = entry.get("type") or ""
+        kind = truncate(redact(str(entry.get("type") or "")), 60)
         lines.append(f"- {where}: {truncate(what, 200)}" + (f" ({kind})" if kind else ""))
     if not lines:
         lines.append("- <root>: the output did not match the schema")
@@ -291,6 +292,10 @@ class _State:
     last_summary_round: int = 0
 
 
+#: What ``check`` returns: validation errors as ``{"loc", "msg", "type"}`` mappings.
+Check = Callable[[Any], Sequence[Mapping[str, object]]]
+
+
 class AgentLoop:
     """Run a task with tools until the model gives a final answer that validates.
 
@@ -298,6 +303,14 @@ class AgentLoop:
     A budget that runs out raises an :class:`AgentExecutionError` whose code
     says which (``budget.llm_calls_exhausted`` ...); :attr:`result` then holds
     the work done so far (transcript and usage).
+
+    A final answer must validate against ``response_model`` and then pass
+    ``check`` (errors as ``{"loc", "msg", "type"}``; empty when it passes).
+    Either failure is fed back as a corrective message and the run goes on;
+    ``on_correction`` sees each one as a :class:`SchemaValidationError`. After
+    ``max_corrections`` corrections, the next failure is raised instead
+    (``None``: only the budgets bound them). A ``check`` that raises ends the
+    run with its exception, which never reaches the model.
     """
 
     def __init__(
@@ -314,7 +327,12 @@ class AgentLoop:
         max_output_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         env: Mapping[str, str] | None = None,
+        check: Check | None = None,
+        max_corrections: int | None = None,
+        on_correction: Callable[[SchemaValidationError], None] | None = None,
     ) -> None:
+        if max_corrections is not None and max_corrections < 0:
+            raise ValueError(f"max_corrections must be >= 0, not {max_corrections!r}")
         self.client = client
         if isinstance(tools, ToolRegistry):
             self.registry = tools
@@ -328,6 +346,9 @@ class AgentLoop:
         self.prices = {**DEFAULT_PRICES, **(prices or {})}
         self.max_output_tokens = max_output_tokens
         self.clock = clock
+        self.check = check
+        self.max_corrections = max_corrections
+        self.on_correction = on_correction
         self.result = AgentResult()
 
     # -- shared decisions --------------------------------------------------------------
@@ -453,13 +474,47 @@ class AgentLoop:
             state.output, state.finished = completion.text, True
             return []
         try:
-            state.output = self.client.validate(completion.text, self.response_model)
-            state.finished = True
+            output = self.client.validate(completion.text, self.response_model)
+            self._run_check(output, completion.text)
         except SchemaValidationError as error:
-            state.usage.corrections += 1
-            LOG.info("final answer failed %s; asking for a correction", error.schema_name)
-            state.messages.append({"role": "user", "content": _schema_feedback(error)})
+            self._correct(state, error)
+            return []
+        state.output, state.finished = output, True
         return []
+
+    def _run_check(self, output: Any, text: str) -> None:
+        """Raise :class:`SchemaValidationError` when ``check`` finds problems in ``output``."""
+        if self.check is None:
+            return
+        problems = [dict(entry) for entry in self.check(output)]
+        if not problems:
+            return
+        key = self.client.config.api_key
+        schema = self.response_model.__name__ if self.response_model is not None else None
+        noun = "check" if len(problems) == 1 else "checks"
+        raise SchemaValidationError(
+            f"the final answer failed {len(problems)} {noun}",
+            schema_name=schema,
+            validation_errors=problems,
+            raw_output=text,
+            secrets=[key] if key else (),
+        )
+
+    def _correct(self, state: _State, error: SchemaValidationError) -> None:
+        """Feed a failed final answer back, or give up after ``max_corrections``."""
+        if self.max_corrections is not None and state.usage.corrections >= self.max_corrections:
+            state.usage.seconds = self.clock() - state.started
+            self.result = AgentResult(
+                text=state.text, transcript=list(state.messages), usage=state.usage
+            )
+            answers = state.usage.corrections + 1
+            LOG.warning("agent loop stopped: %d final answers failed validation", answers)
+            raise error.with_details(note=f"gave up after {answers} attempts")
+        state.usage.corrections += 1
+        LOG.info("final answer failed %s; asking for a correction", error.schema_name)
+        if self.on_correction is not None:
+            self.on_correction(error)
+        state.messages.append({"role": "user", "content": _schema_feedback(error)})
 
     def _split_calls(
         self, state: _State, calls: list[ToolCall]
