@@ -26,6 +26,7 @@ no prompt and no model output at all. See docs/corpus.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CASSETTE_VERSION",
+    "COMPARED_BODY_FIELDS",
     "MAX_RECORDED_BYTES",
+    "NOT_COMPARED",
     "OMITTED",
     "REPLAY_KEY",
     "RESPONSE_MODELS",
@@ -78,8 +81,11 @@ __all__ = [
     "ReplayResult",
     "ReplayTransport",
     "VirtualClock",
+    "body_difference",
+    "compared_body",
     "dump_cassette",
     "load_cassette",
+    "recipe_env",
     "record",
     "register_response_model",
     "replay_client",
@@ -87,6 +93,7 @@ __all__ = [
     "run_cassette",
     "sanitize_headers",
     "sanitize_response",
+    "shown_pair",
     "summarize_request",
     "write_cassette",
 ]
@@ -141,7 +148,52 @@ def _rebuild_cassette_error(message: str, path: str | None) -> CassetteError:
 
 
 class ReplayMismatch(FluidError):
-    """A replayed call asked for something the cassette does not hold."""
+    """A replayed call asked for something the cassette does not hold.
+
+    ``index`` is the request's number (1-based), ``field`` what differs
+    (``method``, ``path``, ``model``, ``request`` for one past the last
+    exchange or one never sent, ``body.<path>`` for the request body), and
+    ``expected`` and ``got`` the two values, redacted and cut short. All four
+    are ``None`` when the mismatch is not about one request.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        field: str | None = None,
+        expected: str | None = None,
+        got: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+        self.expected = expected
+        self.got = got
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": type(self).__name__,
+            "code": "replay.mismatch",
+            "message": str(self),
+            "request": self.index,
+            "field": self.field,
+            "expected": self.expected,
+            "got": self.got,
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_mismatch,
+            (str(self), self.index, self.field, self.expected, self.got),
+        )
+
+
+def _rebuild_mismatch(
+    message: str, index: int | None, field: str | None, expected: str | None, got: str | None
+) -> ReplayMismatch:
+    return ReplayMismatch(message, index=index, field=field, expected=expected, got=got)
 
 
 class ReplayBodyOmitted(FluidError):
@@ -209,11 +261,17 @@ class _Strict(BaseModel):
 
 
 class ExchangeRequest(_Strict):
-    """What was asked: never headers, keys or the body, only enough to check the order."""
+    """What was asked: never headers or keys; enough to check the order.
+
+    ``body`` is the request's JSON body, redacted, kept only by recorders
+    asked for it (``fluid forge --record``, with bodies); replay then compares
+    the conversation in it (:data:`COMPARED_BODY_FIELDS`, tool results aside).
+    """
 
     method: str
     path: str
     model: str | None = None
+    body: Any | None = None
 
 
 class ExchangeResponse(_Strict):
@@ -393,13 +451,35 @@ def dump_cassette(cassette: Cassette) -> str:
     for exchange in data["exchanges"]:
         if exchange["response"].get("omitted") is False:
             del exchange["response"]["omitted"]
+        if exchange["request"].get("body") is None:
+            del exchange["request"]["body"]
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 def write_cassette(cassette: Cassette, path: str | Path) -> Path:
+    """Write ``cassette`` to ``path`` atomically: a reader sees the old file or the whole new one.
+
+    The text goes to a temporary file in the same directory (mode 0600), which
+    is then renamed over ``path``; nothing is left behind if writing is
+    interrupted.
+    """
+    import os
+    import tempfile
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(dump_cassette(cassette), encoding="utf-8")
+    data = dump_cassette(cassette).encode("utf-8")
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     return target
 
 
@@ -488,24 +568,137 @@ def _served(record: ExchangeResponse, request: httpx.Request) -> httpx.Response:
     return httpx.Response(record.status, headers=headers, content=content, request=request)
 
 
+# -- comparing request bodies --------------------------------------------------------
+
+#: The fields of a recorded request body that replay compares: the conversation
+#: (OpenAI, Anthropic, Ollama: ``messages`` and ``system``; Gemini: ``contents``
+#: and ``systemInstruction``). Tool definitions, response schemas and sampling
+#: settings are not compared: they come from the code and its libraries (a
+#: pydantic upgrade rewrites a JSON schema), not from the run.
+COMPARED_BODY_FIELDS: Final = ("messages", "system", "contents", "systemInstruction")
+#: What stands for a tool's result when bodies are compared: it depends on the
+#: workspace at the time (a file added since, the cassette itself), not the run.
+NOT_COMPARED: Final = "[tool result: not compared]"
+_MISSING: Final = "<missing>"
+_MAX_COMPARED_DEPTH: Final = 64
+_SHOWN_CHARS: Final = 100
+
+
+def _masked(value: Any, depth: int = 0) -> Any:
+    """``value`` with every tool result replaced by :data:`NOT_COMPARED`."""
+    if depth > _MAX_COMPARED_DEPTH:
+        return value
+    if isinstance(value, list):
+        return [_masked(item, depth + 1) for item in value]
+    if not isinstance(value, dict):
+        return value
+    result_holder = value.get("role") == "tool" or value.get("type") == "tool_result"
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "content" and result_holder:
+            out[key] = NOT_COMPARED
+        elif key == "functionResponse" and isinstance(item, dict):  # Gemini
+            out[key] = {**item, "response": NOT_COMPARED} if "response" in item else item
+        else:
+            out[key] = _masked(item, depth + 1)
+    return out
+
+
+def compared_body(body: Any) -> dict[str, Any]:
+    """What replay compares of a request body: :data:`COMPARED_BODY_FIELDS`, tool results
+    masked."""
+    if not isinstance(body, dict):
+        return {}
+    return {key: _masked(body[key]) for key in COMPARED_BODY_FIELDS if key in body}
+
+
+def body_difference(expected: Any, got: Any, where: str = "body") -> tuple[str, Any, Any] | None:
+    """The first place two JSON values differ, as ``(path, expected, got)``; None when equal.
+
+    Paths read ``body.messages[2].content``; a value one side lacks is ``"<missing>"``.
+    Lists are compared item by item before their lengths, so an added message is
+    named by its index.
+    """
+    return _difference(expected, got, where, 0)
+
+
+def _difference(expected: Any, got: Any, where: str, depth: int) -> tuple[str, Any, Any] | None:
+    if depth > _MAX_COMPARED_DEPTH:
+        return None if expected == got else (where, expected, got)
+    if isinstance(expected, dict) and isinstance(got, dict):
+        for key in [*expected, *(k for k in got if k not in expected)]:
+            if key not in expected or key not in got:
+                return f"{where}.{key}", expected.get(key, _MISSING), got.get(key, _MISSING)
+            found = _difference(expected[key], got[key], f"{where}.{key}", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(got, list):
+        for i, (a, b) in enumerate(zip(expected, got, strict=False)):
+            found = _difference(a, b, f"{where}[{i}]", depth + 1)
+            if found:
+                return found
+        if len(expected) != len(got):
+            i = min(len(expected), len(got))
+            return (
+                f"{where}[{i}]",
+                expected[i] if i < len(expected) else _MISSING,
+                got[i] if i < len(got) else _MISSING,
+            )
+        return None
+    same = type(expected) is type(got) and expected == got
+    return None if same else (where, expected, got)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def shown_pair(expected: Any, got: Any, limit: int = _SHOWN_CHARS) -> tuple[str, str]:
+    """Two differing values as an operator reads them: redacted, on one line, cut short
+    around the first character that differs."""
+    a, b = one_line(redact(_as_text(expected))), one_line(redact(_as_text(got)))
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    start = max(same - 30, 0)
+    if start:
+        a, b = "…" + a[start:], "…" + b[start:]
+    return truncate(a, limit), truncate(b, limit)
+
+
+def _request_json(request: httpx.Request) -> Any:
+    try:
+        return json.loads(request.content) if request.content else None
+    except (ValueError, RecursionError, httpx.RequestNotRead):
+        return None
+
+
 # -- the transports -----------------------------------------------------------------
 
 
 class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     """Serves a cassette's exchanges in order, sync or async; refuses anything else.
 
-    Each request must match the next exchange's method, path and (when the
-    cassette names one) model; a mismatch or a request past the last
-    exchange raises :class:`ReplayMismatch` and is kept in
-    :attr:`mismatches`. :attr:`seen` holds every request received. An
-    answer recorded without its body raises :class:`ReplayBodyOmitted`;
-    :attr:`omitted_at` is the index of the first such exchange reached.
+    Each request must match the next exchange's method, path, (when the
+    cassette names one) model and (when the cassette holds it) the
+    conversation in its body (:func:`compared_body`); a mismatch or a request
+    past the last exchange raises :class:`ReplayMismatch`, whose reason is kept
+    in :attr:`mismatches` and the error itself in :attr:`errors`. :attr:`seen`
+    holds every request received. An answer recorded without its body raises
+    :class:`ReplayBodyOmitted`; :attr:`omitted_at` is the index of the first
+    such exchange reached.
     """
 
     def __init__(self, exchanges: Sequence[Exchange]) -> None:
         self.exchanges = list(exchanges)
         self.seen: list[httpx.Request] = []
         self.mismatches: list[str] = []
+        self.errors: list[ReplayMismatch] = []
         self.omitted_at: int | None = None
         self._lock = threading.Lock()
 
@@ -514,31 +707,97 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         """Exchanges no request has asked for yet."""
         return max(len(self.exchanges) - len(self.seen), 0)
 
-    def _fail(self, reason: str) -> ReplayMismatch:
-        self.mismatches.append(reason)
-        return ReplayMismatch(reason)
+    @property
+    def first_mismatch(self) -> ReplayMismatch | None:
+        """The first request that differed from the cassette, as the error raised for it."""
+        with self._lock:
+            return self.errors[0] if self.errors else None
+
+    def finish(self) -> None:
+        """Raise the first mismatch, or one naming the first exchange never requested.
+
+        Call it when the run is over: a replay that stopped short of the
+        cassette's end did not do what the recording did.
+        """
+        first = self.first_mismatch
+        if first is not None:
+            raise first
+        if self.unused:
+            index = len(self.seen)
+            want = self.exchanges[index].request
+            expected = f"{want.method.upper()} {want.path}"
+            raise ReplayMismatch(
+                f"request {index + 1} ({expected}) was never sent: the run ended after "
+                f"{index} request(s) and the cassette holds {len(self.exchanges)}",
+                index=index + 1,
+                field="request",
+                expected=expected,
+                got="(none: the run ended)",
+            )
+
+    def _fail(
+        self,
+        reason: str,
+        *,
+        index: int,
+        field: str,
+        expected: str,
+        got: str,
+    ) -> ReplayMismatch:
+        error = ReplayMismatch(reason, index=index, field=field, expected=expected, got=got)
+        with self._lock:
+            self.mismatches.append(reason)
+            self.errors.append(error)
+        return error
 
     def _serve(self, request: httpx.Request) -> httpx.Response:
         with self._lock:
             index = len(self.seen)
             self.seen.append(request)
         got = summarize_request(request)
+        number = index + 1
         if index >= len(self.exchanges):
             raise self._fail(
-                f"request {index + 1} ({got.method} {got.path}) is extra: the cassette holds "
-                f"{len(self.exchanges)} exchange(s)"
+                f"request {number} ({got.method} {got.path}) is extra: the cassette holds "
+                f"{len(self.exchanges)} exchange(s)",
+                index=number,
+                field="request",
+                expected=f"none (the cassette holds {len(self.exchanges)} exchange(s))",
+                got=f"{got.method} {got.path}",
             )
         want = self.exchanges[index].request
         if (want.method.upper(), want.path) != (got.method, got.path):
             raise self._fail(
-                f"request {index + 1}: the cassette expects {want.method.upper()} {want.path}, "
-                f"the client sent {got.method} {got.path}"
+                f"request {number}: the cassette expects {want.method.upper()} {want.path}, "
+                f"the client sent {got.method} {got.path}",
+                index=number,
+                field="method" if want.method.upper() != got.method else "path",
+                expected=f"{want.method.upper()} {want.path}",
+                got=f"{got.method} {got.path}",
             )
         if want.model is not None and want.model != got.model:
             raise self._fail(
-                f"request {index + 1}: the cassette expects model {want.model!r}, "
-                f"the client sent {got.model!r}"
+                f"request {number}: the cassette expects model {want.model!r}, "
+                f"the client sent {got.model!r}",
+                index=number,
+                field="model",
+                expected=truncate(want.model, _SHOWN_CHARS),
+                got=truncate(redact(str(got.model)), _SHOWN_CHARS),
             )
+        if want.body is not None:
+            sent = redact_json(_request_json(request))
+            found = body_difference(compared_body(want.body), compared_body(sent))
+            if found is not None:
+                where, expected, actual = found
+                shown_expected, shown_got = shown_pair(expected, actual)
+                raise self._fail(
+                    f"request {number}: the request differs at {where}: the cassette expects "
+                    f"{shown_expected!r}, the client sent {shown_got!r}",
+                    index=number,
+                    field=where,
+                    expected=shown_expected,
+                    got=shown_got,
+                )
         response = self.exchanges[index].response
         if response.omitted:
             if self.omitted_at is None:
@@ -561,7 +820,7 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 class _Raw:
     """One exchange as it happened, kept until the cassette is made (then redacted)."""
 
-    __slots__ = ("headers", "method", "model", "path", "status", "text")
+    __slots__ = ("body", "headers", "method", "model", "path", "status", "text")
 
     def __init__(
         self,
@@ -571,9 +830,11 @@ class _Raw:
         status: int,
         headers: list[tuple[str, str]],
         text: str,
+        body: Any = None,
     ) -> None:
         self.method, self.path, self.model = method, path, model
         self.status, self.headers, self.text = status, headers, text
+        self.body = body
 
 
 class Recorder:
@@ -603,6 +864,10 @@ class Recorder:
     body (``omitted``), and ``expect.output`` is dropped. What replay needs
     to match requests (method, path, model), the statuses, headers, error
     answers and waits stay.
+
+    ``request_bodies=True`` (with ``bodies``) keeps each request's JSON body
+    too, redacted like the answers, so that a replay can say where a request
+    differs (``fluid forge --record`` uses it).
     """
 
     def __init__(
@@ -611,8 +876,10 @@ class Recorder:
         secrets: Iterable[str | None] = (),
         bodies: bool = True,
         max_bytes: int = MAX_RECORDED_BYTES,
+        request_bodies: bool = False,
     ) -> None:
         self.bodies = bodies
+        self.request_bodies = request_bodies
         self.max_bytes = max_bytes
         self._secrets: dict[str, None] = {}
         self._raw: list[_Raw] = []
@@ -679,6 +946,7 @@ class Recorder:
             response.status_code,
             list(response.headers.multi_items()),
             text,
+            data if self.bodies and self.request_bodies else None,
         )
         with self._lock:
             self._raw.append(raw)
@@ -707,6 +975,7 @@ class Recorder:
                         method=raw.method,
                         path=redact_url(raw.path, secrets),
                         model=redact(raw.model, secrets) if raw.model is not None else None,
+                        body=redact_json(raw.body, secrets) if raw.body is not None else None,
                     ),
                     response=sanitize_response(
                         raw.status, headers, raw.text, secrets=secrets, bodies=self.bodies
@@ -1278,7 +1547,7 @@ _RECORDED_ENV: Final = (
 )
 
 
-def _recipe_env(client: LLMClient, env: Mapping[str, str]) -> dict[str, str]:
+def recipe_env(client: LLMClient, env: Mapping[str, str]) -> dict[str, str]:
     """What a replay needs from the environment: the endpoint and the retry policy."""
     from fluid_build.copilot.llm.settings import PROVIDERS
 
@@ -1371,7 +1640,7 @@ def record(
             clock=ticking,
             http=http,
         )
-        recipe = recipe.model_copy(update={"env": _recipe_env(client, source_env)})
+        recipe = recipe.model_copy(update={"env": recipe_env(client, source_env)})
         try:
             output = _execute(client, recipe, ticking)
         except Exception as exc:  # noqa: BLE001 - a failure is an outcome worth keeping
