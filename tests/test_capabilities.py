@@ -202,6 +202,7 @@ def test_preflight_keys_are_validated_but_not_capabilities() -> None:
         ({"strict_schema": 1}, "'strict_schema'] must be True or False"),
         ({"preflight": None}, "'preflight'] must be True or False"),
         ({"tokenizer": "sentencepiece"}, "'tokenizer'] must be one of"),
+        ({"tokenizer": ["claude"]}, "'tokenizer'] must be one of"),  # unhashable: no TypeError
         ({"context_windw": 128_000}, "unknown key(s) 'context_windw'"),
     ],
 )

@@ -600,6 +600,7 @@ ENV_VARS = sorted(
         "FLUID_AGENT_MAX_ROUNDS",
         "FLUID_AGENT_COMPACT_AFTER",
         "FLUID_COMPACTION_STRATEGY",
+        "FLUID_CAPABILITY_MATRIX",
         "AZURE_OPENAI_ENDPOINT",
         "AZURE_OPENAI_API_VERSION",
         "OPENAI_API_VERSION",
@@ -856,3 +857,67 @@ def test_an_unusable_proxy_or_certificate_variable_is_a_typed_error(
     assert variable in error.message
     assert "hunter2secret" not in str(error)
     assert error.__cause__ is None  # the raw httpx/ssl error does not travel with it
+
+
+# -- FLUID_CAPABILITY_MATRIX: overrides or a typed error ----------------------------------
+
+_MATRIX_KEYS = st.sampled_from(
+    [
+        "context_window",
+        "max_output_tokens",
+        "output_reservation",
+        "tools",
+        "strict_schema",
+        "json_mode",
+        "preflight",
+        "tokenizer",
+        "context_windw",
+        "azure:d",
+        "d",
+        "",
+    ]
+)
+_MATRIX_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True),
+        st.text(max_size=12),
+        st.sampled_from(["o200k_base", "claude", "bpe"]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_MATRIX_KEYS, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_MATRIX_TEXT = st.one_of(
+    st.dictionaries(_MATRIX_KEYS, _MATRIX_VALUES, max_size=5).map(json.dumps),
+    _MATRIX_VALUES.map(json.dumps),
+    padded(st.text(max_size=40)),
+    st.sampled_from(["{", "[", "{]", '{"a": {"b": {"c": {"d": {"e": 1}}}}}', "/dev/zero", "~x"]),
+)
+
+
+@SLOW
+@given(raw=_MATRIX_TEXT, model=st.sampled_from(["d", "gpt-4o", "D"]))
+def test_capability_matrix_from_env_gives_overrides_or_a_typed_error(raw: str, model: str) -> None:
+    from fluid_build.copilot.agents.capabilities import (
+        OVERRIDE_KEYS,
+        capabilities_for,
+        capability_matrix_from_env,
+    )
+
+    error: ProviderError | None = None
+    try:
+        overrides = capability_matrix_from_env({"FLUID_CAPABILITY_MATRIX": raw}, "azure", model)
+    except ProviderError as raised:
+        error, overrides = raised, {}
+    if error is not None:
+        assert error.code == "llm.not_configured"
+        assert error.details["variable"] == "FLUID_CAPABILITY_MATRIX"
+        assert str(error).startswith("FLUID_CAPABILITY_MATRIX")
+        assert _EXAMPLE.search(str(error))
+        return
+    assert set(overrides) <= OVERRIDE_KEYS
+    capabilities_for("azure", model, overrides)  # what the reader passed is valid input

@@ -355,7 +355,7 @@ def _validated(
                 raise ValueError(
                     f"{where}[{key!r}] must be a whole number >= {minimum}, not {value!r}"
                 )
-        elif value not in TOKENIZERS:
+        elif not isinstance(value, str) or value not in TOKENIZERS:
             raise ValueError(
                 f"{where}['tokenizer'] must be one of "
                 f"{', '.join(sorted(TOKENIZERS))}, not {value!r}"
@@ -410,6 +410,8 @@ def _matrix_document(raw: str) -> Any:
             data = read_regular(path, limit=_MAX_MATRIX_BYTES, name=f"the file {shown}")
         except FileNotFoundError:
             raise _matrix_error(f"names the file {shown}, which does not exist") from None
+        except ValueError:  # a NUL byte: no file has that name
+            raise _matrix_error(f"names the file {shown}, which no file can be named") from None
         except OSError as exc:
             raise _matrix_error(
                 f"names the file {shown}, which cannot be read ({exc.strerror})"
