@@ -311,6 +311,18 @@ def test_errors_that_are_not_typed_keep_their_line_and_get_a_hint_where_one_is_k
     ]
 
 
+def test_a_replay_mismatch_shows_its_code_and_how_to_record_again() -> None:
+    from fluid_build.copilot.llm.replay import ReplayMismatch
+
+    lines = render_error(ReplayMismatch("request 2: the request differs at model"))
+    assert lines == [
+        "fluid: ReplayMismatch [replay.mismatch]: request 2: the request differs at model",
+        "hint: if the change is intended, record the run again (`fluid forge --record FILE`); "
+        "otherwise replay the cassette with the intent and version it was recorded with.",
+    ]
+    check_operator_text(lines[1].removeprefix("hint: "))
+
+
 def test_an_error_that_offers_its_own_code_and_hint_is_shown_with_them() -> None:
     class Mismatch(FluidError):
         code = "replay.mismatch"

@@ -29,6 +29,8 @@ BUG_LINE: Final = "fluid: this looks like a bug in fluid_build; please report it
 _HINTS_BY_EXIT: Final = {
     3: "fix the file named above (or give another path) and run again.",
     4: "remove the symbolic link named above, or choose another --out, and run again.",
+    30: "if the change is intended, record the run again (`fluid forge --record FILE`); "
+    "otherwise replay the cassette with the intent and version it was recorded with.",
 }
 
 
@@ -81,8 +83,7 @@ def describe(exc: BaseException, *, now: float | None = None) -> OperatorMessage
             code=exc.code,
             bug=False,
         )
-    code = getattr(exc, "code", None)
-    code = code if isinstance(code, str) and code else None
+    code = _own_code(exc)
     hint = _own_hint(exc, now) or _HINTS_BY_EXIT.get(exit_code)
     shown = f"{name} [{code}]" if code else name
     return OperatorMessage(
@@ -91,6 +92,19 @@ def describe(exc: BaseException, *, now: float | None = None) -> OperatorMessage
         code=code,
         bug=exit_code == EXIT_CODES["internal"],
     )
+
+
+def _own_code(exc: BaseException) -> str | None:
+    """The reason code an error that is not typed carries (``code``, or in ``to_dict()``)."""
+    code = getattr(exc, "code", None)
+    if code is None:
+        to_dict = getattr(exc, "to_dict", None)
+        try:
+            payload = to_dict() if callable(to_dict) else None
+        except Exception:  # noqa: BLE001 - a code must never hide the error itself
+            payload = None
+        code = payload.get("code") if isinstance(payload, dict) else None
+    return code if isinstance(code, str) and code else None
 
 
 def _own_hint(exc: BaseException, now: float | None) -> str | None:
