@@ -20,8 +20,9 @@ def test_package_is_typed() -> None:
     assert resources.files("fluid_build").joinpath("py.typed").is_file()
 
 
-def test_cli_prints_its_version(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--version"]) == 0
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_cli_prints_its_version(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    assert main([flag]) == 0
     assert capsys.readouterr().out.strip() == f"fluid {fluid_build.__version__}"
 
 

@@ -1,7 +1,111 @@
-"""fluid_build: boringly reliable calls to LLM providers."""
+"""fluid_build: boringly reliable calls to LLM providers.
+
+The public face, importable from here::
+
+    from fluid_build import LLMClient, RateLimitError, RetryPolicy, classify_provider_error
+
+- the client: :class:`LLMClient`, and what a call returns, :class:`Completion`
+  and :class:`Usage`;
+- the error tree: :class:`FluidError` (the root of every error fluid_build
+  raises), :class:`FluidGenerationError`, :class:`AgentExecutionError`,
+  :class:`ProviderError` and its five kinds (:class:`RateLimitError`,
+  :class:`ProviderTimeoutError`, :class:`ContextOverflowError`,
+  :class:`ProviderAuthError`, :class:`ProviderServerError`),
+  :class:`SchemaValidationError`, :class:`ToolValidationError`;
+- the retry policy: :class:`RetryPolicy`, :class:`RetryEnvelope`;
+- around your own httpx calls: :func:`classify_provider_error`,
+  :func:`parse_retry_after`.
+
+Each name is the very object at its home module (``fluid_build.copilot``,
+``fluid_build.copilot.agents.errors``, ``...error_classification``,
+``...retry``), so ``except fluid_build.RateLimitError`` catches what those
+modules raise. ``import fluid_build`` stays cheap: a name loads its module
+(httpx, pydantic) the first time it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build.errors import FluidError
 
-__all__ = ["FluidError", "__version__"]
+if TYPE_CHECKING:
+    from fluid_build.copilot.agents.error_classification import (
+        classify_provider_error,
+        parse_retry_after,
+    )
+    from fluid_build.copilot.agents.errors import (
+        AgentExecutionError,
+        ContextOverflowError,
+        FluidGenerationError,
+        ProviderAuthError,
+        ProviderError,
+        ProviderServerError,
+        ProviderTimeoutError,
+        RateLimitError,
+        SchemaValidationError,
+        ToolValidationError,
+    )
+    from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+    from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.types import Completion, Usage
+
+__all__ = [
+    "AgentExecutionError",
+    "Completion",
+    "ContextOverflowError",
+    "FluidError",
+    "FluidGenerationError",
+    "LLMClient",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderServerError",
+    "ProviderTimeoutError",
+    "RateLimitError",
+    "RetryEnvelope",
+    "RetryPolicy",
+    "SchemaValidationError",
+    "ToolValidationError",
+    "Usage",
+    "__version__",
+    "classify_provider_error",
+    "parse_retry_after",
+]
 
 __version__ = "0.1.0"
+
+_ERRORS: Final = "fluid_build.copilot.agents.errors"
+# Each lazy name and the module that defines it.
+_HOMES: Final = {
+    "LLMClient": "fluid_build.copilot.client",
+    "Completion": "fluid_build.copilot.llm.types",
+    "Usage": "fluid_build.copilot.llm.types",
+    "FluidGenerationError": _ERRORS,
+    "AgentExecutionError": _ERRORS,
+    "ProviderError": _ERRORS,
+    "RateLimitError": _ERRORS,
+    "ProviderTimeoutError": _ERRORS,
+    "ContextOverflowError": _ERRORS,
+    "ProviderAuthError": _ERRORS,
+    "ProviderServerError": _ERRORS,
+    "SchemaValidationError": _ERRORS,
+    "ToolValidationError": _ERRORS,
+    "RetryPolicy": "fluid_build.copilot.agents.retry",
+    "RetryEnvelope": "fluid_build.copilot.agents.retry",
+    "classify_provider_error": "fluid_build.copilot.agents.error_classification",
+    "parse_retry_after": "fluid_build.copilot.agents.error_classification",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fluid_build' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
