@@ -355,7 +355,6 @@ class LLMClient:
             emit_run_start_banner,
             run_start_warnings,
         )
-
         from fluid_build.copilot.agents.preflight import unknown_model_reported
 
         wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
