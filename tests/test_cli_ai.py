@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import keyring
@@ -614,3 +619,232 @@ def test_the_config_file_is_never_world_readable_even_with_a_loose_umask(
     assert code == 0, err
     assert mode(home) == 0o700
     assert mode(home / "ai_config.json") == 0o600
+
+
+# -- where the configuration lives: $XDG_CONFIG_HOME/fluid, and the move of ~/.fluid ------
+#
+# Real `fluid` processes in a fresh HOME, each command run twice in a row.
+
+OLD_CONFIG = (
+    '{"version": 1, "provider": "anthropic", "model": "claude-x", '
+    '"key_sources": {"anthropic": "keyring"}}\n'
+)
+
+
+def _fluid(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "TIKTOKEN_CACHE_DIR": str(home / ".cache" / "tiktoken"),
+        "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
+        **extra,
+    }
+    return subprocess.run(
+        [fluid, *args], env=env, cwd=home, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _doctor(home: Path, **extra: str) -> dict[str, Any]:
+    done = _fluid(home, "doctor", "--json", **extra)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # doctor gathers every warning into its report
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def _old_config(home: Path, text: str = OLD_CONFIG) -> Path:
+    (home / ".fluid").mkdir(parents=True, mode=0o700)
+    return write_config(home / ".fluid", text)
+
+
+def _moves(data: dict[str, Any]) -> list[str]:
+    return [w for w in data["config_warnings"] if w.startswith("moved ")]
+
+
+def test_an_old_config_moves_once_to_the_xdg_directory(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = _old_config(home)
+    inode = old.stat().st_ino
+    new = home / ".config" / "fluid" / "ai_config.json"
+
+    first = _doctor(home)
+    assert first["stored_config"]["path"] == str(new)
+    assert first["stored_config"]["provider"] == "anthropic"
+    assert first["stored_config"]["model"] == "claude-x"
+    assert _moves(first) == [
+        f"moved {old} to {new}, where fluid keeps its configuration now (XDG_CONFIG_HOME); "
+        f"removed the empty {home / '.fluid'}"
+    ]
+    assert not (home / ".fluid").exists()
+    assert new.stat().st_ino == inode  # the same file, renamed: nothing copied
+    assert new.read_text() == OLD_CONFIG
+    assert mode(new) == 0o600
+    assert mode(new.parent) == 0o700
+    assert mode(new.parent.parent) == 0o700  # ~/.config, made here, is private too (XDG)
+
+    second = _doctor(home)
+    assert _moves(second) == []
+    assert second["config_warnings"] == []
+    assert second["stored_config"]["provider"] == "anthropic"
+    assert new.stat().st_ino == inode
+
+
+def test_setup_after_an_upgrade_moves_the_old_config_then_updates_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = _old_config(home)
+    new = home / ".config" / "fluid" / "ai_config.json"
+    first = _fluid(home, "ai", "setup", "--provider", "gemini", "--no-key")
+    assert first.returncode == 0, first.stderr
+    assert f"gemini: provider stored in {new}" in first.stdout
+    assert first.stderr.count(f"warning: moved {old} to {new}") == 1, first.stderr
+    stored = json.loads(new.read_text())
+    assert stored["provider"] == "gemini"
+    assert stored["key_sources"] == {"anthropic": "keyring"}  # the old file's, kept
+    second = _fluid(home, "ai", "setup", "--provider", "gemini", "--no-key")
+    assert second.returncode == 0, second.stderr
+    assert "moved" not in second.stderr
+    assert mode(new) == 0o600
+
+
+def test_a_new_config_is_never_overwritten_by_the_old_one(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = _old_config(home)
+    (home / ".config").mkdir(mode=0o700)
+    new = write_config(home / ".config" / "fluid", '{"version": 1, "provider": "openai"}\n')
+    for _ in range(2):
+        data = _doctor(home)
+        assert data["stored_config"]["provider"] == "openai"
+        assert data["config_warnings"] == [
+            f"{old} is not used: {new} exists and wins. Remove the old file once you have "
+            f"checked it (or set FLUID_HOME={old.parent} to use it instead)"
+        ]
+        assert data["paths"]["legacy_config_file"] == str(old)
+    assert old.read_text() == OLD_CONFIG
+    assert json.loads(new.read_text())["provider"] == "openai"
+
+
+@pytest.mark.parametrize("linked", ["the directory", "the file"])
+def test_nothing_is_moved_through_a_symbolic_link(tmp_path: Path, linked: str) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    elsewhere = tmp_path / "dotfiles"
+    real = write_config(elsewhere, OLD_CONFIG)
+    if linked == "the directory":
+        (home / ".fluid").symlink_to(elsewhere)
+    else:
+        (home / ".fluid").mkdir(mode=0o700)
+        (home / ".fluid" / "ai_config.json").symlink_to(real)
+    for _ in range(2):
+        data = _doctor(home)
+        assert data["stored_config"]["exists"] is False
+        [warning] = data["config_warnings"]
+        assert "symbolic link" in warning
+        assert "FLUID_HOME=" in warning  # what to do
+    assert real.read_text() == OLD_CONFIG
+    assert (home / ".fluid").is_symlink() or (home / ".fluid" / "ai_config.json").is_symlink()
+    assert not (home / ".config" / "fluid" / "ai_config.json").exists()
+
+
+def test_fluid_home_wins_and_nothing_moves(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = _old_config(home)
+    data = _doctor(home, FLUID_HOME=str(tmp_path / "elsewhere"))
+    assert data["stored_config"]["path"] == str(tmp_path / "elsewhere" / "ai_config.json")
+    assert data["config_warnings"] == []
+    assert data["paths"]["config_source"] == "FLUID_HOME"
+    assert old.read_text() == OLD_CONFIG
+    assert not (home / ".config").exists()
+
+
+def test_only_fluids_own_file_leaves_a_shared_dot_fluid(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = _old_config(home)
+    (home / ".fluid" / "soundfont.sf2").write_text("another program's file")
+    data = _doctor(home, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+    new = tmp_path / "xdg" / "fluid" / "ai_config.json"
+    assert data["stored_config"]["path"] == str(new)
+    assert data["paths"]["config_source"] == "XDG_CONFIG_HOME"
+    assert _moves(data) == [
+        f"moved {old} to {new}, where fluid keeps its configuration now (XDG_CONFIG_HOME)"
+    ]
+    assert sorted(p.name for p in (home / ".fluid").iterdir()) == ["soundfont.sf2"]
+
+
+def test_a_fifo_in_place_of_the_old_file_is_left_with_a_warning(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".fluid").mkdir(parents=True)
+    os.mkfifo(home / ".fluid" / "ai_config.json")
+    data = _doctor(home)  # never blocks on the FIFO
+    [warning] = data["config_warnings"]
+    assert f"{home / '.fluid' / 'ai_config.json'} is a FIFO (named pipe), not a regular file" in (
+        warning
+    )
+    assert stat.S_ISFIFO((home / ".fluid" / "ai_config.json").lstat().st_mode)
+
+
+def test_first_runs_at_the_same_time_move_it_once(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _old_config(home)
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
+    }
+    procs = [
+        subprocess.Popen(
+            [fluid, "doctor", "--json"],
+            env=env,
+            cwd=home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out))
+    assert [r["stored_config"]["provider"] for r in reports] == ["anthropic"] * 4
+    assert sum(len(_moves(r)) for r in reports) == 1
+    assert not (home / ".fluid").exists()
+    assert (home / ".config" / "fluid" / "ai_config.json").read_text() == OLD_CONFIG
+
+
+@pytest.mark.parametrize("failure", [errno.EXDEV, errno.EPERM])
+def test_without_a_hard_link_the_file_is_copied_into_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failure: int
+) -> None:
+    """Another file system (EXDEV: a private copy, then linked in) or none at all (EPERM)."""
+    home = tmp_path / "home"
+    old = _old_config(home)
+    old.chmod(0o640)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("FLUID_HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    real_link = os.link
+    links: list[str] = []
+
+    def link(src: str, dst: str, **kwargs: Any) -> None:
+        links.append(os.path.basename(src))
+        if failure == errno.EPERM or os.path.basename(src) == "ai_config.json":
+            raise OSError(failure, os.strerror(failure))
+        real_link(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    config = load_ai_config()
+    new = home / ".config" / "fluid" / "ai_config.json"
+    assert config.path == str(new)
+    assert config.provider == "anthropic"
+    assert new.read_text() == OLD_CONFIG
+    assert mode(new) == 0o640  # the file's own mode moves with it; _load judges it as before
+    assert not old.exists()
+    assert sorted(p.name for p in new.parent.iterdir()) == ["ai_config.json"]  # no temp left
+    assert len(links) == 2

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -560,3 +562,107 @@ def test_a_broken_proxy_variable_is_a_finding(
     assert "http transport: BROKEN" in result.output
     assert "check HTTPS_PROXY" in result.output
     assert "pw-S3cr3t" not in result.output
+
+
+# -- the paths doctor reads; each warning once, at the source -------------------------------
+
+
+def test_doctor_shows_the_paths_it_reads_in_a_fresh_home(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / "cfg"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "TIKTOKEN_CACHE_DIR": str(home / "tiktoken"),
+    }
+
+    def doctor_run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [fluid, "doctor", *args],
+            env={**env, **extra},
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = doctor_run("--json")
+    assert done.returncode == 0, done.stderr
+    paths = json.loads(done.stdout)["paths"]
+    assert paths == {
+        "config_dir": str(home / "cfg" / "fluid"),
+        "config_file": str(home / "cfg" / "fluid" / "ai_config.json"),
+        "config_source": "XDG_CONFIG_HOME",
+        "legacy_config_file": None,
+        "cooldown_store": str(home / "cache" / "fluid_build" / "cooldown.sqlite3"),
+        "cooldown_source": "default",
+        "tiktoken_cache_dir": str(home / "tiktoken"),
+        "tiktoken_cache_source": "TIKTOKEN_CACHE_DIR",
+        "error": None,
+    }
+    text = doctor_run()
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert "paths fluid reads:" in lines
+    assert f"  config file: {home / 'cfg' / 'fluid' / 'ai_config.json'} (XDG_CONFIG_HOME)" in lines
+    store = home / "cache" / "fluid_build" / "cooldown.sqlite3"
+    assert f"  cooldown store: {store} (default)" in lines
+    assert f"  token cache: {home / 'tiktoken'} (TIKTOKEN_CACHE_DIR)" in lines
+
+    off = doctor_run(FLUID_COOLDOWN_URL="off", FLUID_HOME=str(home / "fh"))
+    assert f"  config file: {home / 'fh' / 'ai_config.json'} (FLUID_HOME)" in off.stdout
+    assert "  cooldown store: none (sharing is off) (FLUID_COOLDOWN_URL)" in off.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FLUID_LLM_TIMEOUT_SECONDS", "soon"),
+        ("FLUID_COOLDOWN_URL", "sqlite://"),
+        ("FLUID_BREAKER_THRESHOLD", "lots"),
+        ("FLUID_LLM_MAX_ATTEMPTS", "many"),
+    ],
+)
+@pytest.mark.parametrize("key", [None, SECRET])
+def test_doctor_logs_each_bad_variable_once_at_the_source(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, key: str | None
+) -> None:
+    """Not only shown once: read once. (It was logged once per provider row, 8 and more.)"""
+    import logging
+
+    if key is None:
+        monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.setenv(variable, value)
+    records: list[str] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    real = doctor._gathered
+
+    @contextmanager
+    def counted() -> Iterator[list[str]]:
+        with real() as seen:
+            handler = Count(logging.WARNING)
+            logging.getLogger("fluid_build").addHandler(handler)
+            try:
+                yield seen
+            finally:
+                logging.getLogger("fluid_build").removeHandler(handler)
+
+    monkeypatch.setattr(doctor, "_gathered", counted)
+    report = doctor.collect_report(os.environ)
+    about = [r for r in records if r.startswith(f"{variable}=")]
+    assert len(about) == 1, records
+    assert [w for w in report["config_warnings"] if w.startswith(f"{variable}=")] == about
