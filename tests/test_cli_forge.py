@@ -104,8 +104,16 @@ def test_an_intent_without_a_key_is_an_auth_error(runner: CliRunner, tmp_path: P
     assert "OPENAI_API_KEY" in result.output
 
 
+def _without_request_bodies(path: Path) -> dict[str, Any]:
+    """The cassette's answers, to doctor: its requests hold no body, so replay checks the order."""
+    cassette: dict[str, Any] = json.loads(path.read_text())
+    for exchange in cassette["exchanges"]:
+        exchange["request"].pop("body", None)
+    return cassette
+
+
 def test_a_failed_run_writes_nothing(runner: CliRunner, tmp_path: Path) -> None:
-    cassette = json.loads(EXAMPLE_CASSETTE.read_text())
+    cassette = _without_request_bodies(EXAMPLE_CASSETTE)
     bad = cassette["exchanges"][2]
     cassette["exchanges"] = [*cassette["exchanges"][:3], bad, bad]  # never corrected
     path = tmp_path / "never.json"
@@ -146,8 +154,80 @@ def test_the_console_script_runs_offline(tmp_path: Path) -> None:
     assert (tmp_path / "forge-out" / ".fluid" / "forge-receipt.json").exists()
 
 
+def _console_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fluid ARGS`` from the console script, in a fresh HOME, no provider variable set."""
+    fluid = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
+    assert fluid is not None, "the fluid console script is not installed"
+    home = tmp_path / "home"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "FLUID_", "AZURE_OPENAI_", "GROQ_")
+        )
+    }
+    env.update(
+        HOME=str(home),
+        FLUID_HOME=str(home / ".fluid"),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+    )
+    return subprocess.run(
+        [fluid, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_missing_replay_cassette_is_exit_3_naming_it(tmp_path: Path) -> None:
+    done = _console_script(tmp_path, "forge", "--replay", "no-such.json")
+    assert done.returncode == EXIT_CODES["intent"] == 3, done.stdout + done.stderr
+    assert "CassetteError" in done.stderr
+    assert "no-such.json: cannot be read" in done.stderr
+    assert not (tmp_path / "forge-out").exists()
+
+
+def test_a_directory_as_the_replay_cassette_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "cassettes").mkdir()
+    done = _console_script(tmp_path, "forge", "--replay", "cassettes")
+    assert done.returncode == EXIT_CODES["usage"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "data_product: " + "[" * 5000 + "]" * 5000,
+        "data_product:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(100)),
+        "a: &a [*a]\n",
+    ],
+    ids=["flow", "block", "self-alias"],
+)
+def test_a_deeply_nested_intent_is_exit_3(tmp_path: Path, text: str) -> None:
+    (tmp_path / "deep.yaml").write_text(text, encoding="utf-8")
+    done = _console_script(tmp_path, "forge", "deep.yaml", "--replay", str(EXAMPLE_CASSETTE))
+    assert done.returncode == EXIT_CODES["intent"] == 3, done.stdout + done.stderr
+    assert "IntentError" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "bug" not in done.stderr
+
+
+def test_the_exit_code_table_in_the_docs_is_exit_codes() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = page.split("## Exit codes", 1)[1].split("\n\n", 2)[1]
+    documented = sorted(
+        int(line.split("|")[1])
+        for line in table.splitlines()
+        if line.startswith("| ") and line.split("|")[1].strip().isdigit()
+    )
+    assert documented == sorted(set(EXIT_CODES.values()))
+
+
 def test_agent_loop_uses_workspace_tools(runner: CliRunner, tmp_path: Path) -> None:
-    cassette = json.loads(EXAMPLE_CASSETTE.read_text())
+    cassette = _without_request_bodies(EXAMPLE_CASSETTE)
     plan, _, _, final = cassette["exchanges"]
     tool_call = json.loads(json.dumps(final))
     tool_call["response"]["body"]["choices"][0]["message"] = {
@@ -181,6 +261,10 @@ def test_agent_loop_uses_workspace_tools(runner: CliRunner, tmp_path: Path) -> N
     receipt = json.loads((tmp_path / "o/.fluid/forge-receipt.json").read_text())
     generate = next(s for s in receipt["stages"] if s["name"] == "generate")
     assert generate["llm_calls"] == 3
+    assert [(c["name"], c["result"]) for c in generate["tool_calls"]] == [
+        ("read_sample_schema", "ToolValidationError"),  # ../../etc/passwd: outside
+        ("read_sample_schema", "ok"),
+    ]
     assert (tmp_path / "o/contract.fluid.yaml").exists()
 
 

@@ -150,6 +150,27 @@ def _forge_wrote(out: str) -> Callable[[Place], None]:
     return check
 
 
+def _offline_forge(place: Place) -> None:
+    assert (place.cwd / "forge-out" / "contract.fluid.yaml").is_file()
+    assert not place.model.requests, "the offline default asked a model"
+
+
+def _recorded_forge(place: Place) -> None:
+    cassette = place.cwd / "run.json"
+    assert cassette.is_file()
+    assert OPENAI_KEY not in cassette.read_text(encoding="utf-8")
+
+
+def _forge_recording(place: Place) -> None:
+    """`--replay run.json` after the page's `--record run.json`, with the key gone."""
+    _live_forge(place)
+    done = run(place, "fluid forge my-intent.yaml --record run.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        del place.env[name]
+    place.model.requests.clear()
+
+
 def _one_get(place: Place) -> None:
     assert [(r.method, r.path) for r in place.model.requests] == [("GET", "/v1/models")]
 
@@ -193,6 +214,14 @@ CASES: dict[str, Case] = {
     "fluid doctor": Case(0, "provider"),
     "fluid doctor --reset": Case(0, "cleared"),
     "fluid corpus replay corpus/": Case(0, REPLAYED, lambda p: p.corpus()),
+    # docs/cli.md, `fluid forge`
+    "fluid forge --agent-loop": Case(0, "fix  generate", check=_offline_forge),
+    "fluid forge my-intent.yaml --record run.json": Case(
+        0, "recorded run.json", _live_forge, check=_recorded_forge
+    ),
+    "fluid forge my-intent.yaml --replay run.json": Case(
+        0, "contract", _forge_recording, check=_offline_forge
+    ),
     # docs/ai-setup.md
     "fluid ai setup --provider openai --model gpt-4o": Case(
         0, "openai", lambda p: p.keyring(), stdin=OPENAI_KEY + "\n"

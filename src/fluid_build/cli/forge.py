@@ -19,12 +19,24 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.agents.retry import RetryEvent
     from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.replay import Recorder, ReplayTransport
 
-__all__ = ["EXAMPLES", "command"]
+__all__ = [
+    "EXAMPLES",
+    "EXAMPLE_AGENT_CASSETTE",
+    "EXAMPLE_CASSETTE",
+    "EXAMPLE_INTENT",
+    "EXAMPLE_WORKSPACE",
+    "command",
+]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "forge" / "examples"
 EXAMPLE_INTENT = EXAMPLES / "sales_orders.intent.yaml"
 EXAMPLE_CASSETTE = EXAMPLES / "sales_orders.cassette.json"
+#: The offline default with --agent-loop: tool calls, a failed contract check, its correction.
+EXAMPLE_AGENT_CASSETTE = EXAMPLES / "sales_orders.agent.cassette.json"
+#: The workspace the bundled agent-loop run looks at (sample schemas of the sources).
+EXAMPLE_WORKSPACE = EXAMPLES / "workspace"
 
 _REASONS = {
     "retry_after": "as the server asked",
@@ -76,15 +88,27 @@ def _wait_printer(console: Console) -> Any:
     return hook
 
 
-def _replay_client(cassette_path: Path, console: Console) -> LLMClient:
+def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, ReplayTransport]:
+    """A client answered by the cassette (virtual clock, no jitter) and its transport."""
     import httpx
 
     from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
     from fluid_build.copilot.agents.retry import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.llm.replay import ReplayTransport, VirtualClock, load_cassette
+    from fluid_build.copilot.llm.replay import (
+        CassetteError,
+        ReplayTransport,
+        VirtualClock,
+        load_cassette,
+    )
 
     cassette = load_cassette(cassette_path)
+    if not cassette.bodies:
+        raise CassetteError(
+            "was recorded without bodies (--no-bodies): it holds no model output for "
+            "`fluid forge` to replay; record the run again without --no-bodies",
+            path=str(cassette_path),
+        )
     clock = VirtualClock()
     envelope = RetryEnvelope(
         cooldown=MemoryCooldownStore(),
@@ -95,27 +119,94 @@ def _replay_client(cassette_path: Path, console: Console) -> LLMClient:
         random=lambda: 0.0,
     )
     transport = ReplayTransport(cassette.exchanges)
-    return LLMClient(
+    client = LLMClient(
         cassette.provider,
         cassette.model,
         api_key="replay-key",
         envelope=envelope,
         http_client=httpx.Client(transport=transport),
         env=dict(cassette.call.env),
-        strict_schema=False,
+        strict_schema=cassette.call.strict_schema,
+        capability_matrix=cassette.call.capability_matrix,
     )
+    return client, transport
 
 
 def _live_client(
-    provider: str | None, model: str | None, console: Console, env: Mapping[str, str]
+    provider: str | None,
+    model: str | None,
+    console: Console,
+    env: Mapping[str, str],
+    recording: _Recording | None = None,
 ) -> LLMClient:
     from fluid_build.copilot.agents.retry import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
 
+    if recording is None:
+        envelope = RetryEnvelope.from_env(
+            env, hook=_wait_printer(console), sleep=_countdown_sleep(console)
+        )
+        return LLMClient(provider, model, envelope=envelope, env=env)
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    countdown = _countdown_sleep(console)
+
+    def sleep(seconds: float) -> None:
+        recording.waits.append(seconds)
+        countdown(seconds)
+
+    # No jitter: a replay of the cassette then waits exactly what this run waited.
     envelope = RetryEnvelope.from_env(
-        env, hook=_wait_printer(console), sleep=_countdown_sleep(console)
+        env, hook=_wait_printer(console), sleep=sleep, random=lambda: 0.0
     )
-    return LLMClient(provider, model, envelope=envelope, env=env)
+    config = resolve_provider_config(provider, model, env=env)
+    recording.recorder.add_secrets(config.api_key)
+    recording.http = recording.recorder.client(timeout=config.timeout)
+    return LLMClient(provider, model, envelope=envelope, env=env, http_client=recording.http)
+
+
+class _Recording:
+    """What ``--record`` keeps while the run goes: the recorder, its HTTP client, the waits."""
+
+    def __init__(self, path: Path, *, bodies: bool) -> None:
+        from fluid_build.forge.cassette import forge_recorder
+
+        self.path = path
+        self.recorder: Recorder = forge_recorder(bodies=bodies)
+        self.http: Any = None
+        self.waits: list[float] = []
+        self.tried = False
+
+    def save(
+        self,
+        client: LLMClient,
+        intent: Any,
+        env: Mapping[str, str],
+        *,
+        error: BaseException | None,
+        output: Any,
+        agent_loop: bool,
+    ) -> Path:
+        """Write the cassette atomically; ``CassetteError`` when a request got no answer."""
+        from fluid_build.copilot.llm.replay import write_cassette
+        from fluid_build.forge.cassette import forge_cassette
+
+        self.tried = True
+        cassette = forge_cassette(
+            self.recorder,
+            client=client,
+            intent=intent,
+            env=env,
+            error=error,
+            output=output,
+            waits=self.waits,
+            agent_loop=agent_loop,
+        )
+        return write_cassette(cassette, self.path)
+
+    def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
 
 
 def _stored_env() -> dict[str, str]:
@@ -145,8 +236,19 @@ def _stored_env() -> dict[str, str]:
 @click.option(
     "--replay",
     "cassette",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    type=click.Path(dir_okay=False, path_type=Path),
     help="Replay a recorded cassette instead of calling a provider.",
+)
+@click.option(
+    "--record",
+    "record_to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a cassette of the run to this file when it ends (success or a typed error).",
+)
+@click.option(
+    "--no-bodies",
+    is_flag=True,
+    help="With --record: keep no prompt, request body or model output (flow only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result on stdout.")
 def command(
@@ -156,39 +258,63 @@ def command(
     out_dir: Path,
     agent_loop: bool,
     cassette: Path | None,
+    record_to: Path | None,
+    no_bodies: bool,
     as_json: bool,
 ) -> None:
     """Forge a data product from INTENT_FILE.
 
     With no INTENT_FILE and no API key configured, forges the bundled example
     offline by replaying a recorded session (a rate-limit wait and a schema
-    correction included), so you can see a whole run without any key.
+    correction included; with --agent-loop, workspace tool calls and a failed
+    contract check corrected), so you can see a whole run without any key.
     """
     from rich.markup import escape
 
+    from fluid_build.errors import FluidError
     from fluid_build.forge.app import run_forge
     from fluid_build.forge.intent import load_intent
 
     console = _console()
     client: LLMClient | None = None
+    transport: ReplayTransport | None = None
+    recording: _Recording | None = None
+    workspace: Path | None = None
     try:
         env = _stored_env()
+        if no_bodies and record_to is None:
+            raise click.UsageError("--no-bodies only goes with --record FILE")
+        if record_to is not None and cassette is not None:
+            raise click.UsageError(
+                "--record records a run against a provider and --replay replays one: "
+                "give one of them"
+            )
         if cassette is None and intent_file is None and not _has_provider(env):
+            if record_to is not None:
+                raise click.UsageError(
+                    "--record needs a provider, and no API key is configured: set "
+                    "OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY (or run `fluid ai "
+                    "setup`) and give an INTENT_FILE"
+                )
             console.print(
                 "[bold]No API key found:[/] forging the bundled example offline, replaying a "
                 "recorded session. Set OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY "
                 "(or run `fluid ai setup`) to forge your own intent."
             )
             cassette, intent_file = EXAMPLE_CASSETTE, EXAMPLE_INTENT
+            if agent_loop:
+                cassette, workspace = EXAMPLE_AGENT_CASSETTE, EXAMPLE_WORKSPACE
         if intent_file is None:
             if cassette is None:
                 raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
             intent_file = EXAMPLE_INTENT
         intent = load_intent(intent_file)
         if cassette is not None:
-            client = _replay_client(cassette, console)
+            client, transport = _replay_client(cassette, console)
         else:
-            client = _live_client(provider, model, console, env)
+            if record_to is not None:
+                recording = _Recording(record_to, bodies=not no_bodies)
+            client = _live_client(provider, model, console, env, recording)
         label = f"{client.provider}:{client.model}" + (" (replay)" if cassette else "")
         console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
         if not as_json:
@@ -210,18 +336,41 @@ def command(
                 on_note=on_note,
                 replay=str(cassette) if cassette else None,
                 agent_loop=agent_loop,
-                workspace=intent_file.resolve().parent,
+                workspace=workspace or intent_file.resolve().parent,
+                # A replay that stopped short of the cassette differs: say so, write nothing.
+                before_write=transport.finish if transport is not None else None,
+            )
+        if recording is not None:
+            recording.save(
+                client, intent, env, error=None, output=run.output, agent_loop=agent_loop
             )
     except click.UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
-        sys.exit(report_error(exc, as_json=as_json))
+        failure: BaseException = exc
+        if transport is not None and transport.first_mismatch is not None:
+            # The client reports a refused replay as an unexpected error; the transport
+            # knows which request differed, and how.
+            failure = transport.first_mismatch
+        if (
+            recording is not None
+            and not recording.tried
+            and client is not None
+            and isinstance(exc, FluidError)
+        ):
+            _save_failed_run(recording, client, intent, env, exc, agent_loop)
+        sys.exit(report_error(failure, as_json=as_json))
     finally:
         if client is not None:
             client.close()
+        if recording is not None:
+            recording.close()
     receipt = run.receipt()
     if as_json:
-        click.echo(json.dumps({"ok": True, "out": str(out_dir), "receipt": receipt}))
+        payload: dict[str, Any] = {"ok": True, "out": str(out_dir), "receipt": receipt}
+        if recording is not None:
+            payload["cassette"] = str(recording.path)
+        click.echo(json.dumps(payload))
         return
     tokens = receipt["tokens"]["total"]
     waited = sum(w["seconds"] for w in receipt["waits"])
@@ -231,3 +380,24 @@ def command(
     )
     for name in run.files:
         console.print(f"  {out_dir / name}")
+    if recording is not None:
+        console.print(f"recorded {recording.path} ({len(recording.recorder.exchanges)} exchanges)")
+
+
+def _save_failed_run(
+    recording: _Recording,
+    client: LLMClient,
+    intent: Any,
+    env: Mapping[str, str],
+    error: BaseException,
+    agent_loop: bool,
+) -> None:
+    """Record a run that ended in a typed error; the run's error is reported either way."""
+    from fluid_build.copilot.llm.replay import CassetteError
+
+    try:
+        path = recording.save(client, intent, env, error=error, output=None, agent_loop=agent_loop)
+    except CassetteError as exc:
+        click.echo(f"fluid: no cassette written: {exc}", err=True)
+    else:
+        click.echo(f"fluid: recorded the failed run in {path}", err=True)

@@ -1,7 +1,9 @@
 """The forge pipeline: plan, generate, validate, then write everything at once.
 
-A stage whose output fails validation gets up to 3 attempts, each told the
-previous errors (field paths and what was expected). Files are written only
+A stage whose output fails validation (its schema, then the contract checks
+of :func:`validate_output`) gets up to 3 attempts, each told the previous
+errors (field paths and what was expected); with the agent loop, the checks
+run inside the loop, between tool rounds. Files are written only
 when every stage succeeded, each to a temporary file next to its target and
 renamed over it (``os.replace``), so a failed run leaves no half-written file;
 a symbolic link anywhere in the output tree is refused (:class:`OutputTreeError`)
@@ -42,6 +44,7 @@ __all__ = [
     "OutputTreeError",
     "Plan",
     "run_forge",
+    "tool_calls_of",
     "validate_output",
 ]
 
@@ -144,6 +147,8 @@ class StageRecord:
     attempts: int = 0
     llm_calls: int = 0
     corrections: list[list[dict[str, str]]] = field(default_factory=list)
+    #: The workspace tools the model called (agent loop): name, arguments, result.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -180,6 +185,7 @@ class ForgeRun:
                     "attempts": s.attempts,
                     "llm_calls": s.llm_calls,
                     "corrections": s.corrections,
+                    "tool_calls": s.tool_calls,
                 }
                 for s in self.stages
             ],
@@ -505,8 +511,14 @@ def run_forge(
     clock: Callable[[], float] = time.monotonic,
     agent_loop: bool = False,
     workspace: Path | None = None,
+    before_write: Callable[[], None] | None = None,
 ) -> ForgeRun:
-    """Plan, generate and validate, then write the contract, the files and the receipt."""
+    """Plan, generate and validate, then write the contract, the files and the receipt.
+
+    ``before_write`` runs once every stage succeeded, before anything is
+    written: what it raises ends the run with nothing written (a replay
+    checks there that it used the whole cassette).
+    """
     from fluid_build.copilot.agents.loop import DEFAULT_PRICES
 
     run = ForgeRun(
@@ -535,18 +547,20 @@ def run_forge(
         pipeline = _Pipeline(client, intent, run, on_stage, dict(DEFAULT_PRICES), on_note)
         plan = pipeline.plan()
         if agent_loop:
-            output = _generate_with_tools(client, intent, plan, run, on_stage, workspace)
+            output = _generate_with_tools(client, intent, plan, run, on_stage, on_note, workspace)
         else:
             output = pipeline.generate(plan)
         on_stage("validate")
         problems = validate_output(output, intent)
-        if problems:  # only reachable from the agent loop, which validated the shape only
+        if problems:  # unreachable: both paths ran these checks before returning
             raise SchemaValidationError(
                 f"the generated contract failed {len(problems)} check(s)",
                 schema_name="ForgeOutput",
                 validation_errors=problems,
             )
         run.output = output
+        if before_write is not None:
+            before_write()
         run.seconds = clock() - started
         on_stage("write")
         _write_all(run, output)
@@ -561,8 +575,12 @@ def _generate_with_tools(
     plan: Plan,
     run: ForgeRun,
     on_stage: Callable[[str], None],
+    on_note: Callable[[str], None],
     workspace: Path | None,
 ) -> ForgeOutput:
+    """The generate stage as an agent loop: workspace tools, then a final answer that must
+    validate against :class:`ForgeOutput` and pass :func:`validate_output`; each failure
+    is fed back (up to 3 answers in all), as in the stage without tools."""
     from fluid_build.copilot.agents.loop import AgentLoop, Budget
     from fluid_build.forge.workspace_tools import workspace_tools
 
@@ -570,6 +588,16 @@ def _generate_with_tools(
     stage = StageRecord("generate")
     run.stages.append(stage)
     root = workspace or Path.cwd()
+
+    def check(output: Any) -> list[dict[str, str]]:
+        assert isinstance(output, ForgeOutput)
+        return validate_output(output, intent)
+
+    def corrected(error: SchemaValidationError) -> None:
+        errors = _errors_of(error)
+        stage.corrections.append(errors)
+        on_note(_describe("generate", errors))
+
     loop = AgentLoop(
         client,
         tools=workspace_tools(),
@@ -577,6 +605,9 @@ def _generate_with_tools(
         response_model=ForgeOutput,
         system=GENERATE_SYSTEM,
         budget=Budget(max_llm_calls=20),
+        check=check,
+        max_corrections=MAX_STAGE_ATTEMPTS - 1,
+        on_correction=corrected,
     )
     try:
         result = loop.run(
@@ -586,14 +617,75 @@ def _generate_with_tools(
     except AgentExecutionError:
         stage.attempts = loop.result.usage.rounds
         stage.llm_calls = loop.result.usage.llm_calls
+        stage.tool_calls = tool_calls_of(loop.result.transcript)
         raise
     stage.attempts = result.usage.rounds
     stage.llm_calls = result.usage.llm_calls
+    stage.tool_calls = tool_calls_of(result.transcript)
     run.input_tokens += result.usage.input_tokens
     run.output_tokens += result.usage.output_tokens
+    if result.usage.cost_usd is not None:
+        run.cost_usd = (run.cost_usd or 0.0) + result.usage.cost_usd
     output = result.output
     assert isinstance(output, ForgeOutput)
     return output
+
+
+def tool_calls_of(transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool calls of an agent loop's transcript, for the receipt.
+
+    Each: the round (the model call that asked for it, 1-based), the tool's
+    name, its arguments (redacted, cut short) and ``result``: ``"ok"``, or
+    the class the model was shown for a failure (``ToolValidationError``).
+    A result is matched to its call within the round (ids may repeat across
+    rounds).
+    """
+    from fluid_build._redact import redact, redact_json, truncate
+
+    calls: list[dict[str, Any]] = []
+    pending: dict[str, dict[str, Any]] = {}
+    round_number = 0
+    for message in transcript:
+        role = message.get("role")
+        if role == "tool":
+            entry = pending.pop(str(message.get("tool_call_id")), None)
+            if entry is not None:
+                entry["result"] = _tool_result(message.get("content"))
+            continue
+        if role != "assistant":
+            continue
+        round_number += 1
+        pending = {}
+        for call in message.get("tool_calls") or ():
+            arguments = redact_json(call.get("arguments") or {})
+            shown = json.dumps(arguments, ensure_ascii=False, default=str)
+            entry = {
+                "round": round_number,
+                "name": truncate(redact(str(call.get("name"))), 100),
+                "arguments": arguments if len(shown) <= 500 else truncate(shown, 500),
+                "result": "not run",
+            }
+            calls.append(entry)
+            pending[str(call.get("id"))] = entry
+    return calls
+
+
+def _tool_result(content: object) -> str:
+    """``"ok"``, or the error class of the scrubbed result the loop sends for a failed call."""
+    if isinstance(content, str) and content.startswith('{"error": '):
+        try:
+            data = json.loads(content)
+        except ValueError:
+            return "ok"
+        message = data.get("message") if isinstance(data, dict) else None
+        if (
+            isinstance(data, dict)
+            and set(data) == {"error", "message"}
+            and isinstance(message, str)
+            and message.endswith(" - see server logs")
+        ):
+            return str(data["error"])
+    return "ok"
 
 
 def intent_digest(intent: Intent) -> str:

@@ -1,0 +1,71 @@
+"""A forge run as a cassette: what ``fluid forge --record`` writes and ``--replay`` reads.
+
+The cassette is the format of :mod:`fluid_build.copilot.llm.replay`, made by a
+:class:`~fluid_build.copilot.llm.replay.Recorder` that keeps each request's
+body too (redacted like the answers), so that a replay names the first
+request that differs. ``bodies=False`` keeps no prompt, no request body and
+no model output (then a forge replay has nothing to answer with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from fluid_build.copilot.llm.replay import CallRecipe, Cassette, Recorder, recipe_env
+from fluid_build.forge.intent import Intent
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.client import LLMClient
+    from fluid_build.forge.app import ForgeOutput
+
+__all__ = ["forge_cassette", "forge_recorder"]
+
+
+def forge_recorder(*, secrets: Sequence[str | None] = (), bodies: bool = True) -> Recorder:
+    """A recorder for a forge run: every exchange, request bodies included when ``bodies``."""
+    return Recorder(secrets=secrets, bodies=bodies, request_bodies=bodies)
+
+
+def forge_cassette(
+    recorder: Recorder,
+    *,
+    client: LLMClient,
+    intent: Intent,
+    env: Mapping[str, str],
+    error: BaseException | None,
+    output: ForgeOutput | None,
+    waits: Sequence[float],
+    agent_loop: bool = False,
+    name: str | None = None,
+    description: str | None = None,
+    now: datetime | None = None,
+) -> Cassette:
+    """The cassette of a finished forge run; refuses (``CassetteError``) when a request
+    got no answer, since only answers can be replayed."""
+    # Without bodies, nothing of the intent is kept: not even the product's name.
+    product = intent.data_product.name if recorder.bodies else "an intent"
+    how = " with the agent loop" if agent_loop else ""
+    recipe = CallRecipe(
+        messages=[{"role": "user", "content": intent.summary()}],
+        env=recipe_env(client, env),
+        strict_schema=client.strict_schema,
+    )
+    return recorder.cassette(
+        name=name or (f"forge-{product}" if recorder.bodies else "forge-run"),
+        description=description
+        or (
+            f"A `fluid forge` run of {product}{how}: replay it with "
+            "`fluid forge INTENT --replay FILE`."
+        ),
+        provider=client.provider,
+        model=client.model,
+        call=recipe,
+        expect=recorder.expectation(
+            error=error,
+            output=output.model_dump(mode="json") if output is not None else None,
+            waits=waits,
+        ),
+        now=now,
+    )
