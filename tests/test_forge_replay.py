@@ -267,3 +267,16 @@ def test_writing_a_cassette_is_atomic(tmp_path: Path, monkeypatch: pytest.Monkey
     write_cassette(_cassette([exchange()]), target)
     assert load_cassette(target).name == "t"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ReplayMismatch("request 1 ...", index=1, field="model", expected="a", got="b"), 30),
+        (ReplayMismatch("request 3 was never sent"), 30),
+    ],
+)
+def test_a_mismatch_exits_30_as_the_docs_say(error: Exception, code: int) -> None:
+    from fluid_build.cli.exit_codes import EXIT_CODES, exit_code_for
+
+    assert exit_code_for(error) == EXIT_CODES["corpus_mismatch"] == code

@@ -15,7 +15,7 @@ EXIT_CODES: Final = {
     "ok": 0,
     "internal": 1,  # a bug: please report it
     "usage": 2,  # click's own: a wrong option or argument
-    "intent": 3,  # the intent (or cassette) file is missing or invalid
+    "intent": 3,  # the intent (or cassette) file is missing or invalid (CassetteError)
     "output": 4,  # the output directory cannot be written safely (a symlink in it)
     "auth": 10,  # ProviderAuthError, and configuration the provider needs
     "rate_limit": 11,  # RateLimitError, quota exhausted included
@@ -26,7 +26,9 @@ EXIT_CODES: Final = {
     "schema": 20,  # SchemaValidationError
     "tool": 21,  # ToolValidationError
     "agent": 22,  # any other AgentExecutionError (budgets, tool timeouts)
-    "corpus_mismatch": 30,  # fluid corpus replay: an outcome differed from the recording
+    # A replay differed from its cassette: fluid forge --replay (ReplayMismatch: a request
+    # the cassette does not hold, or one never sent), fluid corpus replay (an outcome).
+    "corpus_mismatch": 30,
 }
 
 
