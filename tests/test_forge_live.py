@@ -25,8 +25,13 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.copilot.llm.replay import CassetteError, Recorder
+
+_register()
 
 KEY = "sk-proj-FORGELIVE0123456789abcdefghij"
 PLAN = {"tables": ["fct_sessions"], "steps": ["stage the events", "sessionize"], "notes": ""}
@@ -501,6 +506,66 @@ def test_record_without_a_key_says_what_to_set(machine: Machine) -> None:
     assert done.returncode == EXIT_CODES["usage"], done.stdout + done.stderr
     assert "OPENAI_API_KEY" in done.stderr
     assert not (machine.project / "r.json").exists()
+
+
+# -- when a cassette cannot be made (in process, to make it so) ---------------------------------
+
+
+@pytest.fixture
+def in_process(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> Machine:
+    for name, value in machine.env.items():
+        monkeypatch.setenv(name, value)
+    for name in list(os.environ):
+        if name.startswith(_PROVIDER_PREFIXES) and name not in machine.env:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(machine.project)
+    return machine
+
+
+def _unanswered(self: Recorder) -> None:
+    raise CassetteError("a request got no answer, and only answers can be replayed: POST /x")
+
+
+def test_a_run_that_succeeded_but_cannot_be_recorded_is_exit_3(
+    in_process: Machine, serve: Callable[..., Scripted], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _corrected_run(serve)
+    monkeypatch.setattr(Recorder, "check_answered", _unanswered)
+    result = CliRunner().invoke(
+        cli, ["forge", "intent.yaml", "--record", "run.json"], env=in_process.live(model)
+    )
+    assert result.exit_code == EXIT_CODES["intent"], result.output
+    assert "CassetteError" in result.output
+    assert "only answers can be replayed" in result.output
+    assert not (in_process.project / "run.json").exists()
+    assert (in_process.project / "forge-out" / "contract.fluid.yaml").is_file()
+
+
+def test_a_failed_run_that_cannot_be_recorded_reports_its_own_error(
+    in_process: Machine, serve: Callable[..., Scripted], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = says({"contract": {"name": "web_sessions"}, "rationale": "r"})
+    model = serve(says(PLAN), broken, broken, broken)
+    monkeypatch.setattr(Recorder, "check_answered", _unanswered)
+    result = CliRunner().invoke(
+        cli, ["forge", "intent.yaml", "--record", "run.json"], env=in_process.live(model)
+    )
+    assert result.exit_code == EXIT_CODES["schema"], result.output
+    assert "fluid: no cassette written:" in result.output
+    assert "SchemaValidationError" in result.output
+    assert not (in_process.project / "run.json").exists()
+
+
+def test_a_cassette_that_cannot_be_written_is_exit_3(
+    in_process: Machine, serve: Callable[..., Scripted]
+) -> None:
+    model = _corrected_run(serve)
+    (in_process.project / "taken").write_text("a file, not a directory")
+    result = CliRunner().invoke(
+        cli, ["forge", "intent.yaml", "--record", "taken/run.json"], env=in_process.live(model)
+    )
+    assert result.exit_code == EXIT_CODES["intent"], result.output
+    assert "taken/run.json: cannot be written" in result.output
 
 
 if sys.platform == "win32":  # pragma: no cover - signals and the console script differ

@@ -15,11 +15,14 @@ import click
 from fluid_build.cli.exit_codes import report_error
 
 if TYPE_CHECKING:
+    import httpx
     from rich.console import Console
 
     from fluid_build.copilot.agents.retry import RetryEvent
     from fluid_build.copilot.client import LLMClient
     from fluid_build.copilot.llm.replay import Recorder, ReplayTransport
+    from fluid_build.forge.app import ForgeOutput
+    from fluid_build.forge.intent import Intent
 
 __all__ = [
     "EXAMPLES",
@@ -173,22 +176,24 @@ class _Recording:
 
         self.path = path
         self.recorder: Recorder = forge_recorder(bodies=bodies)
-        self.http: Any = None
+        self.http: httpx.Client | None = None
         self.waits: list[float] = []
         self.tried = False
+        self.exchanges = 0
 
     def save(
         self,
         client: LLMClient,
-        intent: Any,
+        intent: Intent,
         env: Mapping[str, str],
         *,
         error: BaseException | None,
-        output: Any,
+        output: ForgeOutput | None,
         agent_loop: bool,
     ) -> Path:
-        """Write the cassette atomically; ``CassetteError`` when a request got no answer."""
-        from fluid_build.copilot.llm.replay import write_cassette
+        """Write the cassette atomically; ``CassetteError`` when a request got no answer or
+        the file cannot be written."""
+        from fluid_build.copilot.llm.replay import CassetteError, write_cassette
         from fluid_build.forge.cassette import forge_cassette
 
         self.tried = True
@@ -202,7 +207,13 @@ class _Recording:
             waits=self.waits,
             agent_loop=agent_loop,
         )
-        return write_cassette(cassette, self.path)
+        try:
+            written = write_cassette(cassette, self.path)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise CassetteError(f"cannot be written ({reason})", path=str(self.path)) from None
+        self.exchanges = len(cassette.exchanges)
+        return written
 
     def close(self) -> None:
         if self.http is not None:
@@ -381,13 +392,13 @@ def command(
     for name in run.files:
         console.print(f"  {out_dir / name}")
     if recording is not None:
-        console.print(f"recorded {recording.path} ({len(recording.recorder.exchanges)} exchanges)")
+        console.print(f"recorded {recording.path} ({recording.exchanges} exchanges)")
 
 
 def _save_failed_run(
     recording: _Recording,
     client: LLMClient,
-    intent: Any,
+    intent: Intent,
     env: Mapping[str, str],
     error: BaseException,
     agent_loop: bool,
