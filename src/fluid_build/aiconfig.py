@@ -610,6 +610,12 @@ def _moved_already(source: Path, info: os.stat_result, target: Path) -> bool:
     return True
 
 
+# link() failing with these means "not here", not "not allowed": copy instead.
+_NO_HARD_LINK: Final = frozenset(
+    {errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
+)
+
+
 def _link_into_place(source: Path, info: os.stat_result, target: Path) -> bool:
     """Give ``source``'s file the name ``target`` without replacing anything there.
 
@@ -621,8 +627,10 @@ def _link_into_place(source: Path, info: os.stat_result, target: Path) -> bool:
         os.link(source, target, follow_symlinks=False)
     except FileExistsError:
         return False
+    except NotImplementedError:  # no linkat(): the copy below opens without following
+        pass
     except OSError as exc:
-        if exc.errno not in {errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK}:
+        if exc.errno not in _NO_HARD_LINK:
             raise
     else:
         if os.path.samestat(os.lstat(target), info):
