@@ -38,6 +38,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             monkeypatch.delenv(name)
     # Anything that defaults to ~/.cache (the cooldown file) stays inside the test.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # And ~ itself: the configuration (~/.config/fluid) and its one-time move from
+    # ~/.fluid never touch the home of whoever runs the suite. Not created here.
+    monkeypatch.setenv("HOME", str(tmp_path / "test-home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
 
 
 @pytest.fixture(autouse=True)

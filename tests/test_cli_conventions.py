@@ -466,7 +466,7 @@ def test_the_console_factory_follows_the_flag_then_the_environment() -> None:
 def test_a_warning_logged_many_times_in_a_run_prints_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    log = logging.getLogger("fluid_build.test_conventions")
+    log = logging.getLogger("tests.conventions")
     with warnings_once():
         for _ in range(3):
             log.warning("FLUID_X=%r is odd", "y")

@@ -606,6 +606,8 @@ ENV_VARS = sorted(
         "OPENAI_API_VERSION",
         "OLLAMA_HOST",
         "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "FLUID_COLOR",
         "TIKTOKEN_CACHE_DIR",
         "DATA_GYM_CACHE_DIR",
         *KEY_VARS,
@@ -617,6 +619,7 @@ _NOT_VARIABLES = {
     "ANTHROPIC_VERSION",
     "AZURE_API_VERSION",
     "FLUID_HOME_ENV",
+    "XDG_CONFIG_HOME_ENV",
     "OLLAMA_DEFAULT_HOST",
     "FLUID_FUZZ_VALUE",
 }
