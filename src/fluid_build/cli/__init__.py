@@ -21,11 +21,12 @@ import click
 
 from fluid_build import __version__
 from fluid_build.cli._console import COLOR_MODES, ColorMode, set_color_mode, warnings_once
+from fluid_build.cli.exit_codes import EXIT_CODES
 
 __all__ = ["EXIT_INTERRUPTED", "main"]
 
 #: 128 + SIGINT, as a shell reports a process that Ctrl-C ended.
-EXIT_INTERRUPTED: Final = 130
+EXIT_INTERRUPTED: Final = EXIT_CODES["interrupted"]
 
 _SHELLS: Final = ("bash", "zsh", "fish")
 

@@ -29,6 +29,7 @@ EXIT_CODES: Final = {
     # A replay differed from its cassette: fluid forge --replay (ReplayMismatch: a request
     # the cassette does not hold, or one never sent), fluid corpus replay (an outcome).
     "corpus_mismatch": 30,
+    "interrupted": 130,  # Ctrl-C (SIGINT): one line, nothing half-written
 }
 
 

@@ -290,7 +290,9 @@ class _Run:
             now = env.wall()
             window = min(error.retry_after, env.policy.retry_after_cap)
             if store.remaining(name, now) <= 0:
-                LOG.warning(
+                # INFO: a server asking for a pause is the envelope working, not a
+                # fault; the waits themselves reach the caller as RetryEvents.
+                LOG.info(
                     "%s: key %s cools down for %.3g s after a Retry-After [%s]; every call on "
                     "it waits",
                     self.provider or "provider",
