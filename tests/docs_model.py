@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,8 +57,14 @@ class Model:
 
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Answers a test scripts instead (None: answer as a provider that behaves).
+    script: Callable[[Request], tuple[int, dict[str, Any]] | None] | None = None
 
     def answer(self, request: Request) -> tuple[int, dict[str, Any]]:
+        if self.script is not None:
+            scripted = self.script(request)
+            if scripted is not None:
+                return scripted
         if request.method == "GET" and request.path.rstrip("/").endswith("/models"):
             return 200, {"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]}
         if request.path.endswith("/chat/completions"):
