@@ -224,6 +224,27 @@ def test_transport_checks_model_and_records_requests() -> None:
     assert transport.mismatches == [str(caught.value)]
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_library_replay_that_differs_raises_the_mismatch_itself(asynchronous: bool) -> None:
+    """Not a ProviderError wrapping it: a cassette that does not match is never retried,
+    never counted against the provider, and says which request differs."""
+    import asyncio
+
+    from fluid_build.copilot.llm.replay import _execute
+
+    cassette = _load("openai-success")
+    client = replay_client(cassette)
+    _execute(client, cassette.call, client.envelope.clock)  # the recorded call replays
+    once_more = (
+        (lambda: asyncio.run(client.acomplete("once more")))
+        if asynchronous
+        else (lambda: client.complete("once more"))
+    )
+    with pytest.raises(ReplayMismatch) as caught:  # one request more than the cassette holds
+        once_more()
+    assert "request 2" in str(caught.value)
+
+
 # -- loading ----------------------------------------------------------------------------
 
 

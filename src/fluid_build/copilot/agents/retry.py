@@ -51,6 +51,7 @@ from fluid_build.copilot.agents.error_classification import classify_provider_er
 from fluid_build.copilot.agents.errors import (
     MAX_RETRY_AFTER,
     AgentExecutionError,
+    FluidError,
     RateLimitError,
 )
 
@@ -266,7 +267,15 @@ class _Run:
     # -- attempts --------------------------------------------------------------
 
     def failed(self, exc: Exception) -> AgentExecutionError:
-        """Classify a failed attempt, count it, and share its Retry-After with the key."""
+        """Classify a failed attempt, count it, and share its Retry-After with the key.
+
+        A :class:`FluidError` that is not an :class:`AgentExecutionError` (a
+        cassette that does not match, a configuration that cannot be used) is
+        a local problem, not a provider's answer: it is raised as it is, never
+        retried, and never counted against the provider.
+        """
+        if isinstance(exc, FluidError) and not isinstance(exc, AgentExecutionError):
+            raise exc
         env = self.env
         error = classify_provider_error(
             exc, provider=self.provider, model=self.model, now=env.wall(), secrets=self.secrets
