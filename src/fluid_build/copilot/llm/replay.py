@@ -917,14 +917,41 @@ class Recorder:
         return RecordingTransport(inner or httpx.AsyncHTTPTransport(), recorder=self)
 
     def client(self, inner: httpx.BaseTransport | None = None, **kwargs: Any) -> httpx.Client:
-        """An ``httpx.Client`` (``kwargs`` as for it) whose every exchange is recorded."""
-        return httpx.Client(transport=self.transport(inner), **kwargs)
+        """An ``httpx.Client`` (``kwargs`` as for it) whose every exchange is recorded.
+
+        Without ``inner`` the client is made as httpx makes any client, so the
+        proxies of the environment (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``)
+        and its certificate settings apply as they would to a call that is not
+        recorded; then each of its transports is wrapped.
+        """
+        if inner is not None:
+            return httpx.Client(transport=self.transport(inner), **kwargs)
+        http = httpx.Client(**kwargs)
+        self._wrap(http)
+        return http
 
     def async_client(
         self, inner: httpx.AsyncBaseTransport | None = None, **kwargs: Any
     ) -> httpx.AsyncClient:
-        """An ``httpx.AsyncClient`` whose every exchange is recorded."""
-        return httpx.AsyncClient(transport=self.async_transport(inner), **kwargs)
+        """An ``httpx.AsyncClient`` recording every exchange; proxies as in :meth:`client`."""
+        if inner is not None:
+            return httpx.AsyncClient(transport=self.async_transport(inner), **kwargs)
+        http = httpx.AsyncClient(**kwargs)
+        self._wrap(http)
+        return http
+
+    def _wrap(self, http: httpx.Client | httpx.AsyncClient) -> None:
+        """Record through every transport ``http`` chose: its default one and its proxy mounts.
+
+        httpx picks the proxy transports only when it makes the transport
+        itself, so they are wrapped after the fact (``_transport`` and
+        ``_mounts`` have held them since httpx 0.18).
+        """
+        http._transport = RecordingTransport(http._transport, recorder=self)
+        http._mounts = {  # type: ignore[assignment]
+            pattern: None if transport is None else RecordingTransport(transport, recorder=self)
+            for pattern, transport in http._mounts.items()
+        }
 
     def _begin(self, request: httpx.Request) -> str:
         self._learn(request)
