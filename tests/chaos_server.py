@@ -394,7 +394,7 @@ class ChaosServer:
         """Serve one fault; True when the connection can carry another request."""
         json_type = {"content-type": "application/json"}
         if self.latency:
-            await asyncio.sleep(self.latency)  # a real sleep: a model takes its time
+            await asyncio.sleep(self.latency)  # noqa: real-sleep - a model takes its time
         if fault == "reset_before_response":
             _linger_zero(writer)
             writer.transport.abort()
@@ -402,7 +402,7 @@ class ChaosServer:
         if fault == "slow_headers":
             # Hold the answer until the client hangs up (its read timeout), or `stall` s.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reader.read(1), self.stall)  # a real sleep: headers late
+                await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - headers late
             return False
         if fault in {"reset_during_body", "truncated_json"}:
             body = _answer(record.index)
@@ -411,7 +411,7 @@ class ChaosServer:
             await writer.drain()
             if fault == "reset_during_body":
                 # Let the client start reading the body, so the RST cuts it mid-way.
-                await asyncio.sleep(0.005)  # a real sleep: the client reads the headers
+                await asyncio.sleep(0.005)  # noqa: real-sleep - the client reads the headers
                 _linger_zero(writer)
                 writer.transport.abort()
             else:

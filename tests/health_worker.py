@@ -87,7 +87,7 @@ def calls(client: LLMClient, out: Any, args: argparse.Namespace) -> int:
         if record["outcome"] in stop_on:
             code = 0
             break
-        time.sleep(args.poll)  # a real sleep: a real process polling a real store
+        time.sleep(args.poll)  # noqa: real-sleep - a real process polling a real store
     _write(out, {"end": time.time(), "pid": os.getpid(), "health": client.health()})
     return code
 

@@ -218,7 +218,7 @@ def _wait_healthy(url: str, deadline: float) -> None:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"llama.cpp server at {url} never became healthy")
-            time.sleep(0.02)  # a real sleep: waiting for a real server to start
+            time.sleep(0.02)  # noqa: real-sleep - waiting for a real server to start
 
 
 def main(argv: list[str] | None = None) -> int:

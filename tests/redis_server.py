@@ -59,7 +59,7 @@ def running_redis(workdir: Path) -> Iterator[str]:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start (exit {process.poll()})")
-            time.sleep(0.02)  # a real sleep: waiting for a real server to start
+            time.sleep(0.02)  # noqa: real-sleep - waiting for a real server to start
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()

@@ -320,7 +320,7 @@ def envelope(
         hook=hook,
         clock=time.monotonic,
         wall=time.time,
-        asleep=asyncio.sleep,  # a real sleep: the chaos tests run in real time
+        asleep=asyncio.sleep,  # noqa: real-sleep - the chaos tests run in real time
     )
 
 
@@ -381,7 +381,7 @@ async def drive(
         CALL.set(n)
         if span:
             pace = began + n * span / calls - time.monotonic()
-            await asyncio.sleep(max(pace, 0.0))  # a real sleep: calls arrive over time
+            await asyncio.sleep(max(pace, 0.0))  # noqa: real-sleep - calls arrive over time
         async with gate:
             at, started = time.time(), time.monotonic()
             try:

@@ -300,7 +300,7 @@ def run_workers(store_url: str, workers: int = 4) -> tuple[float, list[loopback.
                     {"retry-after": "1", "content-type": "application/json"},
                     (b'{"error": {"message": "Rate limit reached", "type": "requests"}}'),
                 )
-        time.sleep(0.003)  # a real sleep: a provider takes a moment to answer
+        time.sleep(0.003)  # noqa: real-sleep - a provider takes a moment to answer
         done = "t429" in state and time.time() > state["t429"] + WINDOW + 0.5
         return 200, {"x-done": "1" if done else "0"}, b'{"ok": true}'
 

@@ -354,7 +354,7 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out after {timeout} s: {what}"
-        time.sleep(0.01)  # a real sleep: watching real processes
+        time.sleep(0.01)  # noqa: real-sleep - watching real processes
 
 
 def saw_open(worker: Worker) -> bool:
@@ -612,7 +612,7 @@ def test_a_sick_endpoint_never_delays_or_refuses_another(tmp_path: Path, pool: P
         fleet.ready(a, b)
         fleet.go(a, b)
         fleet.finished(a)
-        time.sleep(0.5)  # a real sleep: B keeps calling while A's breaker is open
+        time.sleep(0.5)  # noqa: real-sleep - B keeps calling while A's breaker is open
         stop.touch()
         fleet.finished(b)
 
@@ -697,7 +697,7 @@ def test_reset_health_in_one_process_lets_another_through_at_once(
         fleet.ready(caller, resetter)
         fleet.go(caller)
         wait_until(lambda: saw_open(caller), 10, "the breaker never opened")
-        time.sleep(0.2)  # a real sleep: the caller is refused for a while
+        time.sleep(0.2)  # noqa: real-sleep - the caller is refused for a while
         fleet.go(resetter)
         fleet.finished(resetter)
         fleet.wait(caller, 10)

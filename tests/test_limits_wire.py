@@ -60,7 +60,7 @@ def drip_body(conn: socket.socket) -> None:
     if not _send(conn, _head(headers={"content-length": str(len(body))})):
         return
     for byte in body:
-        time.sleep(0.2)  # a real sleep: the point: a server that drips
+        time.sleep(0.2)  # noqa: real-sleep - the point: a server that drips
         if not _send(conn, bytes([byte])):
             return
 
@@ -72,7 +72,7 @@ def drip_stream(conn: socket.socket) -> None:
         return
     event = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
     while _send(conn, event):
-        time.sleep(0.2)  # a real sleep: the point: a server that drips
+        time.sleep(0.2)  # noqa: real-sleep - the point: a server that drips
 
 
 def endless_stream(conn: socket.socket) -> None:
@@ -382,7 +382,7 @@ def test_a_half_open_trial_ends_inside_its_lease_whatever_the_server_does() -> N
             "vllm", "m", base_url=f"{base}/v1", envelope=envelope, deadline=20.0, env={}
         )
         breaker.record_failure(str(llm.health_key), ProviderServerError("503"))
-        time.sleep(0.02)  # a real sleep: past the 10 ms cool-off: half-open
+        time.sleep(0.02)  # noqa: real-sleep - past the 10 ms cool-off: half-open
         seconds, error = timed(lambda: llm.complete("hi"))
         llm.close()
     assert isinstance(error, ProviderTimeoutError)

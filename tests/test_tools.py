@@ -686,7 +686,7 @@ def test_blocked_bodies_never_exhaust_the_pool(mode: str) -> None:
             release.set()
         deadline = time.monotonic() + 10
         while reg.abandoned_threads and time.monotonic() < deadline:
-            time.sleep(0.005)  # the released threads end on their own
+            time.sleep(0.005)  # noqa: real-sleep - polls real threads ending on their own
         assert reg.abandoned_threads == 0
     for outcome in hung:
         assert outcome.error is not None
