@@ -837,6 +837,56 @@ def test_mistral_content_lists_join_text_and_keep_thinking_apart(
     assert "think" not in done.text
 
 
+# The refusal openai-python recorded from the live API (tests/data/provider_answers.json,
+# row openai-refusal), asked here for a structured answer.
+REFUSAL = "I'm very sorry, but I can't assist with that."
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_refusal_to_a_structured_answer_is_content_filtered_after_one_request(
+    mock: respx.MockRouter, clock: FakeClock, streaming: bool
+) -> None:
+    route = mock.post("https://api.openai.com/v1/chat/completions")
+    if streaming:
+        route.respond(
+            200,
+            content=sse(
+                {
+                    "model": "gpt-4o",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "refusal": ""}}],
+                },
+                {"model": "gpt-4o", "choices": [{"index": 0, "delta": {"refusal": REFUSAL}}]},
+                {
+                    "model": "gpt-4o",
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                },
+                done=True,
+            ),
+            headers={"content-type": "text/event-stream"},
+        )
+    else:
+        message = {"role": "assistant", "content": None, "refusal": REFUSAL}
+        answer = {
+            "model": "gpt-4o",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 79, "completion_tokens": 12},
+        }
+        route.respond(200, json=answer)
+    client = make("openai", clock, api_key=KEY)
+    ask = (
+        (lambda: collect(client.stream("plan", response_model=Plan)))
+        if streaming
+        else (lambda: client.complete("plan", response_model=Plan))
+    )
+    with pytest.raises(ProviderError) as caught:
+        ask()
+    error = caught.value
+    assert (error.code, error.retryable) == ("llm.content_filtered", False)
+    assert error.details["refusal"] == REFUSAL
+    assert route.call_count == 1  # no retry, no correction: the same request is refused again
+    assert clock.waits == []
+
+
 def test_gemini_thinking_tokens_count_as_output(mock: respx.MockRouter, clock: FakeClock) -> None:
     answer = {
         "candidates": [

@@ -83,6 +83,7 @@ class StreamState:
     done: bool = False
     block_kinds: dict[int, str] = field(default_factory=dict)  # an adapter's per-block notes
     counts: dict[str, int] = field(default_factory=dict)  # raw usage counts seen so far
+    refusal: list[str] = field(default_factory=list)  # a refusal's words, apart from the text
 
     def add_text(self, delta: str) -> StreamEvent | None:
         if not delta:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from fluid_build._redact import truncate
+from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
     NULL,
@@ -103,6 +105,19 @@ def _text(content: Any) -> str:
     raise TypeError("content")
 
 
+def _refused(refusal: str, spec: CallSpec, provider: str) -> ProviderError:
+    """A refusal where a structured answer was asked for: no retry or correction can help."""
+    return ProviderError(
+        f"the model refused to answer in the {spec.schema_name} shape: {truncate(refusal, 200)}",
+        provider=provider,
+        model=spec.model,
+        status_code=200,
+        code="llm.content_filtered",
+        retryable=False,
+        details={"refusal": truncate(refusal, 500)},
+    )
+
+
 class OpenAIAdapter(Adapter):
     provider = "openai"
     default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
@@ -127,6 +142,7 @@ class OpenAIAdapter(Adapter):
             {
                 "delta": {
                     "content": _CONTENT,
+                    "refusal": TEXT,
                     "tool_calls": [
                         {
                             "index": COUNT,
@@ -192,6 +208,8 @@ class OpenAIAdapter(Adapter):
         ]
         text = _text(message.get("content"))
         if not text and message.get("refusal"):
+            if spec.response_schema is not None and not calls:
+                raise _refused(str(message["refusal"]), spec, self.provider)
             text = str(message["refusal"])
         usage = _usage_of(data)
         return Parsed(
@@ -217,6 +235,8 @@ class OpenAIAdapter(Adapter):
             text_event = state.add_text(_text(delta.get("content")))
             if text_event:
                 events.append(text_event)
+            if isinstance(delta.get("refusal"), str):
+                state.refusal.append(delta["refusal"])
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 events.append(
@@ -229,4 +249,7 @@ class OpenAIAdapter(Adapter):
                 )
             if choice.get("finish_reason"):
                 state.finish_reason = choice["finish_reason"]
+                refused = "".join(state.refusal)
+                if refused and spec.response_schema is not None and not (state.text or state.calls):
+                    raise _refused(refused, spec, self.provider)
         return events
