@@ -243,6 +243,17 @@ def test_a_window_the_caller_gives_is_not_asked_for(small: LlamaServer) -> None:
     assert proxy.requests() == ["POST /v1/chat/completions -> 200"]
 
 
+def test_the_run_start_warning_judges_the_window_the_server_reports(small: LlamaServer) -> None:
+    """Not "not in the capability matrix, assuming 8,192": the server said 256."""
+    with counting_proxy(small.url) as proxy, llamacpp(proxy.base_url) as client:
+        warnings = client.run_start_warnings(banner=False)
+        client.complete("Hi.", max_output_tokens=4)
+    assert not [w for w in warnings if "not in the capability matrix" in w], warnings
+    assert any("256" in w for w in warnings), warnings
+    # Asked once for the whole client: the warning's question served the call too.
+    assert proxy.requests() == ["GET /props -> 200", "POST /v1/chat/completions -> 200"]
+
+
 # -- keys -------------------------------------------------------------------------------------
 
 

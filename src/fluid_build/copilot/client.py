@@ -352,6 +352,7 @@ class LLMClient:
         count is still logged (see docs/capability-warnings.md).
         """
         from fluid_build.copilot.agents.capabilities import (
+            capabilities_for,
             emit_run_start_banner,
             run_start_warnings,
         )
@@ -359,6 +360,13 @@ class LLMClient:
 
         wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
         caps = self.capabilities
+        if not caps.known and self._probe_urls:
+            # A local server says its own window: ask now (once per client, as the
+            # first call would), so the warning judges the window the run will use.
+            window = self._learn_window(self._deadline(), None)
+            if window is not None:
+                matrix = {**self.capability_matrix, "context_window": window}
+                caps = capabilities_for(self.provider, self.model, matrix)
         warnings = run_start_warnings(caps, uses_tools=uses_tools, wants_strict_schema=wants)
         if banner:
             emit_run_start_banner(warnings, env=self._env, stream=stream)
