@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 Handler = Callable[[socket.socket], None]
 
 
-def _read_request(conn: socket.socket) -> bytes:
+def read_request(conn: socket.socket) -> bytes:
     """Read one request, headers and body (by content-length), so that closing
     the socket later does not reset the connection over unread bytes."""
     conn.settimeout(2.0)
@@ -42,7 +42,7 @@ def _read_request(conn: socket.socket) -> bytes:
     return data
 
 
-def _hold(conn: socket.socket) -> None:
+def hold(conn: socket.socket) -> None:
     """Keep the connection open, reading, until the client hangs up."""
     conn.settimeout(5.0)
     with contextlib.suppress(OSError):
@@ -52,19 +52,19 @@ def _hold(conn: socket.socket) -> None:
 
 def silent(conn: socket.socket) -> None:
     """Read the request and never answer: the client's read timeout fires."""
-    _read_request(conn)
-    _hold(conn)
+    read_request(conn)
+    hold(conn)
 
 
 def reset(conn: socket.socket) -> None:
     """Read the request, then reset the connection (RST, not FIN)."""
-    _read_request(conn)
+    read_request(conn)
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def truncated(conn: socket.socket) -> None:
     """Promise 1,000 bytes of JSON, send 20, hang up."""
-    _read_request(conn)
+    read_request(conn)
     conn.sendall(
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
         b'{"choices": [{"mess'
@@ -73,7 +73,7 @@ def truncated(conn: socket.socket) -> None:
 
 def respond(status: int, body: bytes, headers: dict[str, str] | None = None) -> Handler:
     def handler(conn: socket.socket) -> None:
-        _read_request(conn)
+        read_request(conn)
         lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", "connection: close"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
@@ -188,7 +188,7 @@ def sse_then(action: str, first: bytes) -> Handler:
     """Answer 200 text/event-stream, send ``first``, then "reset" (RST) or "stall"."""
 
     def handler(conn: socket.socket) -> None:
-        _read_request(conn)
+        read_request(conn)
         conn.sendall(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n" + f"{len(first):x}\r\n".encode() + first + b"\r\n"
@@ -196,6 +196,6 @@ def sse_then(action: str, first: bytes) -> Handler:
         if action == "reset":
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return
-        _hold(conn)
+        hold(conn)
 
     return handler

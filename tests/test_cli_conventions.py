@@ -31,7 +31,7 @@ import fluid_build
 from fluid_build.cli import EXIT_INTERRUPTED, main
 from fluid_build.cli._console import color_mode, make_console, set_color_mode, warnings_once
 from fluid_build.cli.forge import EXAMPLE_INTENT
-from tests.loopback import respond, serve, silent
+from tests.loopback import hold, read_request, respond, serve
 
 FLUID = shutil.which("fluid", path=os.path.dirname(sys.executable)) or shutil.which("fluid")
 SGR = re.compile(r"\x1b\[[0-9;]*m")
@@ -162,8 +162,12 @@ def test_ctrl_c_during_a_request_that_stalls_exits_130_with_one_line(home: Path)
     arrived = threading.Event()
 
     def stall(conn: socket.socket) -> None:
-        arrived.set()
-        silent(conn)
+        request = read_request(conn)
+        if not request.startswith(b"POST"):  # the local server's context probe: no answer
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            return
+        arrived.set()  # the plan's request: the run is under way
+        hold(conn)
 
     out = home / "out"
     with serve(stall) as url:

@@ -55,7 +55,7 @@ def _head(status: int = 200, headers: dict[str, str] | None = None) -> bytes:
 
 def drip_body(conn: socket.socket) -> None:
     """Headers at once, then the body one byte every 0.2 s."""
-    loopback._read_request(conn)
+    loopback.read_request(conn)
     body = OK * 50
     if not _send(conn, _head(headers={"content-length": str(len(body))})):
         return
@@ -67,7 +67,7 @@ def drip_body(conn: socket.socket) -> None:
 
 def drip_stream(conn: socket.socket) -> None:
     """An SSE stream that sends one event every 0.2 s, forever."""
-    loopback._read_request(conn)
+    loopback.read_request(conn)
     if not _send(conn, _head(headers={"content-type": "text/event-stream"})):
         return
     event = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
@@ -77,7 +77,7 @@ def drip_stream(conn: socket.socket) -> None:
 
 def endless_stream(conn: socket.socket) -> None:
     """An SSE stream as fast as the socket takes it, forever."""
-    loopback._read_request(conn)
+    loopback.read_request(conn)
     if not _send(conn, _head(headers={"content-type": "text/event-stream"})):
         return
     event = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n' * 64
@@ -87,7 +87,7 @@ def endless_stream(conn: socket.socket) -> None:
 
 def huge_body(conn: socket.socket) -> None:
     """A JSON body announced as 3.9 GiB and sent as fast as the client reads."""
-    loopback._read_request(conn)
+    loopback.read_request(conn)
     size = int(3.9 * 2**30)
     head = _head(headers={"content-length": str(size), "content-type": "application/json"})
     if not _send(conn, head + b'{"choices": "'):
@@ -112,7 +112,7 @@ def bomb_server(kind: str) -> Callable[[socket.socket], None]:
     bomb(kind)  # compressed before any call starts, not while one waits
 
     def handler(conn: socket.socket) -> None:
-        loopback._read_request(conn)
+        loopback.read_request(conn)
         body = bomb(kind)
         headers = {
             "content-length": str(len(body)),
@@ -263,7 +263,7 @@ def test_an_endless_stream_stops_at_the_event_limit() -> None:
 
 def test_only_the_start_of_an_error_body_is_read() -> None:
     def handler(conn: socket.socket) -> None:
-        loopback._read_request(conn)
+        loopback.read_request(conn)
         body = b'{"error": {"message": "server on fire"}}' + b" " * (8 * 2**20)
         _send(conn, _head(503, {"content-length": str(len(body))}) + body)
 
