@@ -18,11 +18,13 @@ and what to do.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import json
 import os
 import re
 import stat
+import tempfile
 from typing import Any, Final
 
 import yaml
@@ -44,6 +46,7 @@ __all__ = [
     "read_at_most",
     "read_regular",
     "read_text_head",
+    "write_atomic",
 ]
 
 #: The deepest nesting :func:`load_json` and :func:`load_yaml` accept.
@@ -344,3 +347,25 @@ def load_yaml(text: str, *, name: str, max_depth: int = MAX_DEPTH) -> Any:
         raise TooDeepError(name, max_depth, None) from None
     finally:
         loader.dispose()
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one.
+
+    The bytes go to a temporary file in the same directory (mode 0600, as
+    ``mkstemp`` makes it), synced, then renamed over ``path``; nothing is
+    left behind if writing is interrupted. The directory must exist.
+    """
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    fd, temp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise

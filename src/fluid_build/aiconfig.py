@@ -44,6 +44,7 @@ from fluid_build._files import (
     load_json,
     open_regular,
     read_at_most,
+    write_atomic,
 )
 from fluid_build._redact import redact
 
@@ -450,19 +451,7 @@ def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, mode 0600, in a 0700 directory."""
     directory = path.parent
     _private_dir(directory)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            if hasattr(os, "fchmod"):
-                os.fchmod(handle.fileno(), 0o600)  # before the rename, never after
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(path, text.encode("utf-8"))  # 0600 from mkstemp, before the rename
 
 
 def save_ai_config(

@@ -26,7 +26,6 @@ no prompt and no model output at all. See docs/corpus.md.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import math
@@ -463,23 +462,11 @@ def write_cassette(cassette: Cassette, path: str | Path) -> Path:
     is then renamed over ``path``; nothing is left behind if writing is
     interrupted.
     """
-    import os
-    import tempfile
+    from fluid_build._files import write_atomic
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    data = dump_cassette(cassette).encode("utf-8")
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(target, dump_cassette(cassette).encode("utf-8"))
     return target
 
 
