@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,10 @@ from fluid_build.copilot.agents.cooldown import (
     COOLDOWN,
     CooldownStore,
     MemoryCooldownStore,
+    ResilientCooldownStore,
     SqliteCooldownStore,
+    StoreResetError,
+    reset_keys,
 )
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
@@ -31,6 +37,7 @@ from fluid_build.copilot.agents.errors import (
     RateLimitError,
 )
 from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.errors import FluidError
 from tests.fakes import FakeClock, Script
 from tests.helpers import status_error
 
@@ -356,3 +363,66 @@ def test_an_answer_to_a_request_sent_before_it_opened_does_not_close_it() -> Non
     assert breaker.state(KEY).state == "open"
     breaker.record_success(KEY, sent_at=clock.now)  # a request sent since: the provider answers
     assert breaker.state(KEY).state == "closed"
+
+
+# -- a deliberate reset is never skipped because the store is busy ---------------------------
+
+
+def _hold_write_lock(path: Path) -> sqlite3.Connection:
+    """Another process's writer, mid-transaction: it holds the file's write lock."""
+    holder = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_reset_health_waits_out_a_busy_writer_instead_of_skipping(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "shared.sqlite3"
+    store = ResilientCooldownStore(SqliteCooldownStore(path), clock=clock)
+    env = envelope(clock, store)
+    client = LLMClient("vllm", "llama", base_url=A, envelope=env, env={})
+    with respx.mock() as mock:
+        mock.post(f"{A}/chat/completions").respond(503, json={"error": {"message": "down"}})
+        for _ in range(3):
+            with pytest.raises(ProviderServerError):
+                client.complete("hi")
+    assert [h["breaker"] for h in client.health()] == ["open"]
+    holder = _hold_write_lock(path)
+    # A write meets the lock first, so the store pauses its own writes for a while...
+    store.extend(COOLDOWN + "other", 5.0, clock.now)
+    assert store.contended == 1
+    # ...and the lock is let go while the reset is waiting for it.
+    release = threading.Timer(0.3, holder.commit)
+    release.start()
+    try:
+        client.reset_health()
+    finally:
+        release.join()
+        holder.close()
+    assert [h["breaker"] for h in client.health()] == ["closed"]
+    reader = SqliteCooldownStore(path)  # what every other process now reads
+    assert [e.key for e in reader.entries(time.time())] == []
+    client.close()
+
+
+def test_a_reset_that_cannot_reach_the_store_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite3"
+    store = ResilientCooldownStore(SqliteCooldownStore(path))
+    store.extend(COOLDOWN + KEY, 30.0, time.time())
+    holder = _hold_write_lock(path)
+    try:
+        with pytest.raises(StoreResetError, match=r"held its write lock for 0\.2 s") as caught:
+            reset_keys(store, [COOLDOWN + KEY], wait=0.2)
+    finally:
+        holder.close()
+    assert isinstance(caught.value, FluidError)
+    assert "fluid doctor --reset" in str(caught.value)
+    assert store.remaining(COOLDOWN + KEY, time.time()) > 0  # nothing was cleared: it says so
+
+    class Down(MemoryCooldownStore):
+        def delete(self, *keys: str) -> None:
+            raise ConnectionError("redis://:hunter2@cache:6379 refused")
+
+    with pytest.raises(StoreResetError, match="ConnectionError") as down:
+        reset_keys(ResilientCooldownStore(Down()), [COOLDOWN + KEY])
+    assert "hunter2" not in str(down.value)

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Final, Literal
 
 from fluid_build.config import env_float, env_int
-from fluid_build.copilot.agents.cooldown import CooldownStore, trusted
+from fluid_build.copilot.agents.cooldown import CooldownStore, reset_keys, trusted
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
 
 __all__ = ["BREAKER_PREFIXES", "RESET_HINT", "BreakerState", "CircuitBreaker"]
@@ -337,5 +337,9 @@ class CircuitBreaker:
         self.store.release(TRIAL + key, owner)
 
     def reset(self, key: str) -> None:
-        """Close ``key``'s breaker by hand: failures, open window, half-open and lease."""
-        self.store.delete(*self._keys(key))
+        """Close ``key``'s breaker by hand: failures, open window, half-open and lease.
+
+        Deliberate: the shared store itself is changed, waiting briefly for
+        another writer's lock, or :class:`StoreResetError` says why not.
+        """
+        reset_keys(self.store, self._keys(key))

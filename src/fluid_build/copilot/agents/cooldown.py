@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
+from fluid_build.errors import FluidError
+
 if TYPE_CHECKING:
     import redis
 
@@ -53,11 +55,13 @@ __all__ = [
     "ResilientCooldownStore",
     "SqliteCooldownStore",
     "StoreEntry",
+    "StoreResetError",
     "cooldown_store_from_env",
     "cooldown_store_from_url",
     "default_cooldown_path",
     "key_fingerprint",
     "normalize_endpoint",
+    "reset_keys",
     "trusted",
 ]
 
@@ -850,6 +854,56 @@ def _without_password(url: str) -> str:
         return f"{scheme}://<unparsable>" if scheme else "<unparsable>"
 
 
+#: Seconds a deliberate reset waits for another process's write lock.
+RESET_WAIT: Final = 2.0
+
+
+class StoreResetError(FluidError):
+    """A deliberate reset could not reach the shared store (busy past its wait, or down)."""
+
+
+def delete_with_wait(store: CooldownStore, keys: Sequence[str], wait: float) -> None:
+    """``store.delete(*keys)``, retried while another writer holds the lock, for ``wait`` s.
+
+    Raises :class:`StoreResetError` naming the store when it stays busy or fails.
+    """
+    if not keys:
+        return
+    deadline = time.monotonic() + max(wait, 0.0)
+    pause = 0.005
+    while True:
+        try:
+            store.delete(*keys)
+        except Exception as exc:  # reported as a typed error below
+            if ResilientCooldownStore.is_contention(exc) and time.monotonic() + pause < deadline:
+                time.sleep(pause)  # bounded by ``deadline``; sqlite's own busy wait is short
+                pause = min(pause * 2, 0.1)
+                continue
+            busy = ResilientCooldownStore.is_contention(exc)
+            reason = (
+                f"another process held its write lock for {wait:g} s"
+                if busy
+                else f"{type(exc).__name__}: {_without_password(str(exc))}"
+            )
+            raise StoreResetError(
+                f"could not reset the breaker and cooldown in {store!r}: {reason}; "
+                "nothing was cleared there, try again or run `fluid doctor --reset`"
+            ) from exc
+        return
+
+
+def reset_keys(store: CooldownStore, keys: Sequence[str], wait: float = RESET_WAIT) -> None:
+    """Delete ``keys`` for a deliberate reset: in the shared store itself, or a typed error.
+
+    A :class:`ResilientCooldownStore` does not get to skip the write because
+    the store is busy or down (see :meth:`ResilientCooldownStore.delete_now`).
+    """
+    if isinstance(store, ResilientCooldownStore):
+        store.delete_now(*keys, wait=wait)
+    else:
+        delete_with_wait(store, keys, wait)
+
+
 class ResilientCooldownStore:
     """A store that never fails a call: on error it degrades to memory.
 
@@ -1032,6 +1086,22 @@ class ResilientCooldownStore:
         self.fallback.delete(*keys)
         self._unsynced.difference_update(keys)
         self._shared("delete", *keys)
+
+    def delete_now(self, *keys: str, wait: float = RESET_WAIT) -> None:
+        """Delete ``keys`` from the shared store itself, or raise :class:`StoreResetError`.
+
+        For a deliberate reset (``LLMClient.reset_health()``): where
+        :meth:`delete` lets a busy or down store skip the write, this waits
+        up to ``wait`` seconds for a busy writer's lock, ignores the pause
+        an earlier contention set, and says so when the store cannot be
+        reached, since a reset that silently did nothing leaves the
+        operator locked out.
+        """
+        self.fallback.delete(*keys)
+        self._unsynced.difference_update(keys)
+        delete_with_wait(self.primary, keys, wait)
+        self._busy_until = None
+        self._recovered()
 
     def entries(self, now: float) -> list[StoreEntry]:
         ok, shared = self._shared("entries", now)

@@ -45,6 +45,7 @@ from fluid_build.copilot.agents.cooldown import (
     CooldownKey,
     CooldownStore,
     cooldown_store_from_env,
+    reset_keys,
     trusted,
 )
 from fluid_build.copilot.agents.error_classification import classify_provider_error
@@ -538,7 +539,7 @@ class RetryEnvelope:
         """Clear ``key``'s cooldown window and breaker in the shared store, for every process."""
         skey = str(key)
         if self.cooldown is not None:
-            self.cooldown.delete(COOLDOWN + skey)
+            reset_keys(self.cooldown, [COOLDOWN + skey])
         if self.breaker is not None:
             self.breaker.reset(skey)
 
