@@ -178,7 +178,7 @@ def sync_variant(name: str, url: str, tmp: Path) -> Sync:
         return bare, client.close
     if name.startswith("llmclient"):
         from fluid_build.copilot import LLMClient
-        from fluid_build.copilot.agents.retry import RetryEnvelope
+        from fluid_build.copilot.call.envelope import RetryEnvelope
 
         if name == "llmclient-sqlite":  # the default store, in a scratch directory
             envelope = RetryEnvelope.from_env({"FLUID_COOLDOWN_URL": str(tmp / "cooldown.sqlite3")})
@@ -218,7 +218,7 @@ def async_variant(name: str, url: str) -> Async:
         return bare, client.aclose
     if name == "llmclient":
         from fluid_build.copilot import LLMClient
-        from fluid_build.copilot.agents.retry import RetryEnvelope
+        from fluid_build.copilot.call.envelope import RetryEnvelope
 
         envelope = RetryEnvelope(cooldown=None)
         llm = LLMClient(

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import httpx
 
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import (
     CooldownKey,
     MemoryCooldownStore,
     RedisCooldownStore,
     ResilientCooldownStore,
     SqliteCooldownStore,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope
 
 TARGET_US = 10.0
 KEY = CooldownKey.for_call("openai", "sk-bench", "gpt-4o")

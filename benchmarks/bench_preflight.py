@@ -31,7 +31,7 @@ from typing import Any
 
 import tiktoken
 
-from fluid_build.copilot.agents.preflight import check_context
+from fluid_build.copilot.call.preflight import check_context
 
 TARGET_RATIO = 1.05
 CHECKED_ROWS = ("100K", "1M")

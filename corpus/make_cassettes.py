@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from fluid_build.copilot.agents.strict_schema import harden_schema  # noqa: E402
-from fluid_build.copilot.llm.replay import (  # noqa: E402
+from fluid_build.copilot.schema.strict import harden_schema  # noqa: E402
+from fluid_build.corpus.replay import (  # noqa: E402
     CASSETTE_VERSION,
     CallRecipe,
     Cassette,

@@ -13,8 +13,8 @@ import time
 
 import httpx
 
-from fluid_build.copilot.agents.cooldown import CooldownKey, cooldown_store_from_url
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.cooldown import CooldownKey, cooldown_store_from_url
 
 KEY = CooldownKey.for_call("openai", "sk-proj-shared-key-for-all-workers", "gpt-4o")
 

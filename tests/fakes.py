@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fluid_build.copilot.llm.replay import VirtualClock
+from fluid_build.corpus.replay import VirtualClock
 
 # The library's own virtual clock (it drives `fluid forge`'s offline replay):
 # wall-clock seconds that advance only when someone sleeps.

@@ -12,8 +12,6 @@ import pytest
 import respx
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.breaker import CircuitBreaker
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore, SqliteCooldownStore
 from fluid_build.copilot.agents.errors import (
     BREAKER_CODES,
     REASON_CODES,
@@ -26,7 +24,9 @@ from fluid_build.copilot.agents.errors import (
     RateLimitError,
     SchemaValidationError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.breaker import CircuitBreaker
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore, SqliteCooldownStore
 from tests import loopback
 from tests.fakes import FakeClock, Script
 from tests.helpers import status_error
@@ -366,7 +366,7 @@ def test_doctor_shows_a_breaker_opened_by_another_process(
     from click.testing import CliRunner
 
     from fluid_build.cli import _register, cli
-    from fluid_build.copilot.agents.cooldown import CooldownKey
+    from fluid_build.copilot.health.cooldown import CooldownKey
 
     path = tmp_path / "shared.sqlite3"
     key = str(

@@ -21,8 +21,14 @@ import pytest
 import respx
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.breaker import TRIAL, CircuitBreaker
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ProviderServerError,
+    RateLimitError,
+)
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.breaker import TRIAL, CircuitBreaker
+from fluid_build.copilot.health.cooldown import (
     COOLDOWN,
     CooldownStore,
     MemoryCooldownStore,
@@ -31,12 +37,6 @@ from fluid_build.copilot.agents.cooldown import (
     StoreResetError,
     reset_keys,
 )
-from fluid_build.copilot.agents.errors import (
-    AgentExecutionError,
-    ProviderServerError,
-    RateLimitError,
-)
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
 from fluid_build.errors import FluidError
 from tests.fakes import FakeClock, Script
 from tests.helpers import status_error

@@ -50,15 +50,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from fluid_build.copilot.agents.breaker import TRIAL, CircuitBreaker
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.breaker import TRIAL, CircuitBreaker
+from fluid_build.copilot.health.cooldown import (
     CooldownStore,
     MemoryCooldownStore,
     RedisCooldownStore,
     SqliteCooldownStore,
 )
-from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
 from tests.fakes import FakeClock
 from tests.helpers import status_error
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fluid_build.copilot.agents import capabilities, preflight
-from fluid_build.copilot.agents.capabilities import (
+from fluid_build.copilot.call import capabilities, preflight
+from fluid_build.copilot.call.capabilities import (
     TIGHT_CONTEXT,
     UNKNOWN_CONTEXT_WINDOW,
     UNKNOWN_MAX_OUTPUT,

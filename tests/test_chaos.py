@@ -29,8 +29,16 @@ import pytest
 from pydantic import BaseModel
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.breaker import HALF, OPEN, TRIAL, CircuitBreaker
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ProviderError,
+    ProviderServerError,
+    ProviderTimeoutError,
+    RateLimitError,
+)
+from fluid_build.copilot.call.envelope import COOLDOWN, RetryEnvelope, RetryEvent, RetryPolicy
+from fluid_build.copilot.health.breaker import HALF, OPEN, TRIAL, CircuitBreaker
+from fluid_build.copilot.health.cooldown import (
     CooldownKey,
     CooldownStore,
     MemoryCooldownStore,
@@ -42,14 +50,6 @@ from fluid_build.copilot.agents.cooldown import (
     key_fingerprint,
     normalize_endpoint,
 )
-from fluid_build.copilot.agents.errors import (
-    AgentExecutionError,
-    ProviderError,
-    ProviderServerError,
-    ProviderTimeoutError,
-    RateLimitError,
-)
-from fluid_build.copilot.agents.retry import COOLDOWN, RetryEnvelope, RetryEvent, RetryPolicy
 from fluid_build.copilot.llm.types import Completion
 from tests.chaos_server import FAULTS, ChaosServer, Request, chaos_server
 

@@ -32,7 +32,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderServerError,
     RateLimitError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.llm.settings import PROVIDERS
 from tests.fakes import FakeClock, Script
 from tests.helpers import request, status_error

@@ -30,7 +30,7 @@ from fluid_build.aiconfig import (
 )
 from fluid_build.cli import ai
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.copilot.agents.cooldown import key_fingerprint
+from fluid_build.copilot.health.cooldown import key_fingerprint
 
 OPENAI_KEY = "sk-test-Zq8mN4pL2vX9wR7tY5uK3"
 ANTHROPIC_KEY = "sk-ant-api03-Hj6gF4dS2aQ9wE7rT5yU"

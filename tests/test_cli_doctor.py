@@ -276,8 +276,8 @@ def test_public_url_strips_credentials() -> None:
 def _trip_openai(cache: Path, *, model: str = "gpt-4o", base_url: str | None = None) -> str:
     """Open the breaker and a cooldown of one OpenAI key in the default store, as a run would."""
     from fluid_build.copilot import LLMClient
-    from fluid_build.copilot.agents.cooldown import COOLDOWN
     from fluid_build.copilot.agents.errors import ProviderServerError
+    from fluid_build.copilot.health.cooldown import COOLDOWN
 
     env = {"XDG_CACHE_HOME": str(cache), "OPENAI_API_KEY": SECRET}
     with LLMClient("openai", model, base_url=base_url, env=env) as client:

@@ -13,7 +13,6 @@ import pytest
 import respx
 
 from fluid_build.copilot import Completion, LLMClient, StreamEvent, ToolSpec
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.errors import (
     ContextOverflowError,
     ProviderAuthError,
@@ -22,7 +21,8 @@ from fluid_build.copilot.agents.errors import (
     RateLimitError,
     SchemaValidationError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from tests.fakes import FakeClock
 
 KEY = "sk-proj-TESTKEY0123456789abcdef"

@@ -8,7 +8,7 @@ import pytest
 
 from fluid_build.copilot import LLMClient, StreamEvent
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
 from tests import loopback
 
 FIRST = (

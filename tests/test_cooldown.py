@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.health.cooldown import (
     CooldownKey,
     CooldownStore,
     MemoryCooldownStore,
@@ -130,7 +130,7 @@ def test_sqlite_reader_sees_a_write_made_after_it_cached(tmp_path: Path) -> None
 def test_sqlite_generation_file_wraps_at_its_cap_and_readers_still_see_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fluid_build.copilot.agents import cooldown
+    from fluid_build.copilot.health import cooldown
 
     monkeypatch.setattr(cooldown, "_GENERATION_CAP", 8)
     path = tmp_path / "c.sqlite3"
@@ -364,7 +364,7 @@ def test_an_unusable_sqlite_path_degrades_instead_of_failing(
 
 
 def test_envelope_from_env_uses_the_named_store(tmp_path: Path) -> None:
-    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.call.envelope import RetryEnvelope
 
     env = {"FLUID_COOLDOWN_URL": f"sqlite://{tmp_path}/c.sqlite3", "FLUID_LLM_MAX_ATTEMPTS": "4"}
     envelope = RetryEnvelope.from_env(env)

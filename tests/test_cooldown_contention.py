@@ -25,12 +25,12 @@ import pytest
 import respx
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import (
     MemoryCooldownStore,
     ResilientCooldownStore,
     SqliteCooldownStore,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope
 
 URL = "https://api.openai.com/v1/chat/completions"
 KEY = "sk-proj-CONTENTION0123456789abcdef"

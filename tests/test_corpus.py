@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from fluid_build._redact import redact
 from fluid_build.cli import corpus as corpus_cli
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.copilot.llm.replay import (
+from fluid_build.corpus.replay import (
     CASSETTE_VERSION,
     Cassette,
     CassetteError,
@@ -230,7 +230,7 @@ def test_a_library_replay_that_differs_raises_the_mismatch_itself(asynchronous: 
     never counted against the provider, and says which request differs."""
     import asyncio
 
-    from fluid_build.copilot.llm.replay import _execute
+    from fluid_build.corpus.replay import _execute
 
     cassette = _load("openai-success")
     client = replay_client(cassette)
@@ -318,10 +318,10 @@ def test_cassette_error_pickles() -> None:
 
 
 def test_response_model_by_import_path() -> None:
-    model = resolve_response_model("fluid_build.copilot.llm.replay:Plan")
+    model = resolve_response_model("fluid_build.corpus.replay:Plan")
     assert model.__name__ == "Plan"
     with pytest.raises(CassetteError, match="not a pydantic model"):
-        resolve_response_model("fluid_build.copilot.llm.replay:load_cassette")
+        resolve_response_model("fluid_build.corpus.replay:load_cassette")
 
 
 # -- the CLI ----------------------------------------------------------------------------

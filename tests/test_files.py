@@ -38,8 +38,8 @@ from fluid_build._files import (
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.cli.forge import EXAMPLE_CASSETTE, EXAMPLE_INTENT
-from fluid_build.copilot.agents.tools import ToolOutcome, ToolRegistry
 from fluid_build.copilot.llm.types import ToolCall
+from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
 from fluid_build.forge.intent import MAX_INTENT_BYTES, IntentError, load_intent
 from fluid_build.forge.workspace_tools import workspace_tools
 
@@ -390,7 +390,7 @@ def test_discover_workspace_lists_regular_files_only(workspace: Path) -> None:
 _RSS_SCRIPT = """
 import json, resource, sys
 from pathlib import Path
-from fluid_build.copilot.agents.tools import ToolRegistry
+from fluid_build.copilot.loop.tools import ToolRegistry
 from fluid_build.copilot.llm.types import ToolCall
 from fluid_build.forge.intent import IntentError, load_intent
 from fluid_build.forge.workspace_tools import workspace_tools

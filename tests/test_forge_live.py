@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.copilot.llm.replay import CassetteError, Recorder
+from fluid_build.corpus.replay import CassetteError, Recorder
 
 _register()
 

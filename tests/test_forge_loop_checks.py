@@ -18,11 +18,11 @@ import pytest
 import respx
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.errors import SchemaValidationError
-from fluid_build.copilot.agents.loop import AgentLoop, LoopSettings
-from fluid_build.copilot.agents.retry import RetryEnvelope
-from fluid_build.copilot.llm.replay import VirtualClock
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.copilot.loop.agent import AgentLoop, LoopSettings
+from fluid_build.corpus.replay import VirtualClock
 from fluid_build.forge.app import ForgeOutput, validate_output
 from fluid_build.forge.intent import Intent
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fluid_build.copilot.llm.replay import (
+from fluid_build.corpus.replay import (
     NOT_COMPARED,
     CallRecipe,
     Cassette,

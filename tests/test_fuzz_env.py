@@ -31,18 +31,18 @@ from keyring.backend import KeyringBackend
 from fluid_build.aiconfig import apply_stored_config
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.cooldown import (
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.cooldown import (
     CooldownStore,
     ResilientCooldownStore,
     SqliteCooldownStore,
     cooldown_store_from_env,
     cooldown_store_from_url,
 )
-from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
-from fluid_build.copilot.agents.loop import LoopSettings
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.llm.base import ProviderConfig
 from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+from fluid_build.copilot.loop.agent import LoopSettings
 from fluid_build.errors import FluidError
 from tests.loopback import closed_port
 
@@ -905,7 +905,7 @@ _MATRIX_TEXT = st.one_of(
 @SLOW
 @given(raw=_MATRIX_TEXT, model=st.sampled_from(["d", "gpt-4o", "D"]))
 def test_capability_matrix_from_env_gives_overrides_or_a_typed_error(raw: str, model: str) -> None:
-    from fluid_build.copilot.agents.capabilities import (
+    from fluid_build.copilot.call.capabilities import (
         OVERRIDE_KEYS,
         capabilities_for,
         capability_matrix_from_env,

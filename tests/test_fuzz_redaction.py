@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluid_build._redact import exception_chain, redact, redact_url
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
-from fluid_build.copilot.agents.retry import RetryEnvelope
-from fluid_build.copilot.llm.replay import VirtualClock, dump_cassette, record
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.corpus.replay import VirtualClock, dump_cassette, record
 
 UNRESERVED = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~"
 # Keys of no known shape (only where they stand gives them away), and keys with

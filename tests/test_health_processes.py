@@ -42,7 +42,7 @@ from typing import IO, Any
 
 import pytest
 
-from fluid_build.copilot.agents.cooldown import default_cooldown_path
+from fluid_build.copilot.health.cooldown import default_cooldown_path
 from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[1]

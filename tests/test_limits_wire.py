@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot._wire import Limits
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ProviderError,
     ProviderTimeoutError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.wire import Limits
 from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,7 +279,7 @@ MEMORY_PROBE = """
 import json, resource, sys
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import AgentExecutionError
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 
 def peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -368,9 +368,9 @@ def test_a_malformed_answer_names_what_is_wrong(body: bytes, where: str | None) 
 
 
 def test_a_half_open_trial_ends_inside_its_lease_whatever_the_server_does() -> None:
-    from fluid_build.copilot.agents.breaker import CircuitBreaker
-    from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
     from fluid_build.copilot.agents.errors import ProviderServerError
+    from fluid_build.copilot.health.breaker import CircuitBreaker
+    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 
     store = MemoryCooldownStore()
     breaker = CircuitBreaker(store, threshold=1, cool_off=0.01, window=60, trial_seconds=1.0)

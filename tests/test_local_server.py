@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.breaker import CircuitBreaker
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.errors import ContextOverflowError, ProviderServerError
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.breaker import CircuitBreaker
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.local_server import (
     MAX_PROBE_BYTES,
     alearn_window,

@@ -16,12 +16,12 @@ import pytest
 import respx
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.errors import AgentExecutionError, ContextOverflowError
-from fluid_build.copilot.agents.loop import AgentLoop, Budget, LoopSettings
-from fluid_build.copilot.agents.retry import RetryEnvelope
-from fluid_build.copilot.agents.tools import WorkspacePath, forge_tool
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.types import Completion, ToolCall
+from fluid_build.copilot.loop.agent import AgentLoop, Budget, LoopSettings
+from fluid_build.copilot.loop.tools import WorkspacePath, forge_tool
 from tests.fakes import FakeClock
 
 URL = "https://api.openai.com/v1/chat/completions"

@@ -25,11 +25,6 @@ from fluid_build.cli import _register, cli
 from fluid_build.cli._messages import BUG_LINE, describe, render_error
 from fluid_build.cli.exit_codes import EXIT_CODES, report_error
 from fluid_build.cli.forge import EXAMPLE_INTENT
-from fluid_build.copilot.agents.capabilities import (
-    capabilities_for,
-    capability_matrix_from_env,
-    run_start_warnings,
-)
 from fluid_build.copilot.agents.errors import (
     REASON_CODES,
     AgentExecutionError,
@@ -39,8 +34,13 @@ from fluid_build.copilot.agents.errors import (
     ProviderServerError,
     RateLimitError,
 )
-from fluid_build.copilot.agents.preflight import check_context
-from fluid_build.copilot.agents.retry import RetryPolicy
+from fluid_build.copilot.call.capabilities import (
+    capabilities_for,
+    capability_matrix_from_env,
+    run_start_warnings,
+)
+from fluid_build.copilot.call.envelope import RetryPolicy
+from fluid_build.copilot.call.preflight import check_context
 from fluid_build.copilot.llm.settings import DEFAULT_TIMEOUT, PROVIDERS, resolve_provider_config
 from fluid_build.errors import FluidError
 from fluid_build.forge.app import OutputTreeError
@@ -312,7 +312,7 @@ def test_errors_that_are_not_typed_keep_their_line_and_get_a_hint_where_one_is_k
 
 
 def test_a_replay_mismatch_shows_its_code_and_how_to_record_again() -> None:
-    from fluid_build.copilot.llm.replay import ReplayMismatch
+    from fluid_build.corpus.replay import ReplayMismatch
 
     lines = render_error(ReplayMismatch("request 2: the request differs at model"))
     assert lines == [

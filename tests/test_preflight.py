@@ -20,9 +20,9 @@ import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
 
-from fluid_build.copilot.agents import preflight
 from fluid_build.copilot.agents.errors import ContextOverflowError
-from fluid_build.copilot.agents.preflight import (
+from fluid_build.copilot.call import preflight
+from fluid_build.copilot.call.preflight import (
     DEFAULT_OUTPUT_RESERVATION,
     NON_TEXT_PART_TOKENS,
     PreflightResult,
@@ -193,7 +193,7 @@ def test_the_fast_path_never_touches_the_encoder(monkeypatch: pytest.MonkeyPatch
 def test_the_fast_path_does_not_import_tiktoken() -> None:
     code = (
         "import sys\n"
-        "from fluid_build.copilot.agents.preflight import check_context\n"
+        "from fluid_build.copilot.call.preflight import check_context\n"
         "assert 'tiktoken' not in sys.modules, 'import loaded tiktoken'\n"
         "r = check_context(provider='openai', model='gpt-4o', system='s',"
         " messages=[{'role': 'user', 'content': 'hello ' * 10000}])\n"

@@ -34,8 +34,8 @@ HOMES = {
     "ProviderServerError": ERRORS,
     "SchemaValidationError": ERRORS,
     "ToolValidationError": ERRORS,
-    "RetryPolicy": "fluid_build.copilot.agents.retry",
-    "RetryEnvelope": "fluid_build.copilot.agents.retry",
+    "RetryPolicy": "fluid_build.copilot.call.envelope",
+    "RetryEnvelope": "fluid_build.copilot.call.envelope",
     "classify_provider_error": CLASSIFICATION,
     "parse_retry_after": CLASSIFICATION,
 }

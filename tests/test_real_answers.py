@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from fluid_build.copilot import Completion, LLMClient, StreamEvent
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.settings import PROVIDERS
 from tests.fakes import FakeClock
 

@@ -33,7 +33,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderAuthError,
     SchemaValidationError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from tests.llamacpp_server import LlamaServer, counting_proxy, llamacpp_server, write_tiny_model
 
 pytestmark = pytest.mark.realserver

@@ -35,11 +35,11 @@ from fluid_build._redact import (
     request_secrets,
 )
 from fluid_build.cli import corpus as corpus_cli
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
 from fluid_build.copilot.agents.error_classification import classify_provider_error, redact_chain
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
-from fluid_build.copilot.agents.retry import RetryEnvelope
-from fluid_build.copilot.llm.replay import (
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.corpus.replay import (
     OMITTED,
     CallRecipe,
     Cassette,

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from fluid_build.copilot.agents.cooldown import CooldownKey, MemoryCooldownStore
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ContextOverflowError,
@@ -22,7 +21,7 @@ from fluid_build.copilot.agents.errors import (
     SchemaValidationError,
     ToolValidationError,
 )
-from fluid_build.copilot.agents.retry import (
+from fluid_build.copilot.call.envelope import (
     COOLDOWN,
     RetryEnvelope,
     RetryEvent,
@@ -30,6 +29,7 @@ from fluid_build.copilot.agents.retry import (
     backoff_wait,
     decide,
 )
+from fluid_build.copilot.health.cooldown import CooldownKey, MemoryCooldownStore
 from tests.fakes import FakeClock, Script
 from tests.helpers import status_error
 

@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
 from tests import loopback
 
 OK = (200, {"content-type": "application/json"}, b'{"ok": true}')

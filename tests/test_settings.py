@@ -11,7 +11,7 @@ import pytest
 
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
-from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
 
 

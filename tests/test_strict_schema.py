@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, TypeAdapter
 
 from fluid_build.copilot.agents.errors import SchemaValidationError
-from fluid_build.copilot.agents.strict_schema import (
+from fluid_build.copilot.schema.strict import (
     STRICT_SCHEMA_ENV,
     StrictSchema,
     harden_schema,

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_validator
 
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
-from fluid_build.copilot.agents.tools import (
+from fluid_build.copilot.llm.types import ToolCall, ToolSpec
+from fluid_build.copilot.loop.tools import (
     Tool,
     ToolOutcome,
     ToolRegistry,
@@ -31,7 +32,6 @@ from fluid_build.copilot.agents.tools import (
     _plan_batches,
     forge_tool,
 )
-from fluid_build.copilot.llm.types import ToolCall, ToolSpec
 
 MODES = ["sync", "async"]
 SECRETS = ["sk-proj-Zq8vT3mXk2LpR7wN4bYc9dHf", "correct-horse-battery-staple"]
@@ -698,7 +698,7 @@ def test_blocked_bodies_never_exhaust_the_pool(mode: str) -> None:
 
 _HANGING_SCRIPT = """
 import json, sys, threading, time
-from fluid_build.copilot.agents.tools import ToolRegistry, forge_tool
+from fluid_build.copilot.loop.tools import ToolRegistry, forge_tool
 from fluid_build.copilot.llm.types import ToolCall
 
 forever = threading.Event()

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from fluid_build.copilot.agents import tools as tools_module
 from fluid_build.copilot.agents.errors import ToolValidationError
-from fluid_build.copilot.agents.tools import (
+from fluid_build.copilot.llm.types import ToolCall
+from fluid_build.copilot.loop import tools as tools_module
+from fluid_build.copilot.loop.tools import (
     ToolOutcome,
     ToolRegistry,
     Workspace,
@@ -27,7 +28,6 @@ from fluid_build.copilot.agents.tools import (
     current_workspace,
     forge_tool,
 )
-from fluid_build.copilot.llm.types import ToolCall
 from fluid_build.forge.workspace_tools import discover_workspace, read_sample_schema
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="symlinks and openat")

@@ -45,10 +45,10 @@ from fluid_build.cli.forge import (
     EXAMPLE_INTENT,
     EXAMPLE_WORKSPACE,
 )
-from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.client import LLMClient
-from fluid_build.copilot.llm.replay import (
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.corpus.replay import (
     Cassette,
     VirtualClock,
     body_difference,

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         SchemaValidationError,
         ToolValidationError,
     )
-    from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+    from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
     from fluid_build.copilot.client import LLMClient
     from fluid_build.copilot.llm.types import Completion, Usage
 
@@ -91,8 +91,8 @@ _HOMES: Final = {
     "ProviderServerError": _ERRORS,
     "SchemaValidationError": _ERRORS,
     "ToolValidationError": _ERRORS,
-    "RetryPolicy": "fluid_build.copilot.agents.retry",
-    "RetryEnvelope": "fluid_build.copilot.agents.retry",
+    "RetryPolicy": "fluid_build.copilot.call.envelope",
+    "RetryEnvelope": "fluid_build.copilot.call.envelope",
     "classify_provider_error": "fluid_build.copilot.agents.error_classification",
     "parse_retry_after": "fluid_build.copilot.agents.error_classification",
 }

@@ -19,7 +19,7 @@ import click
 from fluid_build.cli.exit_codes import EXIT_CODES, report_error
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.llm.replay import ReplayResult
+    from fluid_build.corpus.replay import ReplayResult
 
 __all__ = ["command"]
 
@@ -45,7 +45,7 @@ def _cassette_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def _replay_one(path: Path) -> ReplayResult:
-    from fluid_build.copilot.llm.replay import (
+    from fluid_build.corpus.replay import (
         CassetteError,
         ReplayResult,
         load_cassette,
@@ -209,7 +209,7 @@ def record_command(
     by value, credential fields by name, URL userinfo and key-like query
     values). --no-bodies keeps neither PROMPT nor the model's output.
     """
-    from fluid_build.copilot.llm.replay import record
+    from fluid_build.corpus.replay import record
     from fluid_build.errors import FluidError
 
     if out.exists() and not force:

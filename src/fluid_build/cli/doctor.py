@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.agents.cooldown import CooldownStore
+    from fluid_build.copilot.health.cooldown import CooldownStore
 
 __all__ = ["collect_report", "command", "public_url"]
 
@@ -76,12 +76,12 @@ def command(
 
 def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str | None) -> None:
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import (
+    from fluid_build.copilot.health.cooldown import (
         ResilientCooldownStore,
         SqliteCooldownStore,
         cooldown_store_from_env,
     )
-    from fluid_build.copilot.agents.health import reset_health
+    from fluid_build.copilot.health.report import reset_health
 
     scope = ", ".join(
         f"{name} {value}"
@@ -315,7 +315,7 @@ class _Store:
     @property
     def probe(self) -> CooldownStore | None:
         """The store itself, not the fallback that hides failures in real runs."""
-        from fluid_build.copilot.agents.cooldown import ResilientCooldownStore
+        from fluid_build.copilot.health.cooldown import ResilientCooldownStore
 
         store = self.store
         return store.primary if isinstance(store, ResilientCooldownStore) else store
@@ -328,7 +328,7 @@ class _Store:
 
 def _make_store(env: Mapping[str, str]) -> _Store:
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import cooldown_store_from_env
+    from fluid_build.copilot.health.cooldown import cooldown_store_from_env
 
     try:
         return _Store(cooldown_store_from_env(env))
@@ -338,7 +338,7 @@ def _make_store(env: Mapping[str, str]) -> _Store:
 
 def _cooldown(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.cooldown import COOLDOWN_URL_ENV
+    from fluid_build.copilot.health.cooldown import COOLDOWN_URL_ENV
 
     source = COOLDOWN_URL_ENV if _set(env, COOLDOWN_URL_ENV) else "default"
     if made.error is not None:
@@ -371,7 +371,7 @@ def _cooldown(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
 
 def _encodings(env: Mapping[str, str]) -> dict[str, Any]:
     # Only what is on disk: nothing is downloaded, exactly as the pre-flight does.
-    from fluid_build.copilot.agents.preflight import _o200k_cache_file, _tiktoken_cache_dir
+    from fluid_build.copilot.call.preflight import _o200k_cache_file, _tiktoken_cache_dir
 
     cl100k: dict[str, Any] = {"available": False, "error": None}
     try:
@@ -600,7 +600,7 @@ _TRANSPORT_SEEN: dict[tuple[tuple[str, str | None, str | None], ...], str | None
 def _shared_state(made: _Store) -> dict[str, Any]:
     """Every breaker and cooldown entry in the shared store, whoever wrote it."""
     from fluid_build._redact import redact
-    from fluid_build.copilot.agents.health import read_health
+    from fluid_build.copilot.health.report import read_health
 
     now = time.time()
     if made.error is not None:
@@ -617,7 +617,7 @@ def _shared_state(made: _Store) -> dict[str, Any]:
 
 def _health(env: Mapping[str, str], timeout: float | None, made: _Store) -> dict[str, Any]:
     """Breaker and cooldown of the configured entry and its fallbacks, from the shared store."""
-    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
 
     if made.error is not None:

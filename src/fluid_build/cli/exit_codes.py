@@ -46,7 +46,7 @@ def exit_code_for(exc: BaseException) -> int:
         SchemaValidationError,
         ToolValidationError,
     )
-    from fluid_build.copilot.llm.replay import CassetteError, ReplayMismatch
+    from fluid_build.corpus.replay import CassetteError, ReplayMismatch
     from fluid_build.forge.app import OutputTreeError
     from fluid_build.forge.intent import IntentError
 

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     import httpx
     from rich.console import Console
 
-    from fluid_build.copilot.agents.retry import RetryEvent
+    from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.llm.replay import Recorder, ReplayTransport
+    from fluid_build.corpus.replay import Recorder, ReplayTransport
     from fluid_build.forge.app import ForgeOutput
     from fluid_build.forge.intent import Intent
 
@@ -95,10 +95,10 @@ def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, Re
     """A client answered by the cassette (virtual clock, no jitter) and its transport."""
     import httpx
 
-    from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
-    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.llm.replay import (
+    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+    from fluid_build.corpus.replay import (
         CassetteError,
         ReplayTransport,
         VirtualClock,
@@ -142,7 +142,7 @@ def _live_client(
     env: Mapping[str, str],
     recording: _Recording | None = None,
 ) -> LLMClient:
-    from fluid_build.copilot.agents.retry import RetryEnvelope
+    from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
 
     if recording is None:
@@ -193,7 +193,7 @@ class _Recording:
     ) -> Path:
         """Write the cassette atomically; ``CassetteError`` when a request got no answer or
         the file cannot be written."""
-        from fluid_build.copilot.llm.replay import CassetteError, write_cassette
+        from fluid_build.corpus.replay import CassetteError, write_cassette
         from fluid_build.forge.cassette import forge_cassette
 
         self.tried = True
@@ -404,7 +404,7 @@ def _save_failed_run(
     agent_loop: bool,
 ) -> None:
     """Record a run that ended in a typed error; the run's error is reported either way."""
-    from fluid_build.copilot.llm.replay import CassetteError
+    from fluid_build.corpus.replay import CassetteError
 
     try:
         path = recording.save(client, intent, env, error=error, output=None, agent_loop=agent_loop)

@@ -19,16 +19,6 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from fluid_build._redact import one_line, redact, redact_url, truncate
-from fluid_build.copilot._wire import (
-    Deadline,
-    Limits,
-    StreamReader,
-    aread_body,
-    deadline_from_env,
-    decode_json,
-    read_body,
-)
-from fluid_build.copilot.agents.cooldown import CooldownKey
 from fluid_build.copilot.agents.error_classification import (
     classify_provider_error,
     classify_response,
@@ -43,7 +33,17 @@ from fluid_build.copilot.agents.errors import (
     RateLimitError,
     SchemaValidationError,
 )
-from fluid_build.copilot.agents.retry import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.call.wire import (
+    Deadline,
+    Limits,
+    StreamReader,
+    aread_body,
+    deadline_from_env,
+    decode_json,
+    read_body,
+)
+from fluid_build.copilot.health.cooldown import CooldownKey
 from fluid_build.copilot.llm.anthropic import AnthropicAdapter
 from fluid_build.copilot.llm.azure import AzureOpenAIAdapter
 from fluid_build.copilot.llm.base import (
@@ -65,8 +65,8 @@ from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent, ToolSpec
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.agents.capabilities import ModelCapabilities
-    from fluid_build.copilot.agents.strict_schema import StrictSchema
+    from fluid_build.copilot.call.capabilities import ModelCapabilities
+    from fluid_build.copilot.schema.strict import StrictSchema
 
 __all__ = ["LLMClient"]
 
@@ -267,7 +267,7 @@ class LLMClient:
             else self.envelope.policy.deadline or deadline_from_env(source)
         )
         self.limits = limits if limits is not None else Limits.from_env(source)
-        from fluid_build.copilot.agents.capabilities import capability_matrix_from_env
+        from fluid_build.copilot.call.capabilities import capability_matrix_from_env
 
         # FLUID_CAPABILITY_MATRIX's overrides for this model; the argument's win.
         self.capability_matrix = {
@@ -275,7 +275,7 @@ class LLMClient:
             **dict(capability_matrix or {}),
         }
         if strict_schema is None:
-            from fluid_build.copilot.agents.strict_schema import strict_schema_enabled
+            from fluid_build.copilot.schema.strict import strict_schema_enabled
 
             strict_schema = strict_schema_enabled(env)
         self.strict_schema = bool(strict_schema) and info.adapter in {"openai", "azure"}
@@ -334,7 +334,7 @@ class LLMClient:
 
     @property
     def capabilities(self) -> ModelCapabilities:
-        from fluid_build.copilot.agents.capabilities import capabilities_for
+        from fluid_build.copilot.call.capabilities import capabilities_for
 
         return capabilities_for(self.provider, self.model, self.capability_matrix)
 
@@ -351,12 +351,12 @@ class LLMClient:
         ``FLUID_QUIET=1`` / ``FLUID_NONINTERACTIVE=1`` hide the banner but the
         count is still logged (see docs/capability-warnings.md).
         """
-        from fluid_build.copilot.agents.capabilities import (
+        from fluid_build.copilot.call.capabilities import (
             capabilities_for,
             emit_run_start_banner,
             run_start_warnings,
         )
-        from fluid_build.copilot.agents.preflight import unknown_model_reported
+        from fluid_build.copilot.call.preflight import unknown_model_reported
 
         wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
         caps = self.capabilities
@@ -428,7 +428,7 @@ class LLMClient:
         validate: bool = True,
         server_window: int | None = None,
     ) -> _Prepared:
-        from fluid_build.copilot.agents.preflight import check_context
+        from fluid_build.copilot.call.preflight import check_context
 
         neutral = _messages(messages)
         tool_specs = tuple(_tool(t) for t in tools or ())
@@ -439,7 +439,7 @@ class LLMClient:
             schema = response_model.model_json_schema()
             name = response_model.__name__
             if self.strict_schema:
-                from fluid_build.copilot.agents.strict_schema import harden_schema
+                from fluid_build.copilot.schema.strict import harden_schema
 
                 strict = harden_schema(schema, name=name)
                 schema = strict.schema
@@ -621,7 +621,7 @@ class LLMClient:
         """
         strict: StrictSchema | None = None
         if self.strict_schema:
-            from fluid_build.copilot.agents.strict_schema import harden_schema
+            from fluid_build.copilot.schema.strict import harden_schema
 
             strict = harden_schema(response_model.model_json_schema(), name=response_model.__name__)
         return self._validate(text, _Prepared(CallSpec(self.model, ()), response_model, strict))
@@ -937,8 +937,8 @@ class LLMClient:
 
     def health(self) -> list[dict[str, Any]]:
         """Per configured entry: breaker state, cooldown remaining, the last error (sticky)."""
-        from fluid_build.copilot.agents.cooldown import trusted
-        from fluid_build.copilot.agents.retry import COOLDOWN
+        from fluid_build.copilot.call.envelope import COOLDOWN
+        from fluid_build.copilot.health.cooldown import trusted
 
         now = self.envelope.wall()
         out: list[dict[str, Any]] = []

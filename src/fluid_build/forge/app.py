@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fluid_build import __version__
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
-from fluid_build.copilot.agents.retry import RetryEvent
+from fluid_build.copilot.call.envelope import RetryEvent
 from fluid_build.copilot.client import LLMClient
 from fluid_build.errors import FluidError
 from fluid_build.forge.intent import Intent
@@ -519,7 +519,7 @@ def run_forge(
     written: what it raises ends the run with nothing written (a replay
     checks there that it used the whole cassette).
     """
-    from fluid_build.copilot.agents.loop import DEFAULT_PRICES
+    from fluid_build.copilot.loop.agent import DEFAULT_PRICES
 
     run = ForgeRun(
         client.provider,
@@ -581,7 +581,7 @@ def _generate_with_tools(
     """The generate stage as an agent loop: workspace tools, then a final answer that must
     validate against :class:`ForgeOutput` and pass :func:`validate_output`; each failure
     is fed back (up to 3 answers in all), as in the stage without tools."""
-    from fluid_build.copilot.agents.loop import AgentLoop, Budget
+    from fluid_build.copilot.loop.agent import AgentLoop, Budget
     from fluid_build.forge.workspace_tools import workspace_tools
 
     on_stage("generate")

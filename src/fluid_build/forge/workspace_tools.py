@@ -12,7 +12,7 @@ from pydantic import Field
 
 from fluid_build._files import read_text_head
 from fluid_build.copilot.agents.errors import ToolValidationError
-from fluid_build.copilot.agents.tools import (
+from fluid_build.copilot.loop.tools import (
     Tool,
     Workspace,
     WorkspacePath,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from fluid_build.copilot.agents.breaker import FAILS, HALF, OPEN, TRIAL
-from fluid_build.copilot.agents.cooldown import COOLDOWN, CooldownKey, CooldownStore, StoreEntry
+from fluid_build.copilot.health.breaker import FAILS, HALF, OPEN, TRIAL
+from fluid_build.copilot.health.cooldown import COOLDOWN, CooldownKey, CooldownStore, StoreEntry
 
 __all__ = ["KeyHealth", "read_health", "reset_health"]
 
@@ -105,7 +105,7 @@ def reset_health(
     """
     if provider is None and model is None and endpoint is None:
         return store.clear()
-    from fluid_build.copilot.agents.cooldown import normalize_endpoint
+    from fluid_build.copilot.health.cooldown import normalize_endpoint
 
     wanted_endpoint = normalize_endpoint(endpoint) if endpoint else None
     doomed: list[str] = []

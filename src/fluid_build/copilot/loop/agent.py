@@ -33,8 +33,8 @@ from fluid_build.copilot.agents.errors import (
     ContextOverflowError,
     SchemaValidationError,
 )
-from fluid_build.copilot.agents.tools import Tool, ToolOutcome, ToolRegistry, Workspace
 from fluid_build.copilot.llm.types import Completion, ToolCall
+from fluid_build.copilot.loop.tools import Tool, ToolOutcome, ToolRegistry, Workspace
 
 if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient

@@ -53,7 +53,7 @@ from fluid_build._redact import (
 from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.agents.retry import RetryEvent
+    from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.client import LLMClient
 
 __all__ = [
@@ -1272,9 +1272,9 @@ def _client(
     ahttp: httpx.AsyncClient | None = None,
     base_url: str | None = None,
 ) -> LLMClient:
-    from fluid_build.copilot.agents.cooldown import MemoryCooldownStore
-    from fluid_build.copilot.agents.retry import RetryEnvelope, RetryPolicy
+    from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
     from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 
     envelope = RetryEnvelope(
         RetryPolicy.from_env(env),
@@ -1365,7 +1365,7 @@ def _execute(client: LLMClient, recipe: CallRecipe, clock: _Clock) -> Any:
         if completion is None:
             raise ReplayMismatch("the stream ended without its done event")
         return _as_json(completion.parsed if model is not None else completion.text)
-    from fluid_build.copilot.agents.loop import AgentLoop
+    from fluid_build.copilot.loop.agent import AgentLoop
 
     loop = AgentLoop(
         client,

@@ -14,7 +14,7 @@ Half-open ends by itself: a breaker nobody proves healthy closes after its
 window.
 
 Everything lives in the cooldown store under the call's key, and every entry
-has an end (see :mod:`fluid_build.copilot.agents.cooldown`): nothing here can
+has an end (see :mod:`fluid_build.copilot.health.cooldown`): nothing here can
 lock a key out for longer than ``cool_off + window``, or a trial for longer
 than its lease. ``fluid doctor --reset`` clears it by hand.
 """
@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 from typing import Final, Literal
 
 from fluid_build.config import env_float, env_int
-from fluid_build.copilot.agents.cooldown import CooldownStore, reset_keys, trusted
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
+from fluid_build.copilot.health.cooldown import CooldownStore, reset_keys, trusted
 
 __all__ = ["BREAKER_PREFIXES", "RESET_HINT", "BreakerState", "CircuitBreaker"]
 

@@ -33,12 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from fluid_build.copilot.agents.capabilities import (
+from fluid_build.copilot.agents.errors import ContextOverflowError
+from fluid_build.copilot.call.capabilities import (
     ModelCapabilities,
     capabilities_for,
     models_with_larger_window,
 )
-from fluid_build.copilot.agents.errors import ContextOverflowError
 
 if TYPE_CHECKING:
     from tiktoken import Encoding

@@ -39,21 +39,21 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
 from fluid_build.config import env_int
-from fluid_build.copilot.agents.breaker import CircuitBreaker
-from fluid_build.copilot.agents.cooldown import (
-    COOLDOWN,
-    CooldownKey,
-    CooldownStore,
-    cooldown_store_from_env,
-    reset_keys,
-    trusted,
-)
 from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import (
     MAX_RETRY_AFTER,
     AgentExecutionError,
     FluidError,
     RateLimitError,
+)
+from fluid_build.copilot.health.breaker import CircuitBreaker
+from fluid_build.copilot.health.cooldown import (
+    COOLDOWN,
+    CooldownKey,
+    CooldownStore,
+    cooldown_store_from_env,
+    reset_keys,
+    trusted,
 )
 
 __all__ = [
@@ -99,7 +99,7 @@ class RetryPolicy(BaseModel):
         """
         import os
 
-        from fluid_build.copilot._wire import deadline_from_env
+        from fluid_build.copilot.call.wire import deadline_from_env
 
         env = os.environ if env is None else env
         values: dict[str, Any] = {

@@ -1,0 +1,1 @@
+"""The stages of one call, in order: capabilities and pre-flight, the retry envelope, the wire."""

@@ -1,0 +1,1 @@
+"""Shared health of one key: cooldown windows, the circuit breaker, and the stores they live in."""

@@ -1,0 +1,1 @@
+"""The agent loop and its tools: multi-turn calls above the client."""

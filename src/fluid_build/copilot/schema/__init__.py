@@ -1,0 +1,1 @@
+"""Strict-mode JSON schema hardening and decoding of string-encoded fields."""

@@ -1,0 +1,1 @@
+"""Cassettes: recorded provider exchanges, their format, record and replay."""
