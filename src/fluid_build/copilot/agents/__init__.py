@@ -1,1 +1,2 @@
-"""Stage agents: typed errors, classification, the retry envelope and the agent loop."""
+"""The seed's error contract, at the seed's paths: ``errors`` (the seven classes) and
+``error_classification`` (``classify_provider_error()``, ``parse_retry_after()``)."""

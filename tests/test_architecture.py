@@ -1,0 +1,102 @@
+"""The folders tell one call's path, and imports run one way down it (docs/architecture.md).
+
+Every ``fluid_build`` import in ``src/`` (lazy ones inside functions too) is
+checked against the layer order of docs/architecture.md: a module may import
+its own layer and the layers below it, never one above.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+#: Top to bottom, as docs/architecture.md draws them; a package's first match wins.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fluid_build.cli",),
+    ("fluid_build.forge", "fluid_build.corpus", "fluid_build.aiconfig"),
+    ("fluid_build.copilot.loop",),
+    ("fluid_build.copilot.client", "fluid_build.copilot"),
+    ("fluid_build.copilot.call",),
+    ("fluid_build.copilot.health", "fluid_build.copilot.schema", "fluid_build.copilot.llm"),
+    ("fluid_build.copilot.agents",),
+    ("fluid_build.config", "fluid_build.errors", "fluid_build._files", "fluid_build._redact"),
+)
+#: Entry points that sit above everything by design.
+ABOVE_ALL = {"fluid_build", "fluid_build.__main__"}
+
+
+def layer_of(module: str) -> int:
+    for depth, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix == "fluid_build.copilot":
+                if module == prefix:
+                    return depth
+            elif module == prefix or module.startswith(prefix + "."):
+                return depth
+    raise AssertionError(f"{module} belongs to no layer of docs/architecture.md")
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        found.append((name, path))
+    return found
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+    return [(line, name) for line, name in out if name.split(".")[0] == "fluid_build"]
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    for name, _ in modules():
+        if name not in ABOVE_ALL:
+            layer_of(name)
+
+
+def test_imports_never_run_up_the_layers() -> None:
+    upward = []
+    for name, path in modules():
+        if name in ABOVE_ALL:
+            continue
+        mine = layer_of(name)
+        for line, target in imports(path):
+            if target not in ABOVE_ALL and layer_of(target) < mine:
+                upward.append(f"{path.relative_to(SRC)}:{line} {name} -> {target}")
+    assert upward == []
+
+
+def test_the_provider_adapters_import_no_other_part_of_the_call() -> None:
+    """``copilot/llm`` is adapters only: health and schema are the call's business."""
+    for name, path in modules():
+        if name.startswith("fluid_build.copilot.llm"):
+            for line, target in imports(path):
+                assert not target.startswith(
+                    ("fluid_build.copilot.health", "fluid_build.copilot.schema")
+                ), f"{path.name}:{line} imports {target}"
+
+
+PACKAGES = sorted(
+    ".".join(init.parent.relative_to(SRC).parts)
+    for init in SRC.rglob("__init__.py")
+    if init.parent != SRC / "fluid_build"
+)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_docs_architecture_names_every_package(package: str) -> None:
+    folder = "/".join(package.split(".")[1:]) + "/"
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert re.search(rf"(?<![\w/]){re.escape(folder)}", text), f"{folder} is not on the map"
