@@ -1,9 +1,10 @@
 """The retry envelope: when to wait, how long, and when to give up.
 
-One :class:`RetryPolicy` decides; :class:`RetryEnvelope` drives it with
-tenacity, through a sync entry point (:meth:`RetryEnvelope.call`) and an async
-one (:meth:`RetryEnvelope.acall`) that share every decision and differ only
-in how they sleep and await.
+One :class:`RetryPolicy` decides; :meth:`RetryEnvelope.plan` applies it with
+tenacity's own decision step, as a sans-I/O plan (see
+:mod:`fluid_build.copilot.call.drive`) that the sync entry point
+(:meth:`RetryEnvelope.call`) and the async one (:meth:`RetryEnvelope.acall`)
+only run: one implementation, two shells that differ in how they sleep and await.
 
 - A retryable error with ``retry_after`` sleeps exactly that long (capped at
   300 s); the backoff is not applied on top.
@@ -30,13 +31,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from functools import partial
+from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Unpack
 
 from fluid_build.config import env_int
 from fluid_build.copilot.agents.error_classification import classify_provider_error
@@ -46,6 +50,8 @@ from fluid_build.copilot.agents.errors import (
     FluidError,
     RateLimitError,
 )
+from fluid_build.copilot.call.drive import AsyncShell, Call, Plan, Sleep, SyncShell, arun
+from fluid_build.copilot.call.drive import run as run_plan
 from fluid_build.copilot.health.breaker import CircuitBreaker
 from fluid_build.copilot.health.cooldown import (
     COOLDOWN,
@@ -58,6 +64,7 @@ from fluid_build.copilot.health.cooldown import (
 
 __all__ = [
     "COOLDOWN",
+    "CallBounds",
     "Decision",
     "RetryEnvelope",
     "RetryEvent",
@@ -183,6 +190,18 @@ class RetryEvent:
     key: str | None
     provider: str | None
     model: str | None
+
+
+class CallBounds(TypedDict, total=False):
+    """Who a call is for and how long it may take (see :meth:`RetryEnvelope.call`)."""
+
+    key: CooldownKey | str | None
+    provider: str | None
+    model: str | None
+    started: float | None
+    deadline: float | None
+    narrow: Callable[[float | None], None] | None
+    secrets: Sequence[str]
 
 
 class RetryHook(Protocol):
@@ -543,11 +562,11 @@ class RetryEnvelope:
         if self.breaker is not None:
             self.breaker.reset(skey)
 
-    # -- sync -----------------------------------------------------------------------
+    # -- the plan and its two shells -------------------------------------------------
 
-    def call(
+    def plan(
         self,
-        fn: Callable[[], T],
+        attempt: Callable[[], Plan[T]],
         *,
         key: CooldownKey | str | None = None,
         provider: str | None = None,
@@ -556,15 +575,13 @@ class RetryEnvelope:
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
         secrets: Sequence[str] = (),
-    ) -> T:
-        """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error.
+    ) -> Plan[T]:
+        """Run the plan ``attempt()`` makes until it succeeds or the policy gives up.
 
-        ``started`` (on ``clock``) and ``deadline`` (seconds) let a caller whose
-        call began earlier (a pre-flight, a fallback chain) bound the whole of
-        it; the shorter of ``deadline`` and the policy's wins. ``narrow`` is
-        told when (on ``clock``) the attempts must end sooner, while this call
-        is a half-open trial, and told None when the call ends. ``secrets``
-        (the request's key) are removed by value from every error raised.
+        The one implementation behind :meth:`call` and :meth:`acall`: tenacity's
+        own decision step (``iter`` -> attempt / sleep / outcome) runs here, and
+        every wait is yielded as a :class:`~fluid_build.copilot.call.drive.Sleep`
+        for the shell to take. The arguments are those of :meth:`call`.
         """
         started = self.clock() if started is None else started
         skey = None if key is None else str(key)
@@ -576,7 +593,7 @@ class RetryEnvelope:
                 # The fast path: a first attempt that succeeds pays for nothing else.
                 sent_at = self.wall()
                 try:
-                    result = fn()
+                    result = yield from attempt()
                 except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
                     first = exc
                 else:
@@ -589,24 +606,33 @@ class RetryEnvelope:
             if first is not None:
                 run.sent = 1
                 pending = run.failed(first)
+            retrying = tenacity.Retrying(**run.tenacity_kwargs())
+            retrying.begin()
+            state = tenacity.RetryCallState(retrying, fn=None, args=(), kwargs={})
             try:
-                for attempt in tenacity.Retrying(sleep=self.sleep, **run.tenacity_kwargs()):
-                    with attempt:
+                while True:
+                    action = retrying.iter(state)
+                    if isinstance(action, tenacity.DoSleep):
+                        state.prepare_for_next_attempt()
+                        yield Sleep(action)
+                        continue
+                    try:
                         if pending is not None:
                             error, pending = pending, None
                             raise error
                         for wait in run.cooldown_waits():
-                            self.sleep(wait)
+                            yield Sleep(wait)
                         run.before_send()
                         try:
-                            result = fn()
+                            result = yield from attempt()
                         except Exception as exc:  # noqa: BLE001 - classified, then judged
                             raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
                         run.succeeded()
                         return result
+                    except BaseException:  # noqa: BLE001 - judged by tenacity, as its AttemptManager does
+                        state.set_exception(sys.exc_info())  # type: ignore[arg-type]
             except AgentExecutionError as error:
                 raise run.final(error) from error.__cause__
-            raise AssertionError("unreachable: tenacity ended with no outcome")  # pragma: no cover
         finally:
             self._end(skey, trial, run)
 
@@ -616,62 +642,29 @@ class RetryEnvelope:
         elif trial is not None and self.breaker is not None and key is not None:
             self.breaker.release(key, trial)
 
-    # -- async ----------------------------------------------------------------------
+    def call(self, fn: Callable[[], T], **how: Unpack[CallBounds]) -> T:
+        """Call ``fn()`` until it succeeds or the policy gives up; raise the typed error.
 
-    async def acall(
-        self,
-        fn: Callable[[], Awaitable[T]],
-        *,
-        key: CooldownKey | str | None = None,
-        provider: str | None = None,
-        model: str | None = None,
-        started: float | None = None,
-        deadline: float | None = None,
-        narrow: Callable[[float | None], None] | None = None,
-        secrets: Sequence[str] = (),
-    ) -> T:
-        """The async twin of :meth:`call`: same decisions, awaited sleeps."""
-        started = self.clock() if started is None else started
-        skey = None if key is None else str(key)
-        trial = self._admit(skey, provider, model, started, deadline)
-        run: _Run | None = None
-        try:
-            first: Exception | None = None
-            if trial is None and not self._cooling(skey):
-                sent_at = self.wall()
-                try:
-                    result = await fn()
-                except Exception as exc:  # noqa: BLE001 - classified below, whatever it is
-                    first = exc
-                else:
-                    if self.breaker is not None and skey is not None:
-                        self.breaker.record_success(skey, sent_at=sent_at)
-                    return result
-            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets)
-            trial = None  # the run holds it now
-            pending: AgentExecutionError | None = None
-            if first is not None:
-                run.sent = 1
-                pending = run.failed(first)
-            try:
-                async for attempt in tenacity.AsyncRetrying(
-                    sleep=self.asleep, **run.tenacity_kwargs()
-                ):
-                    with attempt:
-                        if pending is not None:
-                            error, pending = pending, None
-                            raise error
-                        for wait in run.cooldown_waits():
-                            await self.asleep(wait)
-                        run.before_send()
-                        try:
-                            result = await fn()
-                        except Exception as exc:  # noqa: BLE001 - classified, then judged
-                            raise run.failed(exc)  # noqa: B904 - failed() sets __cause__
-                        run.succeeded()
-                        return result
-            except AgentExecutionError as error:
-                raise run.final(error) from error.__cause__
-            raise AssertionError("unreachable: tenacity ended with no outcome")  # pragma: no cover
-        finally:
-            self._end(skey, trial, run)
+        ``started`` (on ``clock``) and ``deadline`` (seconds) let a caller whose
+        call began earlier (a pre-flight, a fallback chain) bound the whole of
+        it; the shorter of ``deadline`` and the policy's wins. ``narrow`` is
+        told when (on ``clock``) the attempts must end sooner, while this call
+        is a half-open trial, and told None when the call ends. ``secrets``
+        (the request's key) are removed by value from every error raised.
+        """
+        plan: Plan[T] = self.plan(partial(_calling, fn), **how)
+        return run_plan(plan, SyncShell(_no_pool, self.sleep))
+
+    async def acall(self, fn: Callable[[], Awaitable[T]], **how: Unpack[CallBounds]) -> T:
+        """:meth:`call` for a coroutine function: the same plan, awaited sleeps."""
+        plan: Plan[T] = self.plan(partial(_calling, fn), **how)
+        return await arun(plan, AsyncShell(_no_pool, self.asleep))
+
+
+def _calling(fn: Callable[[], Any]) -> Plan[Any]:
+    """The plan of one attempt that is the caller's own function."""
+    return (yield Call(fn))
+
+
+def _no_pool() -> Any:  # pragma: no cover - a Call effect never asks for the pool
+    raise AssertionError("the envelope's own calls send no requests")

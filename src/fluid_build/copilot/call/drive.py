@@ -1,0 +1,265 @@
+"""The two shells that run a call's plan: one sync, one async, and nothing else in them.
+
+A plan (see :mod:`fluid_build.copilot.call.core` and the envelope's
+:meth:`~fluid_build.copilot.call.envelope.RetryEnvelope.plan`) is a generator
+that never touches a socket or a clock: it yields an :class:`Effect` ("send
+this request", "sleep this long", "read this body") and is sent back what
+came of it, or has the exception thrown in. The shells only perform effects,
+so the sync and async paths make the same decisions by construction.
+
+A streaming plan also yields :class:`Emit`: an event for the caller. The
+shells hand it over and resume the plan; a caller that stops early has its
+``GeneratorExit`` thrown into the plan, whose cleanup still runs its effects.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+import httpx
+
+from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
+from fluid_build.copilot.llm.base import aiter_stream, iter_stream
+from fluid_build.copilot.llm.types import StreamEvent
+
+__all__ = [
+    "END",
+    "AsyncShell",
+    "Bytes",
+    "Call",
+    "Close",
+    "Effect",
+    "Emit",
+    "Events",
+    "Next",
+    "Plan",
+    "Pool",
+    "ReadBody",
+    "Send",
+    "Sleep",
+    "SyncShell",
+    "arun",
+    "astream",
+    "run",
+    "stream",
+]
+
+T = TypeVar("T")
+#: What a :class:`Next` gets back once the stream is over.
+END: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class SyncShell:
+    """How the sync shell does I/O: a connection pool (made on first use) and a sleep."""
+
+    pool: Callable[[], httpx.Client]
+    sleep: Callable[[float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncShell:
+    """How the async shell does I/O: a connection pool (made on first use) and a sleep."""
+
+    pool: Callable[[], httpx.AsyncClient]
+    sleep: Callable[[float], Awaitable[None]]
+
+
+class Effect(ABC):
+    """One piece of I/O a plan asks for; each shell performs it its own way."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def run(self, io: SyncShell) -> Any:
+        """Perform it in the sync shell."""
+
+    @abstractmethod
+    async def arun(self, io: AsyncShell) -> Any:
+        """Perform it in the async shell."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pool(Effect):
+    """The connection pool, so that the plan can build requests on it."""
+
+    def run(self, io: SyncShell) -> httpx.Client:
+        return io.pool()
+
+    async def arun(self, io: AsyncShell) -> httpx.AsyncClient:
+        return io.pool()
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep(Effect):
+    seconds: float
+
+    def run(self, io: SyncShell) -> None:
+        io.sleep(self.seconds)
+
+    async def arun(self, io: AsyncShell) -> None:
+        await io.sleep(self.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Effect):
+    """A caller's own function: ``fn()`` in the sync shell, ``await fn()`` in the async one."""
+
+    fn: Callable[[], Any]
+
+    def run(self, io: SyncShell) -> Any:
+        return self.fn()
+
+    async def arun(self, io: AsyncShell) -> Any:
+        return await self.fn()
+
+
+@dataclass(frozen=True, slots=True)
+class Send(Effect):
+    """Send a request; the answer's headers come back, its body still unread."""
+
+    request: httpx.Request
+
+    def run(self, io: SyncShell) -> httpx.Response:
+        return io.pool().send(self.request, stream=True)
+
+    async def arun(self, io: AsyncShell) -> httpx.Response:
+        return await io.pool().send(self.request, stream=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBody(Effect):
+    """Read a whole body within the deadline and the size limit (raises for an error status)."""
+
+    response: httpx.Response
+    deadline: Deadline
+    limits: Limits
+
+    def run(self, io: SyncShell) -> httpx.Response:
+        return read_body(self.response, self.deadline, self.limits)
+
+    async def arun(self, io: AsyncShell) -> httpx.Response:
+        return await aread_body(self.response, self.deadline, self.limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Close(Effect):
+    response: httpx.Response
+
+    def run(self, io: SyncShell) -> None:
+        self.response.close()
+
+    async def arun(self, io: AsyncShell) -> None:
+        await self.response.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Events(Effect):
+    """The counted ``(event, data)`` pairs of a stream, in the shell's kind of iterator."""
+
+    reader: StreamReader
+    stream_format: str
+
+    def run(self, io: SyncShell) -> Iterator[tuple[str, Any]]:
+        return self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
+
+    async def arun(self, io: AsyncShell) -> AsyncIterator[tuple[str, Any]]:
+        return self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
+
+
+@dataclass(frozen=True, slots=True)
+class Next(Effect):
+    """The next item of what :class:`Events` (or a byte stream) gave, or :data:`END`."""
+
+    items: Any
+
+    def run(self, io: SyncShell) -> Any:
+        return next(self.items, END)
+
+    async def arun(self, io: AsyncShell) -> Any:
+        return await anext(self.items, END)
+
+
+@dataclass(frozen=True, slots=True)
+class Bytes(Effect):
+    """The raw chunks of a body, as they arrive."""
+
+    response: httpx.Response
+
+    def run(self, io: SyncShell) -> Iterator[bytes]:
+        return self.response.iter_bytes()
+
+    async def arun(self, io: AsyncShell) -> AsyncIterator[bytes]:
+        return self.response.aiter_bytes()
+
+
+@dataclass(frozen=True, slots=True)
+class Emit(Generic[T]):
+    """Not I/O: an item for the caller of a streaming plan."""
+
+    item: T
+
+
+Plan = Generator[Effect | Emit[Any], Any, T]
+
+
+def stream(plan: Plan[Any], io: SyncShell) -> Generator[Any, None, Any]:
+    """Run ``plan`` in the sync shell: yield what it emits, return what it returns."""
+    send: Callable[[Any], Effect | Emit[Any]] = plan.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            return done.value
+        try:
+            value = (yield step.item) if isinstance(step, Emit) else step.run(io)
+            send = plan.send
+        except BaseException as exc:  # noqa: BLE001 - the plan decides, even on Ctrl-C
+            value, send = exc, plan.throw
+
+
+def run(plan: Plan[T], io: SyncShell) -> T:
+    """Run a plan that emits nothing in the sync shell; its result."""
+    steps = stream(plan, io)
+    try:
+        item = next(steps)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    steps.close()
+    raise AssertionError(f"a plan for one answer emitted {item!r}")
+
+
+async def _steps(plan: Plan[Any], io: AsyncShell, emits: bool) -> AsyncGenerator[Any, Any]:
+    """Run ``plan`` in the async shell; what it emits, then (unless ``emits``) its result."""
+    send: Callable[[Any], Effect | Emit[Any]] = plan.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            if not emits:
+                yield done.value
+            return
+        try:
+            value = (yield step.item) if isinstance(step, Emit) else await step.arun(io)
+            send = plan.send
+        except BaseException as exc:  # noqa: BLE001 - the plan decides, even on cancellation
+            value, send = exc, plan.throw
+
+
+def astream(plan: Plan[Any], io: AsyncShell) -> AsyncIterator[StreamEvent]:
+    """Run a streaming plan in the async shell: what it emits."""
+    return _steps(plan, io, emits=True)
+
+
+async def arun(plan: Plan[T], io: AsyncShell) -> T:
+    """Run a plan that emits nothing in the async shell; its result."""
+    steps = _steps(plan, io, emits=False)
+    result: T = await anext(steps)
+    await steps.aclose()
+    return result
