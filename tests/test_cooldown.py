@@ -127,20 +127,32 @@ def test_sqlite_reader_sees_a_write_made_after_it_cached(tmp_path: Path) -> None
     assert reader.remaining("k", NOW) == 9.0
 
 
-def test_sqlite_generation_file_wraps_at_its_cap_and_readers_still_see_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_sqlite_generation_stamp_stays_eight_bytes_and_readers_see_every_write(
+    tmp_path: Path,
 ) -> None:
-    from fluid_build.copilot.health import cooldown
-
-    monkeypatch.setattr(cooldown, "_GENERATION_CAP", 8)
     path = tmp_path / "c.sqlite3"
     reader, writer = SqliteCooldownStore(path), SqliteCooldownStore(path)
+    stamps = set()
+    generation = path.with_name(path.name + ".generation")
     for i in range(40):
         assert reader.remaining(f"k{i}", NOW) == 0.0  # cached: nothing there
         writer.extend(f"k{i}", 9.0, NOW)
+        stamps.add(generation.read_bytes())
         assert reader.remaining(f"k{i}", NOW) == 9.0
-    generation = path.with_name(path.name + ".gen")
-    assert generation.stat().st_size <= 8  # capped: it does not grow with every write
+    assert generation.stat().st_size == 8  # it does not grow with the writes
+    assert len(stamps) == 40  # every write set a stamp never seen before
+
+
+def test_sqlite_generation_file_planted_short_is_grown_never_read_past_its_end(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.sqlite3"
+    path.with_name(path.name + ".generation").write_bytes(b"abc")
+    reader, writer = SqliteCooldownStore(path), SqliteCooldownStore(path)
+    assert reader.remaining("k", NOW) == 0.0
+    writer.extend("k", 9.0, NOW)
+    assert reader.remaining("k", NOW) == 9.0
+    assert path.with_name(path.name + ".generation").stat().st_size == 8
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
@@ -148,7 +160,7 @@ def test_a_fifo_in_place_of_the_generation_file_degrades_instead_of_hanging(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "c.sqlite3"
-    os.mkfifo(path.with_name(path.name + ".gen"))
+    os.mkfifo(path.with_name(path.name + ".generation"))
     store = cooldown_store_from_url(str(path))
     assert store is not None
     done = threading.Event()

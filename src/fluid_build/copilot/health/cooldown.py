@@ -29,9 +29,10 @@ import errno
 import hashlib
 import logging
 import math
+import mmap
 import os
-import sqlite3
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,8 @@ from urllib.parse import unquote, urlsplit
 from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
+    import sqlite3
+
     import redis
 
 __all__ = [
@@ -179,7 +182,7 @@ class CooldownStore(Protocol):
         ...
 
     def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
-        """``(remaining, count)`` of each key, read together (one ``stat()`` for sqlite)."""
+        """``(remaining, count)`` of each key, read together (one staleness check for sqlite)."""
         ...
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
@@ -401,18 +404,49 @@ _ACQUIRE_SQL: Final = (
 
 _O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
 _O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-#: The generation sidecar starts again past this size (one byte per write).
-_GENERATION_CAP: Final = 1 << 20
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+#: The bytes of the generation stamp at the start of the sidecar file.
+_STAMP_SIZE: Final = 8
+
+
+def _map_stamp(path: Path) -> mmap.mmap:
+    """The first 8 bytes of ``path``, mapped shared; the file is created (or grown) to 8.
+
+    Opened without following a link and without blocking, and refused unless
+    it is a regular file: a FIFO or device planted there is an error (the
+    store is then treated as down), never a hang. The file only ever grows,
+    so the mapped bytes stay inside it.
+    """
+    flags = os.O_RDWR | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size < _STAMP_SIZE:
+            os.ftruncate(fd, _STAMP_SIZE)  # zeros; a concurrent opener grows it alike
+        return mmap.mmap(fd, _STAMP_SIZE)  # keeps its own descriptor
+    finally:
+        os.close(fd)
 
 
 class SqliteCooldownStore:
     """Entries in a sqlite file, shared by every process on the machine.
 
     Each change is one upsert, so concurrent writers cannot lose each other's
-    updates. Readers do not query sqlite on every call: a sidecar file grows
-    by one byte per write, and a reader re-reads the table only when that
-    file's size changed. A call on a key with nothing stored costs one
-    ``stat()``.
+    updates. Readers do not query sqlite on every call: after each committed
+    change a writer sets a fresh random 8-byte stamp at the start of a sidecar
+    file (``<file>.generation``) that every process maps into memory, and a
+    reader re-reads the table only when the stamp differs from the one it
+    read the table under. Checking costs no system call, so a call on a key
+    with nothing stored costs a comparison of 8 bytes. A stamp is random, not
+    a counter, so that writers need no lock to set it and a value can never
+    come back: a reader that read the table before a change is sure to see a
+    stamp it has not seen once that change is committed.
+
+    Nothing but this store writes the sidecar, and it never shrinks (a file
+    truncated under a mapping would crash its readers): ``fluid doctor
+    --reset`` clears the table and sets a new stamp.
 
     The file is in WAL mode, so a writer never blocks readers. A write waits
     at most ``busy_timeout`` seconds (0.1 by default) for another writer's
@@ -430,24 +464,29 @@ class SqliteCooldownStore:
         self, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     ) -> None:
         self.path = Path(path)
-        self._generation_path = self.path.with_name(self.path.name + ".gen")
+        self._stamp_path = self.path.with_name(self.path.name + ".generation")
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
-        self._seen_generation: tuple[int, int] | None = None
+        self._stamp: mmap.mmap | None = None
+        self._seen_stamp: bytes | None = None
         self._cache: dict[str, tuple[float, int]] = {}
         self._writes = 0
 
     def _acquire(self) -> None:
         """Take this store's thread lock, waiting no longer than a busy database would."""
         if not self._lock.acquire(timeout=max(self.busy_timeout, 0.001)):
+            import sqlite3
+
             raise sqlite3.OperationalError(
                 "database is locked (another thread of this process is waiting on it)"
             )
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
+            import sqlite3
+
             self.path.parent.mkdir(parents=True, exist_ok=True)
             timeout = max(self.busy_timeout, 0.0)
             conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
@@ -463,33 +502,35 @@ class SqliteCooldownStore:
             except BaseException:
                 conn.close()
                 raise
-            self._generation_path.touch(exist_ok=True)
+            if self._stamp is None:  # a forked child shares its parent's mapping
+                try:
+                    self._stamp = _map_stamp(self._stamp_path)
+                except BaseException:
+                    conn.close()
+                    raise
             self._conn, self._pid = conn, os.getpid()
-            self._seen_generation = None
+            self._seen_stamp = None
         return self._conn
 
-    def _generation(self) -> tuple[int, int]:
-        """The sidecar's size and time: it changes on every committed write."""
-        try:
-            info = self._generation_path.stat()
-        except FileNotFoundError:
-            return (-1, 0)
-        return info.st_size, info.st_mtime_ns
-
     def _refresh(self, now: float) -> None:
-        generation = self._generation()
-        if generation != self._seen_generation or self._pid != os.getpid():
-            self._acquire()
-            try:
-                conn = self._connection()
-                generation = self._generation()
-                rows = conn.execute(
-                    "SELECT key, until, n FROM fluid_state WHERE until > ?", (now,)
-                ).fetchall()
-                self._cache = {key: (float(until), int(n)) for key, until, n in rows}
-                self._seen_generation = generation
-            finally:
-                self._lock.release()
+        """Re-read the live rows if any process committed a change since the last read."""
+        stamp = self._stamp
+        if stamp is not None and stamp[:_STAMP_SIZE] == self._seen_stamp:
+            return
+        self._acquire()
+        try:
+            conn = self._connection()
+            assert self._stamp is not None  # mapped by _connection()
+            # The stamp first, then the rows: a change committed after this read
+            # sets a new stamp, which the next call sees.
+            seen = self._stamp[:_STAMP_SIZE]
+            rows = conn.execute(
+                "SELECT key, until, n FROM fluid_state WHERE until > ?", (now,)
+            ).fetchall()
+            self._cache = {key: (float(until), int(n)) for key, until, n in rows}
+            self._seen_stamp = seen
+        finally:
+            self._lock.release()
 
     def _write(
         self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float | None
@@ -518,24 +559,12 @@ class SqliteCooldownStore:
         return row
 
     def _bump(self) -> None:
-        # Grow the sidecar only after the change is committed: a reader that
-        # sees the new size and time is sure to read the new rows. Opened
-        # without blocking and checked: a FIFO or device planted there is an
-        # error (the store is then treated as down), never a hang. At the cap
-        # the file starts again at one byte; its new modification time still
-        # tells readers that something changed.
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW
-        fd = os.open(self._generation_path, flags, 0o600)
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file", str(self._generation_path))
-            if info.st_size >= _GENERATION_CAP:
-                os.ftruncate(fd, 0)
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
-        self._seen_generation = None
+        # A new stamp only after the change is committed: a reader that sees it
+        # is sure to read the new rows. Random (from the OS, never a PRNG that a
+        # fork copies) so that no two writes set the same stamp.
+        assert self._stamp is not None  # mapped by _connection()
+        self._stamp[:_STAMP_SIZE] = os.urandom(_STAMP_SIZE)
+        self._seen_stamp = None
 
     def remaining(self, key: str, now: float) -> float:
         self._refresh(now)
@@ -632,6 +661,10 @@ class SqliteCooldownStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._stamp is not None:
+                stamp, self._stamp = self._stamp, None
+                self._seen_stamp = None
+                stamp.close()
 
     def __repr__(self) -> str:
         return f"SqliteCooldownStore({str(self.path)!r})"
@@ -953,10 +986,11 @@ class ResilientCooldownStore:
     @staticmethod
     def is_contention(exc: BaseException) -> bool:
         """Whether ``exc`` says the store is busy (locked by a writer), not broken."""
-        if not isinstance(exc, sqlite3.OperationalError):
+        sqlite = sys.modules.get("sqlite3")  # not loaded: no sqlite error can exist
+        if sqlite is None or not isinstance(exc, sqlite.OperationalError):
             return False
         code = getattr(exc, "sqlite_errorcode", None)
-        if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        if isinstance(code, int) and code & 0xFF in (sqlite.SQLITE_BUSY, sqlite.SQLITE_LOCKED):
             return True
         text = str(exc).lower()
         return "is locked" in text or "is busy" in text
