@@ -18,13 +18,12 @@ import pytest
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ContextOverflowError, ProviderServerError
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.window import alearn_window, learn_window
 from fluid_build.copilot.health.breaker import CircuitBreaker
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.local_server import (
     MAX_PROBE_BYTES,
-    alearn_window,
     is_local_url,
-    learn_window,
     probe_urls,
     window_from,
 )

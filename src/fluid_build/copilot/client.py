@@ -34,6 +34,7 @@ from fluid_build.copilot.agents.errors import (
     SchemaValidationError,
 )
 from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.call.window import alearn_window, learn_window
 from fluid_build.copilot.call.wire import (
     Deadline,
     Limits,
@@ -57,7 +58,7 @@ from fluid_build.copilot.llm.base import (
     iter_stream,
 )
 from fluid_build.copilot.llm.gemini import GeminiAdapter
-from fluid_build.copilot.llm.local_server import alearn_window, learn_window, probe_urls
+from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.ollama import OllamaAdapter
 from fluid_build.copilot.llm.openai import OpenAIAdapter
 from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter

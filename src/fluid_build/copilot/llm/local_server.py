@@ -20,29 +20,23 @@ Each read is bounded: a short timeout inside the call's deadline, a body of
 at most :data:`MAX_PROBE_BYTES` (uncompressed), and any failure (refused,
 timed out, 401, 404, not JSON, no size) means "unknown", never an error.
 
-Deciding is apart from doing: :func:`probe_urls` says what to ask and
-:func:`window_from` reads one answer; :func:`learn_window` and
-:func:`alearn_window` are the sync and async shells that send.
+This module only decides: :func:`probe_urls` says what to ask and
+:func:`window_from` reads one answer. The asking (one plan, a sync and an
+async shell) is :mod:`fluid_build.copilot.call.window`.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
-import time
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
-
-import httpx
 
 __all__ = [
     "MAX_PROBE_BYTES",
     "PROBED_PROVIDERS",
     "PROBE_TIMEOUT",
-    "alearn_window",
     "is_local_url",
-    "learn_window",
     "probe_urls",
     "window_from",
 ]
@@ -121,129 +115,3 @@ def window_from(url: str, data: object, model: str) -> int | None:
     if found is None and isinstance(meta, Mapping):  # llama.cpp
         found = _size(meta.get("n_ctx")) or _size(meta.get("n_ctx_train"))
     return found
-
-
-def _headers(api_key: str | None, extra: Mapping[str, str]) -> dict[str, str]:
-    # identity: a size limit on what arrives is then a limit on what is decoded.
-    headers = {**extra, "accept": "application/json", "accept-encoding": "identity"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def _decoded(status: int, encoding: str | None, body: bytes) -> object:
-    if status != 200 or encoding not in (None, "identity"):
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or absurdly nested
-        return None
-
-
-def _budget(deadline_left: float | None) -> float:
-    return PROBE_TIMEOUT if deadline_left is None else min(PROBE_TIMEOUT, deadline_left / 4)
-
-
-# A wrong or missing key: the next URL would say the same.
-_STOP: Final = frozenset({401, 403})
-
-# What a shell sends back for one URL: status, content-encoding and the body,
-# or None when there was no answer (or one too big or too slow to read).
-Answer = tuple[int, str | None, bytes] | None
-
-
-def _asking(urls: tuple[str, ...], model: str) -> Generator[str, Answer, int | None]:
-    """Yields each URL to GET, is sent its answer, returns the size found (or None)."""
-    for url in urls:
-        answer = yield url
-        if answer is None:
-            continue
-        status, encoding, body = answer
-        if status in _STOP:
-            return None
-        found = window_from(url, _decoded(status, encoding, body), model)
-        if found is not None:
-            return found
-    return None
-
-
-def _get(client: httpx.Client, url: str, headers: dict[str, str], ends: float) -> Answer:
-    try:
-        timeout = ends - time.monotonic()
-        with client.stream("GET", url, headers=headers, timeout=timeout) as response:
-            status, encoding = response.status_code, response.headers.get("content-encoding")
-            if status != 200 or encoding not in (None, "identity"):
-                return status, encoding, b""  # only the status counts: the body is not read
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_PROBE_BYTES or time.monotonic() > ends:
-                    return None  # too big, or dripped: the read timeout is per chunk
-            return status, encoding, bytes(body)
-    except Exception:  # noqa: BLE001 - a probe that fails in any way only means "unknown"
-        return None
-
-
-async def _aget(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], ends: float
-) -> Answer:
-    try:
-        timeout = ends - time.monotonic()
-        async with client.stream("GET", url, headers=headers, timeout=timeout) as response:
-            status, encoding = response.status_code, response.headers.get("content-encoding")
-            if status != 200 or encoding not in (None, "identity"):
-                return status, encoding, b""  # only the status counts: the body is not read
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > MAX_PROBE_BYTES or time.monotonic() > ends:
-                    return None
-            return status, encoding, bytes(body)
-    except Exception:  # noqa: BLE001 - a probe that fails in any way only means "unknown"
-        return None
-
-
-def learn_window(
-    client: httpx.Client,
-    urls: tuple[str, ...],
-    model: str,
-    *,
-    api_key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline_left: float | None = None,
-) -> int | None:
-    """Ask ``urls`` in turn; the first context size found, or None. Never raises for I/O."""
-    ends = time.monotonic() + _budget(deadline_left)
-    sent = _headers(api_key, headers or {})
-    plan = _asking(urls, model)
-    try:
-        url = next(plan)
-        while ends - time.monotonic() > 0.01:
-            url = plan.send(_get(client, url, sent, ends))
-    except StopIteration as done:
-        found: int | None = done.value
-        return found
-    return None
-
-
-async def alearn_window(
-    client: httpx.AsyncClient,
-    urls: tuple[str, ...],
-    model: str,
-    *,
-    api_key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline_left: float | None = None,
-) -> int | None:
-    """The async twin of :func:`learn_window`."""
-    ends = time.monotonic() + _budget(deadline_left)
-    sent = _headers(api_key, headers or {})
-    plan = _asking(urls, model)
-    try:
-        url = next(plan)
-        while ends - time.monotonic() > 0.01:
-            url = plan.send(await _aget(client, url, sent, ends))
-    except StopIteration as done:
-        found: int | None = done.value
-        return found
-    return None
