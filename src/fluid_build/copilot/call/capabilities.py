@@ -492,7 +492,28 @@ def capabilities_for(
     value of the wrong type, or an unknown key, raises ValueError. An empty
     ``provider`` searches every section by model name.
     """
-    checked = _validated(overrides) if overrides else {}
+    if not overrides:
+        return _base_capabilities(provider, model)
+    if isinstance(overrides, Mapping):
+        # Types are part of the key: True == 1, but only one of them is a valid window.
+        given = tuple((type(k), k, type(v), v) for k, v in overrides.items())
+        try:
+            return _overridden(provider, model, given)
+        except TypeError:  # an unhashable value: checked (and refused) below
+            pass
+    return _with_overrides(provider, model, overrides)
+
+
+@functools.lru_cache(maxsize=1024)
+def _overridden(
+    provider: str, model: str, given: tuple[tuple[type, Any, type, Any], ...]
+) -> ModelCapabilities:
+    # A client passes the same matrix on every call; ModelCapabilities is frozen.
+    return _with_overrides(provider, model, {k: v for _, k, _, v in given})
+
+
+def _with_overrides(provider: str, model: str, overrides: Mapping[str, Any]) -> ModelCapabilities:
+    checked = _validated(overrides)
     caps = _base_capabilities(provider, model)
     applied: dict[str, Any] = {
         key: checked[key]
