@@ -27,7 +27,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from fluid_build.copilot.schema.strict import harden_schema  # noqa: E402
-from fluid_build.corpus.replay import (  # noqa: E402
+from fluid_build.corpus.cassette import (  # noqa: E402
     CASSETTE_VERSION,
     CallRecipe,
     Cassette,
@@ -37,8 +37,8 @@ from fluid_build.corpus.replay import (  # noqa: E402
     ExchangeResponse,
     Expectation,
     dump_cassette,
-    sanitize_response,
 )
+from fluid_build.corpus.record import sanitize_response  # noqa: E402
 
 PAYLOADS: dict[str, dict[str, Any]] = {
     case["id"]: case

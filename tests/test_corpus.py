@@ -23,24 +23,21 @@ from click.testing import CliRunner
 from fluid_build._redact import redact
 from fluid_build.cli import corpus as corpus_cli
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.corpus.replay import (
+from fluid_build.corpus.cassette import (
     CASSETTE_VERSION,
     Cassette,
     CassetteError,
     Exchange,
     ExchangeRequest,
     ExchangeResponse,
-    ReplayMismatch,
-    ReplayTransport,
-    VirtualClock,
     dump_cassette,
     load_cassette,
-    record,
-    replay_client,
     resolve_response_model,
-    run_cassette,
     write_cassette,
 )
+from fluid_build.corpus.compare import ReplayMismatch
+from fluid_build.corpus.record import record
+from fluid_build.corpus.replay import ReplayTransport, VirtualClock, replay_client, run_cassette
 from fluid_build.errors import FluidError
 from tests.helpers import SECRET_KEY
 
@@ -230,11 +227,11 @@ def test_a_library_replay_that_differs_raises_the_mismatch_itself(asynchronous: 
     never counted against the provider, and says which request differs."""
     import asyncio
 
-    from fluid_build.corpus.replay import _execute
+    from fluid_build.corpus.run import run_recipe
 
     cassette = _load("openai-success")
     client = replay_client(cassette)
-    _execute(client, cassette.call, client.envelope.clock)  # the recorded call replays
+    run_recipe(client, cassette.call, client.envelope.clock)  # the recorded call replays
     once_more = (
         (lambda: asyncio.run(client.acomplete("once more")))
         if asynchronous

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fluid_build.copilot.call import preflight
-from fluid_build.corpus.replay import CassetteError, load_cassette
+from fluid_build.corpus.cassette import CassetteError, load_cassette
 
 
 def _deep(tmp_path: Path) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fluid_build.cli.forge import EXAMPLE_AGENT_CASSETTE, EXAMPLE_CASSETTE
-from fluid_build.corpus.replay import load_cassette
+from fluid_build.corpus.cassette import load_cassette
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "make_forge_cassette.py"

@@ -29,7 +29,8 @@ from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.corpus.replay import CassetteError, Recorder
+from fluid_build.corpus.cassette import CassetteError
+from fluid_build.corpus.record import Recorder
 
 _register()
 

@@ -11,24 +11,26 @@ from typing import Any
 import httpx
 import pytest
 
-from fluid_build.corpus.replay import (
-    NOT_COMPARED,
+from fluid_build.corpus.cassette import (
     CallRecipe,
     Cassette,
     Exchange,
     ExchangeRequest,
     ExchangeResponse,
     Expectation,
-    Recorder,
-    ReplayMismatch,
-    ReplayTransport,
-    body_difference,
-    compared_body,
     dump_cassette,
     load_cassette,
-    shown_pair,
     write_cassette,
 )
+from fluid_build.corpus.compare import (
+    NOT_COMPARED,
+    ReplayMismatch,
+    body_difference,
+    compared_body,
+    shown_pair,
+)
+from fluid_build.corpus.record import Recorder
+from fluid_build.corpus.replay import ReplayTransport
 from fluid_build.errors import FluidError
 
 URL = "https://api.openai.com/v1/chat/completions"

@@ -26,7 +26,9 @@ from fluid_build.copilot.agents.error_classification import classify_provider_er
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
-from fluid_build.corpus.replay import VirtualClock, dump_cassette, record
+from fluid_build.corpus.cassette import dump_cassette
+from fluid_build.corpus.record import record
+from fluid_build.corpus.replay import VirtualClock
 
 UNRESERVED = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~"
 # Keys of no known shape (only where they stand gives them away), and keys with

@@ -312,7 +312,7 @@ def test_errors_that_are_not_typed_keep_their_line_and_get_a_hint_where_one_is_k
 
 
 def test_a_replay_mismatch_shows_its_code_and_how_to_record_again() -> None:
-    from fluid_build.corpus.replay import ReplayMismatch
+    from fluid_build.corpus.compare import ReplayMismatch
 
     lines = render_error(ReplayMismatch("request 2: the request differs at model"))
     assert lines == [

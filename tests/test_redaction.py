@@ -39,21 +39,17 @@ from fluid_build.copilot.agents.error_classification import classify_provider_er
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
-from fluid_build.corpus.replay import (
+from fluid_build.corpus.cassette import (
     OMITTED,
     CallRecipe,
     Cassette,
     CassetteError,
     ExchangeResponse,
-    Recorder,
-    ReplayBodyOmitted,
-    VirtualClock,
     dump_cassette,
     load_cassette,
-    record,
-    replay_client,
-    run_cassette,
 )
+from fluid_build.corpus.record import Recorder, record
+from fluid_build.corpus.replay import ReplayBodyOmitted, VirtualClock, replay_client, run_cassette
 
 KEY = "k3y-9f8e7d6c5b4a39281706f5e4"  # no known shape: only its position or value gives it away
 PLAN = {"name": "sales_orders", "steps": ["stage", "model"]}

@@ -48,13 +48,9 @@ from fluid_build.cli.forge import (
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.client import LLMClient
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
-from fluid_build.corpus.replay import (
-    Cassette,
-    VirtualClock,
-    body_difference,
-    dump_cassette,
-    shown_pair,
-)
+from fluid_build.corpus.cassette import Cassette, dump_cassette
+from fluid_build.corpus.compare import body_difference, shown_pair
+from fluid_build.corpus.replay import VirtualClock
 from fluid_build.forge.app import run_forge
 from fluid_build.forge.cassette import forge_cassette, forge_recorder
 from fluid_build.forge.intent import load_intent

@@ -45,12 +45,8 @@ def _cassette_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def _replay_one(path: Path) -> ReplayResult:
-    from fluid_build.corpus.replay import (
-        CassetteError,
-        ReplayResult,
-        load_cassette,
-        run_cassette,
-    )
+    from fluid_build.corpus.cassette import CassetteError, load_cassette
+    from fluid_build.corpus.replay import ReplayResult, run_cassette
 
     try:
         cassette = load_cassette(path)
@@ -209,7 +205,7 @@ def record_command(
     by value, credential fields by name, URL userinfo and key-like query
     values). --no-bodies keeps neither PROMPT nor the model's output.
     """
-    from fluid_build.corpus.replay import record
+    from fluid_build.corpus.record import record
     from fluid_build.errors import FluidError
 
     if out.exists() and not force:

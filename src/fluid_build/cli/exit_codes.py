@@ -46,7 +46,8 @@ def exit_code_for(exc: BaseException) -> int:
         SchemaValidationError,
         ToolValidationError,
     )
-    from fluid_build.corpus.replay import CassetteError, ReplayMismatch
+    from fluid_build.corpus.cassette import CassetteError
+    from fluid_build.corpus.compare import ReplayMismatch
     from fluid_build.forge.app import OutputTreeError
     from fluid_build.forge.intent import IntentError
 

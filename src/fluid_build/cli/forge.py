@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.corpus.replay import Recorder, ReplayTransport
+    from fluid_build.corpus.record import Recorder
+    from fluid_build.corpus.replay import ReplayTransport
     from fluid_build.forge.app import ForgeOutput
     from fluid_build.forge.intent import Intent
 
@@ -98,12 +99,8 @@ def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, Re
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
     from fluid_build.copilot.health.cooldown import MemoryCooldownStore
-    from fluid_build.corpus.replay import (
-        CassetteError,
-        ReplayTransport,
-        VirtualClock,
-        load_cassette,
-    )
+    from fluid_build.corpus.cassette import CassetteError, load_cassette
+    from fluid_build.corpus.replay import ReplayTransport, VirtualClock
 
     cassette = load_cassette(cassette_path)
     if not cassette.bodies:
@@ -193,7 +190,7 @@ class _Recording:
     ) -> Path:
         """Write the cassette atomically; ``CassetteError`` when a request got no answer or
         the file cannot be written."""
-        from fluid_build.corpus.replay import CassetteError, write_cassette
+        from fluid_build.corpus.cassette import CassetteError, write_cassette
         from fluid_build.forge.cassette import forge_cassette
 
         self.tried = True
@@ -404,7 +401,7 @@ def _save_failed_run(
     agent_loop: bool,
 ) -> None:
     """Record a run that ended in a typed error; the run's error is reported either way."""
-    from fluid_build.corpus.replay import CassetteError
+    from fluid_build.corpus.cassette import CassetteError
 
     try:
         path = recording.save(client, intent, env, error=error, output=None, agent_loop=agent_loop)

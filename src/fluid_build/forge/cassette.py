@@ -1,7 +1,7 @@
 """A forge run as a cassette: what ``fluid forge --record`` writes and ``--replay`` reads.
 
-The cassette is the format of :mod:`fluid_build.corpus.replay`, made by a
-:class:`~fluid_build.corpus.replay.Recorder` that keeps each request's
+The cassette is the format of :mod:`fluid_build.corpus.cassette`, made by a
+:class:`~fluid_build.corpus.record.Recorder` that keeps each request's
 body too (redacted like the answers), so that a replay names the first
 request that differs. ``bodies=False`` keeps no prompt, no request body and
 no model output (then a forge replay has nothing to answer with).
@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from fluid_build.corpus.replay import CallRecipe, Cassette, Recorder, recipe_env
+from fluid_build.corpus.cassette import CallRecipe, Cassette
+from fluid_build.corpus.record import Recorder, recipe_env
 from fluid_build.forge.intent import Intent
 
 if TYPE_CHECKING:

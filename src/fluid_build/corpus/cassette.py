@@ -1,0 +1,377 @@
+"""The cassette format: a recorded call on file, read, validated and written.
+
+A cassette holds one call (the recipe), the HTTP exchanges it caused (a
+request summary and the provider's answer) and what came of it (outcome,
+typed error or validated output, requests sent, waits taken). This module
+defines those pydantic models, reads them (:func:`load_cassette`: any
+problem is a :class:`CassetteError`), writes them (:func:`dump_cassette`,
+:func:`write_cassette`), and names the response models a recipe may ask
+for (:func:`register_response_model`). Recording is in
+:mod:`fluid_build.corpus.record`, replaying in :mod:`fluid_build.corpus.replay`;
+see docs/corpus.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fluid_build._redact import ACCOUNT_HEADERS, is_credential_header, redact, redact_url
+from fluid_build.errors import FluidError
+
+__all__ = [
+    "CASSETTE_VERSION",
+    "OMITTED",
+    "RESPONSE_MODELS",
+    "CallRecipe",
+    "Cassette",
+    "CassetteError",
+    "DataProduct",
+    "Exchange",
+    "ExchangeRequest",
+    "ExchangeResponse",
+    "Expectation",
+    "Plan",
+    "dump_cassette",
+    "is_dropped_header",
+    "load_cassette",
+    "register_response_model",
+    "resolve_response_model",
+    "summarize_request",
+    "write_cassette",
+]
+
+#: The cassette format this module reads and writes.
+CASSETTE_VERSION: Final = 1
+#: What stands for the prompt in a cassette recorded without bodies.
+OMITTED: Final = "[omitted: recorded without bodies]"
+
+# Response headers a cassette never keeps, besides credentials and account ids:
+# the framing of the original bytes (the body is stored decoded).
+_FRAMING_HEADERS: Final = frozenset(
+    {
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+    }
+)
+
+
+def is_dropped_header(name: str) -> bool:
+    """Whether a cassette never keeps (nor serves) a response header of this name."""
+    low = name.lower()
+    return low in _FRAMING_HEADERS or low in ACCOUNT_HEADERS or is_credential_header(low)
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+class CassetteError(FluidError):
+    """A cassette that cannot be read: missing, not JSON, another version, or invalid."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_cassette_error, (str(self), self.path))
+
+
+def _rebuild_cassette_error(message: str, path: str | None) -> CassetteError:
+    error = CassetteError(message)
+    error.path = path
+    return error
+
+
+# -- response models cassettes may name ---------------------------------------------------
+
+
+class Plan(BaseModel):
+    """A data product plan: the response model of most shipped cassettes."""
+
+    name: str
+    steps: list[str]
+
+
+class DataProduct(BaseModel):
+    """A data product with a free-form ``properties`` field (JSON-encoded in strict mode)."""
+
+    name: str
+    owner: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    properties: dict[str, Any] = Field(default_factory=dict)
+
+
+#: Response models a cassette names by ``call.response_model``.
+RESPONSE_MODELS: dict[str, type[BaseModel]] = {"DataProduct": DataProduct, "Plan": Plan}
+
+
+def register_response_model(model: type[BaseModel], name: str | None = None) -> type[BaseModel]:
+    """Make ``model`` available to cassettes as ``name`` (default: its class name)."""
+    RESPONSE_MODELS[name or model.__name__] = model
+    return model
+
+
+def resolve_response_model(name: str) -> type[BaseModel]:
+    """The model a cassette names: a registered name, or ``fluid_build.module:Class``."""
+    known = RESPONSE_MODELS.get(name)
+    if known is not None:
+        return known
+    module_name, _, attr = name.partition(":")
+    if attr and (module_name == "fluid_build" or module_name.startswith("fluid_build.")):
+        try:
+            found = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise CassetteError(f"response model {name!r} cannot be imported: {exc}") from None
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+        raise CassetteError(f"response model {name!r} is not a pydantic model")
+    choices = ", ".join(sorted(RESPONSE_MODELS))
+    raise CassetteError(
+        f"unknown response model {name!r}: use one of {choices}, or "
+        "'fluid_build.<module>:<Class>' (only fluid_build modules are imported)"
+    )
+
+
+# -- the format ---------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExchangeRequest(_Strict):
+    """What was asked: never headers or keys; enough to check the order.
+
+    ``body`` is the request's JSON body, redacted, kept only by recorders
+    asked for it (``fluid forge --record``, with bodies); replay then compares
+    the conversation in it (:data:`COMPARED_BODY_FIELDS`, tool results aside).
+    """
+
+    method: str
+    path: str
+    model: str | None = None
+    body: Any | None = None
+
+
+class ExchangeResponse(_Strict):
+    """What the provider answered: status, kept headers, and a JSON body or raw text.
+
+    ``omitted`` marks an answer whose body was not recorded (``bodies=False``).
+    """
+
+    status: int = Field(ge=100, le=599)
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Any | None = None
+    body_text: str | None = None
+    omitted: bool = False
+
+    @model_validator(mode="after")
+    def _one_body(self) -> ExchangeResponse:
+        if self.body is not None and self.body_text is not None:
+            raise ValueError("give body (JSON) or body_text (raw text), not both")
+        if self.omitted and (self.body is not None or self.body_text is not None):
+            raise ValueError("an omitted body has neither body nor body_text")
+        return self
+
+
+class Exchange(_Strict):
+    request: ExchangeRequest
+    response: ExchangeResponse
+
+
+class CallRecipe(_Strict):
+    """The call to replay: what the caller passed to the client (or the agent loop)."""
+
+    kind: Literal["complete", "stream", "loop"] = "complete"
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | None = None
+    response_model: str | None = None
+    strict_schema: bool = False
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    capability_matrix: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _loop_task(self) -> CallRecipe:
+        if self.kind == "loop":
+            first = self.messages[0]
+            if (
+                len(self.messages) != 1
+                or first.get("role") != "user"
+                or not isinstance(first.get("content"), str)
+            ):
+                raise ValueError("a loop recipe takes one user message with text content")
+        return self
+
+
+class Expectation(_Strict):
+    """What the call came to; replay must reproduce it."""
+
+    outcome: Literal["success", "error"]
+    error_class: str | None = None
+    error_code: str | None = None
+    output: Any | None = None
+    attempts: int = Field(ge=0)
+    waits: list[float] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Expectation:
+        if self.outcome == "error" and not self.error_class:
+            raise ValueError("an error outcome needs error_class")
+        if self.outcome == "success" and (self.error_class or self.error_code):
+            raise ValueError("a success outcome has no error_class or error_code")
+        if any(not math.isfinite(w) or w < 0 for w in self.waits):
+            raise ValueError("waits are finite, non-negative seconds")
+        return self
+
+
+class Cassette(_Strict):
+    version: int
+    name: str = Field(min_length=1)
+    description: str = ""
+    provider: str
+    model: str
+    source: str = Field(min_length=1)
+    call: CallRecipe
+    exchanges: list[Exchange]
+    expect: Expectation
+    #: False: recorded without bodies (no prompt, no model output); replay checks the flow only.
+    bodies: bool = True
+
+    @model_validator(mode="after")
+    def _version(self) -> Cassette:
+        if self.version != CASSETTE_VERSION:
+            raise ValueError(_version_message(self.version))
+        return self
+
+    @model_validator(mode="after")
+    def _bodies(self) -> Cassette:
+        if not self.bodies and self.expect.output is not None:
+            raise ValueError("a cassette recorded without bodies has no expected output")
+        if self.bodies and any(e.response.omitted for e in self.exchanges):
+            raise ValueError("an omitted body needs bodies: false")
+        return self
+
+
+def _version_message(version: object) -> str:
+    return (
+        f"cassette version {version!r} is not supported: this fluid_build reads version "
+        f"{CASSETTE_VERSION}"
+    )
+
+
+def _pydantic_problems(exc: ValidationError) -> str:
+    shown = []
+    for entry in exc.errors()[:5]:
+        where = ".".join(str(part) for part in entry["loc"]) or "<root>"
+        shown.append(f"{where}: {entry['msg']}")
+    more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return "; ".join(shown) + more
+
+
+#: The largest cassette file read (a recorded stream of a long answer fits easily).
+MAX_CASSETTE_BYTES: Final = 64 * 1024 * 1024
+
+
+def load_cassette(path: str | Path) -> Cassette:
+    """Read and validate a cassette; any problem is a :class:`CassetteError` saying what."""
+    from fluid_build._files import UnsafeFileError, load_json, read_regular
+
+    where = str(path)
+    try:
+        # Bounded: never a FIFO, a device or a directory, never more than the limit.
+        text = read_regular(path, limit=MAX_CASSETTE_BYTES, name=where).decode("utf-8")
+    except UnsafeFileError as exc:
+        raise CassetteError(f"{exc.reason}; {exc.advice}", path=where) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CassetteError(f"cannot be read ({reason})", path=where) from None
+    except UnicodeDecodeError:
+        raise CassetteError("is not UTF-8 text", path=where) from None
+    try:
+        data = load_json(text, name=where)
+    except UnsafeFileError as exc:
+        raise CassetteError(f"{exc.reason}; {exc.advice}", path=where) from None
+    except json.JSONDecodeError as exc:
+        raise CassetteError(
+            f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})", path=where
+        ) from None
+    if not isinstance(data, dict):
+        raise CassetteError("must hold a JSON object", path=where)
+    if "version" not in data:
+        raise CassetteError(
+            f"has no 'version' (this fluid_build reads version {CASSETTE_VERSION})", path=where
+        )
+    if data["version"] != CASSETTE_VERSION:
+        raise CassetteError(_version_message(data["version"]), path=where)
+    try:
+        cassette = Cassette.model_validate(data)
+    except ValidationError as exc:
+        raise CassetteError(
+            f"is not a valid cassette: {_pydantic_problems(exc)}", path=where
+        ) from None
+    if cassette.call.response_model is not None:
+        try:
+            resolve_response_model(cassette.call.response_model)
+        except CassetteError as exc:
+            raise CassetteError(str(exc), path=where) from None
+    return cassette
+
+
+def dump_cassette(cassette: Cassette) -> str:
+    """The cassette as the JSON text this module writes (stable: same cassette, same bytes).
+
+    ``bodies`` and ``omitted`` are written only when they say something
+    (false, true), so cassettes recorded with bodies read as they always did.
+    """
+    data = cassette.model_dump(mode="json")
+    if data.get("bodies") is True:
+        del data["bodies"]
+    for exchange in data["exchanges"]:
+        if exchange["response"].get("omitted") is False:
+            del exchange["response"]["omitted"]
+        if exchange["request"].get("body") is None:
+            del exchange["request"]["body"]
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_cassette(cassette: Cassette, path: str | Path) -> Path:
+    """Write ``cassette`` to ``path`` atomically: a reader sees the old file or the whole new one.
+
+    The text goes to a temporary file in the same directory (mode 0600), which
+    is then renamed over ``path``; nothing is left behind if writing is
+    interrupted.
+    """
+    from fluid_build._files import write_atomic
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(target, dump_cassette(cassette).encode("utf-8"))
+    return target
+
+
+# -- what is kept of a request -------------------------------------------------------
+
+
+def summarize_request(request: httpx.Request, *, secrets: Sequence[str] = ()) -> ExchangeRequest:
+    """Method, URL path and the body's ``model``: all a cassette keeps of a request."""
+    model: str | None = None
+    try:
+        data = json.loads(request.content) if request.content else None
+    except (ValueError, httpx.RequestNotRead):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        model = redact(data["model"], secrets)
+    return ExchangeRequest(
+        method=request.method.upper(), path=redact_url(request.url.path, secrets), model=model
+    )
