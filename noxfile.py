@@ -71,7 +71,7 @@ def fuzz(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Benchmarks as ratios against baselines in the same run; peers in this env only."""
-    session.install(".", "openai>=3", "matplotlib>=3.8")
+    session.install(".[aiohttp]", "openai>=3", "httpx2", "matplotlib>=3.8")
     out = Path(session.create_tmp()) / "bench"
     out.mkdir(parents=True, exist_ok=True)
     lite = out / "litellm-venv"  # litellm wants openai<3: its own venv, for import timing

@@ -1,0 +1,348 @@
+"""The connection pools under a call: which transport, how large, and a fair wait for a slot.
+
+httpx 0.28's default pool keeps 20 of its 100 connections alive, so at 100 or
+more calls in flight it closes and reopens connections without end
+(encode/httpcore#1035), and its queue of waiting requests is matched against
+the connections in O(connections x requests). Here every pool keeps all its
+connections alive, and in front of each async pool stands an
+:class:`AdmissionGate`: a FIFO of calls waiting for one of the pool's slots,
+each for at most its request's pool timeout (what is left of the call's
+deadline). The pool itself then never queues, and 1,000 calls at once wait
+their turn in order instead of ending in thousands of ``PoolTimeout``.
+
+``FLUID_LLM_TRANSPORT`` (or ``transport=``) picks what sends the bytes of an
+async call: ``httpx`` (the default, chosen by docs/benchmarks.md "Async at
+1,000 concurrent calls") or ``aiohttp`` (``pip install 'fluid-build[aiohttp]'``,
+through httpx-aiohttp). Sync calls always use httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final, Literal, TypeVar, cast
+
+import httpx
+
+from fluid_build._redact import one_line, redact, redact_url, truncate
+from fluid_build.copilot.agents.errors import ProviderError
+
+__all__ = [
+    "MAX_CONNECTIONS",
+    "POOL_LIMITS",
+    "TRANSPORTS",
+    "TRANSPORT_ENV",
+    "AdmissionGate",
+    "GatedTransport",
+    "PooledAsyncClient",
+    "Transport",
+    "build_async_client",
+    "build_client",
+    "transport_choice",
+]
+
+Transport = Literal["httpx", "aiohttp"]
+TRANSPORTS: Final[tuple[Transport, ...]] = ("httpx", "aiohttp")
+TRANSPORT_ENV: Final = "FLUID_LLM_TRANSPORT"
+
+#: Connections per pool (per proxy, per client). More gave no more calls/s
+#: against one server in docs/benchmarks.md; fewer sockets are kinder to it.
+MAX_CONNECTIONS: Final = 100
+#: All of them kept alive: an idle connection is never closed to make room.
+POOL_LIMITS: Final = httpx.Limits(
+    max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
+)
+
+#: What httpx reads from the environment when it makes a connection pool.
+_POOL_VARS: Final = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+_AIOHTTP_EXTRA: Final = "pip install 'fluid-build[aiohttp]'"
+
+
+def _not_configured(message: str, provider: str | None, **details: Any) -> ProviderError:
+    return ProviderError(
+        message,
+        provider=provider,
+        code="llm.not_configured",
+        retryable=False,
+        details=details,
+    )
+
+
+def transport_choice(
+    env: Mapping[str, str] | None = None,
+    transport: str | None = None,
+    *,
+    provider: str | None = None,
+) -> Transport:
+    """The async transport asked for (the argument, else ``FLUID_LLM_TRANSPORT``), checked.
+
+    A bad value, or ``aiohttp`` without the extra installed, is a typed
+    ``llm.not_configured`` error naming where the value came from.
+    """
+    source = "transport=" if transport is not None else TRANSPORT_ENV
+    if transport is None:
+        transport = (os.environ if env is None else env).get(TRANSPORT_ENV, "")
+    value = transport.strip().lower() or "httpx"
+    if value not in TRANSPORTS:
+        raise _not_configured(
+            f"{source} {truncate(redact(transport), 40)!r} is not a transport; "
+            f"one of {', '.join(TRANSPORTS)} (e.g. {TRANSPORT_ENV}=aiohttp)",
+            provider,
+            variable=TRANSPORT_ENV,
+            choices=list(TRANSPORTS),
+        )
+    if value == "aiohttp":
+        try:
+            import aiohttp  # noqa: F401
+            import httpx_aiohttp  # noqa: F401
+        except ImportError as exc:
+            raise _not_configured(
+                f"{source} asks for the aiohttp transport, but {exc.name or 'aiohttp'} is not "
+                f"installed: {_AIOHTTP_EXTRA}, or unset {TRANSPORT_ENV}",
+                provider,
+                variable=TRANSPORT_ENV,
+                missing=exc.name,
+            ) from None
+    return value
+
+
+class AdmissionGate:
+    """A FIFO semaphore of ``slots``: callers are admitted in the order they asked.
+
+    A caller waits at most its ``timeout`` (then ``httpx.PoolTimeout``, which
+    the client turns into the deadline's typed error); a caller cancelled or
+    timed out while queued leaves the queue, and a slot handed to it just as it
+    gave up goes to the next caller.
+    """
+
+    __slots__ = ("_free", "_waiters", "slots")
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"an admission gate needs at least one slot, not {slots}")
+        self.slots = slots
+        self._free = slots
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def __repr__(self) -> str:
+        return f"AdmissionGate(slots={self.slots}, in_use={self.in_use}, waiting={self.waiting})"
+
+    @property
+    def in_use(self) -> int:
+        return self.slots - self._free
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
+        """Take a free slot if no one is waiting for one; never waits."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self, timeout: float | None) -> None:
+        """Take a slot, waiting in line at most ``timeout`` seconds (None: no bound)."""
+        if self.try_acquire():
+            return
+        if timeout is not None and timeout <= 0:
+            raise httpx.PoolTimeout(self._full())
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
+        try:
+            async with asyncio.timeout(timeout):
+                await turn
+        except BaseException as exc:
+            if turn.done() and not turn.cancelled():
+                self.release()  # admitted as we gave up: the slot goes on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(turn)
+            if isinstance(exc, TimeoutError):
+                raise httpx.PoolTimeout(self._full()) from None
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the longest waiter, else to the pool."""
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def _full(self) -> str:
+        return f"all {self.slots} connections stayed busy ({self.waiting} calls waiting)"
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response body that gives its gate slot back when closed (once)."""
+
+    __slots__ = ("_gate", "_stream")
+
+    def __init__(self, stream: httpx.AsyncByteStream, gate: AdmissionGate) -> None:
+        self._stream: httpx.AsyncByteStream | None = stream
+        self._gate = gate
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        assert self._stream is not None, "read after close"
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        try:
+            await stream.aclose()
+        finally:
+            self._gate.release()
+
+
+def _shortened(timeouts: Mapping[str, float | None], waited: float) -> dict[str, float | None]:
+    """The request's timeouts less the time spent in line: the wait counts against them."""
+    return {k: None if v is None else max(v - waited, 0.001) for k, v in timeouts.items()}
+
+
+class GatedTransport(httpx.AsyncBaseTransport):
+    """An async transport whose requests first pass ``gate``, held until the body is closed."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, gate: AdmissionGate) -> None:
+        self.inner = inner
+        self.gate = gate
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        if not self.gate.try_acquire():  # a free slot: no clock read on the fast path
+            started = time.monotonic()
+            await self.gate.acquire(timeouts.get("pool"))
+            if timeouts:
+                request.extensions["timeout"] = _shortened(timeouts, time.monotonic() - started)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except BaseException:
+            self.gate.release()
+            raise
+        response.stream = _Released(cast(httpx.AsyncByteStream, response.stream), self.gate)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _limits(kwargs: Mapping[str, Any]) -> httpx.Limits:
+    limits = kwargs.get("limits")
+    return limits if isinstance(limits, httpx.Limits) else POOL_LIMITS
+
+
+def _gated(inner: httpx.AsyncBaseTransport, limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+    slots = limits.max_connections
+    return inner if slots is None else GatedTransport(inner, AdmissionGate(slots))
+
+
+class PooledAsyncClient(httpx.AsyncClient):
+    """``httpx.AsyncClient`` with a gate before each pool, the direct one and each proxy's.
+
+    It hooks the two methods httpx uses to make pools, as httpx-aiohttp does,
+    so that proxies from the environment are honoured just as by httpx.
+    """
+
+    def __init__(self, *, transport_name: Transport = "httpx", **kwargs: Any) -> None:
+        self.transport_name: Transport = transport_name
+        super().__init__(**kwargs)
+
+    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
+        if kwargs.get("transport") is not None:
+            return cast(httpx.AsyncBaseTransport, kwargs["transport"])
+        limits = _limits(kwargs)
+        if self.transport_name == "aiohttp":
+            from httpx_aiohttp import AiohttpTransport
+
+            inner: httpx.AsyncBaseTransport = AiohttpTransport(
+                verify=kwargs.get("verify", True),
+                cert=kwargs.get("cert"),
+                trust_env=kwargs.get("trust_env", True),
+                limits=limits,
+            )
+        else:
+            inner = super()._init_transport(*args, **kwargs)
+        return _gated(inner, limits)
+
+    def _init_proxy_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
+        return _gated(super()._init_proxy_transport(*args, **kwargs), _limits(kwargs))
+
+
+_Pool = TypeVar("_Pool", httpx.Client, httpx.AsyncClient)
+
+
+def _made(make: Callable[[], _Pool], provider: str | None) -> _Pool:
+    """``make()``, or a typed error naming the proxy or certificate variable at fault.
+
+    httpx reads ``HTTPS_PROXY``, ``ALL_PROXY``, ``SSL_CERT_FILE``... when the
+    pool is made; an unusable value (an unknown proxy scheme, SOCKS without
+    ``socksio``, a missing or empty certificate file) would otherwise escape as
+    a bare ValueError, ImportError or OSError at the first call.
+    """
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - whatever httpx or ssl raise, typed here
+        found = [name for name in _POOL_VARS if os.environ.get(name)]
+        shown = ", ".join(f"{name}={redact_url(os.environ[name])[:120]!r}" for name in found)
+        reason = truncate(one_line(redact(str(exc))), 200)
+        raise _not_configured(
+            f"the HTTP connection pool cannot be made from this environment "
+            f"({type(exc).__name__}: {reason}); "
+            + (f"check {shown}" if shown else "check the proxy and certificate variables")
+            + " (e.g. HTTPS_PROXY=http://proxy.internal:3128; SOCKS needs httpx[socks])",
+            provider,
+            variable=found[0] if found else None,
+            variables=found,
+        ) from None
+
+
+def build_client(
+    timeout: float, provider: str | None, env: Mapping[str, str] | None = None
+) -> httpx.Client:
+    """The sync pool: httpx, every connection kept alive (threads wait in httpx's own pool).
+
+    ``env`` is accepted for symmetry with :func:`build_async_client`; the
+    transport variable concerns async calls only.
+    """
+    del env
+    return _made(lambda: httpx.Client(timeout=httpx.Timeout(timeout), limits=POOL_LIMITS), provider)
+
+
+def build_async_client(
+    timeout: float,
+    provider: str | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    transport: str | None = None,
+    limits: httpx.Limits = POOL_LIMITS,
+) -> httpx.AsyncClient:
+    """The async pool: the chosen transport, every connection kept alive, a FIFO gate before it.
+
+    ``env`` (default ``os.environ``) is where ``FLUID_LLM_TRANSPORT`` is read;
+    ``transport=`` overrides it.
+    """
+    name = transport_choice(env, transport, provider=provider)
+    return _made(
+        lambda: PooledAsyncClient(
+            transport_name=name, timeout=httpx.Timeout(timeout), limits=limits
+        ),
+        provider,
+    )

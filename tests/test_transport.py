@@ -1,0 +1,279 @@
+"""The connection pools: limits, the FIFO admission gate, and the transport choice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from fluid_build.copilot import LLMClient
+from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.call.transport import (
+    MAX_CONNECTIONS,
+    TRANSPORT_ENV,
+    AdmissionGate,
+    GatedTransport,
+    build_async_client,
+    build_client,
+    transport_choice,
+)
+from tests import loopback
+
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+TWO_SLOTS = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+
+
+class Held:
+    """What a holding server saw: callers in order of arrival, each held until let go."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.arrived = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+
+    def reply(self, seen: loopback.Seen) -> loopback.Reply:
+        self.order.append(seen.headers.get("x-caller", "?"))
+        self.arrived.release()
+        self.go.acquire(timeout=10)
+        return 200, {"content-type": "application/json"}, ANSWER
+
+    async def wait_arrival(self) -> None:
+        assert await asyncio.to_thread(self.arrived.acquire, True, 5), "no request arrived"
+
+
+@contextmanager
+def holding_server() -> Iterator[tuple[str, Held]]:
+    held = Held()
+    with loopback.http_server(held.reply) as server:
+        try:
+            yield loopback.base_url(server), held
+        finally:
+            for _ in range(16):  # nobody stays held past the test
+                held.go.release()
+
+
+def gate_of(client: httpx.AsyncClient) -> AdmissionGate:
+    transport = client._transport
+    assert isinstance(transport, GatedTransport)
+    return transport.gate
+
+
+async def queued(gate: AdmissionGate, waiting: int) -> None:
+    """Let the loop run until ``waiting`` callers stand in line (no clock involved)."""
+    for _ in range(10_000):
+        if gate.waiting == waiting:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{gate!r}: expected {waiting} waiting")
+
+
+def vllm(base: str, pool: httpx.AsyncClient, deadline: float = 10.0) -> LLMClient:
+    return LLMClient(
+        "vllm",
+        "m",
+        base_url=f"{base}/v1",
+        envelope=RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None),
+        capability_matrix={"context_window": 32_768},
+        async_http_client=pool,
+        deadline=deadline,
+        env={},
+    )
+
+
+def test_pools_keep_every_connection_alive() -> None:
+    client = build_async_client(30.0, "openai", {})
+    gate = gate_of(client)
+    pool = client._transport.inner._pool  # type: ignore[attr-defined]
+    assert gate.slots == MAX_CONNECTIONS == 100
+    assert pool._max_connections == pool._max_keepalive_connections == MAX_CONNECTIONS
+    assert client.timeout == httpx.Timeout(30.0)
+    sync = build_client(30.0, "openai", {})
+    sync_pool = sync._transport._pool  # type: ignore[attr-defined]
+    assert sync_pool._max_connections == sync_pool._max_keepalive_connections == MAX_CONNECTIONS
+    sync.close()
+    asyncio.run(client.aclose())
+
+
+def test_callers_beyond_the_pool_are_admitted_in_the_order_they_came() -> None:
+    async def main(base: str, held: Held) -> list[str]:
+        async with build_async_client(10.0, None, {}, limits=TWO_SLOTS) as client:
+            gate = gate_of(client)
+
+            async def call(name: str) -> int:
+                response = await client.post(f"{base}/x", headers={"x-caller": name}, json={})
+                return response.status_code
+
+            tasks = []
+            for i in range(5):
+                tasks.append(asyncio.create_task(call(str(i))))
+                if i < 2:
+                    await held.wait_arrival()
+                else:
+                    await queued(gate, i - 1)
+            for _ in range(3):  # each one let go admits the longest waiter, and only it
+                held.go.release()
+                await held.wait_arrival()
+            held.go.release()
+            held.go.release()
+            assert await asyncio.gather(*tasks) == [200] * 5
+            assert (gate.in_use, gate.waiting) == (0, 0)
+            return held.order
+
+    with holding_server() as (base, held):
+        assert asyncio.run(main(base, held)) == ["0", "1", "2", "3", "4"]
+
+
+def test_a_deadline_that_ends_in_line_is_the_typed_timeout_and_leaks_no_slot() -> None:
+    deadline = 0.4
+
+    async def main(base: str, held: Held) -> tuple[float, ProviderTimeoutError]:
+        pool = build_async_client(10.0, "vllm", {}, limits=TWO_SLOTS)
+        patient, hurried = (vllm(base, pool, seconds) for seconds in (10.0, deadline))
+        busy = [asyncio.create_task(patient.acomplete("hi")) for _ in range(2)]
+        await held.wait_arrival()
+        await held.wait_arrival()
+        started = time.monotonic()
+        with pytest.raises(ProviderTimeoutError) as caught:
+            await hurried.acomplete("hi")
+        took = time.monotonic() - started
+        held.go.release()
+        held.go.release()
+        await asyncio.gather(*busy)
+        gate = gate_of(pool)
+        assert (gate.in_use, gate.waiting) == (0, 0)
+        await pool.aclose()
+        return took, caught.value
+
+    with holding_server() as (base, held):
+        took, error = asyncio.run(main(base, held))
+    assert error.code == "llm.deadline_exceeded"
+    assert error.details["reached"] == "a connection"
+    assert took < deadline + 0.25
+    assert held.order == ["?", "?"]  # the third never reached the server
+
+
+def test_a_caller_cancelled_in_line_gives_up_its_place() -> None:
+    async def main(base: str, held: Held) -> None:
+        async with build_async_client(10.0, None, {}, limits=TWO_SLOTS) as client:
+            gate = gate_of(client)
+
+            async def call(name: str) -> int:
+                response = await client.post(f"{base}/x", headers={"x-caller": name}, json={})
+                return response.status_code
+
+            first = [asyncio.create_task(call(str(i))) for i in range(2)]
+            await held.wait_arrival()
+            await held.wait_arrival()
+            gone = asyncio.create_task(call("gone"))
+            await queued(gate, 1)
+            after = asyncio.create_task(call("after"))
+            await queued(gate, 2)
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            assert gate.waiting == 1
+            held.go.release()
+            await held.wait_arrival()
+            held.go.release()
+            held.go.release()
+            assert await asyncio.gather(*first, after) == [200] * 3
+            assert (gate.in_use, gate.waiting) == (0, 0)
+
+    with holding_server() as (base, held):
+        asyncio.run(main(base, held))
+        assert held.order[2:] == ["after"]
+
+
+def test_a_slot_handed_over_as_its_caller_gives_up_goes_to_the_next() -> None:
+    async def main() -> None:
+        gate = AdmissionGate(1)
+        await gate.acquire(None)
+        late = asyncio.create_task(gate.acquire(None))
+        await queued(gate, 1)
+        gate.release()  # handed to `late`, which is cancelled before it runs
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+        assert (gate.in_use, gate.waiting) == (0, 0)
+        await gate.acquire(None)
+        with pytest.raises(httpx.PoolTimeout):  # full, and no time to wait
+            await gate.acquire(0.0)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", ["requests", "aiohttp2", "h2", "httpx;rm"])
+def test_an_unknown_transport_names_the_variable(value: str) -> None:
+    with pytest.raises(ProviderError) as caught:
+        build_async_client(10.0, "openai", {TRANSPORT_ENV: value})
+    assert caught.value.code == "llm.not_configured"
+    assert caught.value.retryable is False
+    assert caught.value.details["variable"] == TRANSPORT_ENV
+    assert TRANSPORT_ENV in str(caught.value)
+    assert "aiohttp" in str(caught.value)
+
+
+@pytest.mark.parametrize("missing", ["aiohttp", "httpx_aiohttp"])
+def test_aiohttp_asked_for_but_not_installed_says_how_to_install(
+    missing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, missing, None)  # import fails as if not installed
+    with pytest.raises(ProviderError) as caught:
+        transport_choice({TRANSPORT_ENV: "aiohttp"})
+    assert caught.value.code == "llm.not_configured"
+    assert caught.value.details == {"variable": TRANSPORT_ENV, "missing": missing}
+    assert "fluid-build[aiohttp]" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "argument", "chosen"),
+    [
+        ({}, None, "httpx"),
+        ({TRANSPORT_ENV: " AIOHTTP "}, None, "aiohttp"),
+        ({}, "aiohttp", "aiohttp"),
+        ({TRANSPORT_ENV: "aiohttp"}, "httpx", "httpx"),
+    ],
+)
+def test_the_transport_comes_from_the_argument_else_the_variable(
+    env: dict[str, str], argument: str | None, chosen: str
+) -> None:
+    assert transport_choice(env, argument) == chosen
+
+
+def test_the_aiohttp_transport_carries_a_call_and_frees_its_slot() -> None:
+    async def main(base: str) -> dict[str, Any]:
+        pool = build_async_client(10.0, "vllm", {TRANSPORT_ENV: "aiohttp"})
+        gate = gate_of(pool)
+        assert type(pool._transport.inner).__name__ == "AiohttpTransport"  # type: ignore[attr-defined]
+        async with vllm(base, pool) as llm:
+            completion = await llm.acomplete("hi")
+        raw = await pool.post(f"{base}/v1/chat/completions", json={"x": 1})
+        assert (gate.in_use, gate.waiting) == (0, 0)
+        await pool.aclose()
+        return {"text": completion.text, "status": raw.status_code, "json": raw.json()}
+
+    def reply(seen: loopback.Seen) -> loopback.Reply:
+        return 200, {"content-type": "application/json"}, ANSWER
+
+    with loopback.http_server(reply) as server:
+        got = asyncio.run(main(loopback.base_url(server)))
+        assert [s.path for s in server.seen] == ["/v1/chat/completions"] * 2
+    assert got == {"text": "Hi", "status": 200, "json": json.loads(ANSWER)}
