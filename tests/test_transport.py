@@ -262,7 +262,7 @@ def test_the_aiohttp_transport_carries_a_call_and_frees_its_slot() -> None:
     async def main(base: str) -> dict[str, Any]:
         pool = build_async_client(10.0, "vllm", {TRANSPORT_ENV: "aiohttp"})
         gate = gate_of(pool)
-        assert type(pool._transport.inner).__name__ == "AiohttpTransport"  # type: ignore[attr-defined]
+        assert type(pool._transport.inner.inner).__name__ == "AiohttpTransport"  # type: ignore[attr-defined]
         async with vllm(base, pool) as llm:
             completion = await llm.acomplete("hi")
         raw = await pool.post(f"{base}/v1/chat/completions", json={"x": 1})
@@ -277,3 +277,26 @@ def test_the_aiohttp_transport_carries_a_call_and_frees_its_slot() -> None:
         got = asyncio.run(main(loopback.base_url(server)))
         assert [s.path for s in server.seen] == ["/v1/chat/completions"] * 2
     assert got == {"text": "Hi", "status": 200, "json": json.loads(ANSWER)}
+
+
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [("reset", httpx.ReadError), ("silent", httpx.ReadTimeout), ("refused", httpx.ConnectError)],
+)
+def test_both_transports_name_a_fault_alike(
+    transport: str, fault: str, expected: type[httpx.HTTPError]
+) -> None:
+    async def main(base: str) -> type[BaseException]:
+        async with build_async_client(0.3, None, {}, transport=transport) as pool:
+            with pytest.raises(httpx.HTTPError) as caught:
+                await pool.post(f"{base}/x", json={})
+            assert (gate_of(pool).in_use, gate_of(pool).waiting) == (0, 0)
+            return type(caught.value)
+
+    if fault == "refused":
+        raised = asyncio.run(main(f"http://127.0.0.1:{loopback.closed_port()}"))
+    else:
+        with loopback.serve(getattr(loopback, fault)) as base:
+            raised = asyncio.run(main(base))
+    assert raised is expected

@@ -244,6 +244,31 @@ class GatedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class _AiohttpFaults(httpx.AsyncBaseTransport):
+    """httpx-aiohttp's faults as httpx names them: its map calls every aiohttp connection
+    error a ``ConnectTimeout``, a refused connection and a reset one alike; the error
+    classes (and so the reason codes) must not depend on the transport."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except httpx.ConnectTimeout as exc:
+            cause = exc.__cause__
+            if cause is None or isinstance(cause, TimeoutError):
+                raise
+            import aiohttp
+
+            refused = isinstance(cause, aiohttp.ClientConnectorError)
+            fault = httpx.ConnectError if refused else httpx.ReadError
+            raise fault(str(exc), request=request) from cause
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def _limits(kwargs: Mapping[str, Any]) -> httpx.Limits:
     limits = kwargs.get("limits")
     return limits if isinstance(limits, httpx.Limits) else POOL_LIMITS
@@ -272,11 +297,13 @@ class PooledAsyncClient(httpx.AsyncClient):
         if self.transport_name == "aiohttp":
             from httpx_aiohttp import AiohttpTransport
 
-            inner: httpx.AsyncBaseTransport = AiohttpTransport(
-                verify=kwargs.get("verify", True),
-                cert=kwargs.get("cert"),
-                trust_env=kwargs.get("trust_env", True),
-                limits=limits,
+            inner: httpx.AsyncBaseTransport = _AiohttpFaults(
+                AiohttpTransport(
+                    verify=kwargs.get("verify", True),
+                    cert=kwargs.get("cert"),
+                    trust_env=kwargs.get("trust_env", True),
+                    limits=limits,
+                )
             )
         else:
             inner = super()._init_transport(*args, **kwargs)
