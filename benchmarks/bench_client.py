@@ -10,7 +10,9 @@ share the client's GIL. Against it, in the same run:
   the official ``openai`` SDK's ``chat.completions.create()``. Each figure is
   the median over interleaved runs of the mean time per call; ratios are the
   median of run-by-run ratios to the bare httpx run beside it. Targets:
-  LLMClient at most 1.10x the bare httpx call, and faster than the openai SDK;
+  LLMClient at most 1.05x the bare httpx call, and faster than the openai SDK;
+  the pre-flight (``check_context`` on the same prompt, timed beside the
+  calls) under 2 % of an LLMClient call;
 * async throughput at 100 and 1,000 concurrent calls (``asyncio.gather``):
   ``httpx.AsyncClient`` (the baseline), ``LLMClient.acomplete()``,
   ``openai.AsyncOpenAI``, each in a fresh process, with its peak RSS and the
@@ -46,7 +48,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-TARGET_RATIO = 1.10
+TARGET_RATIO = 1.05
+PREFLIGHT_SHARE = 0.02  # the pre-flight of a prompt that fits by bytes: < 2 % of a call
 ROUNDS = {100: (10, 15), 1_000: (3, 4)}  # rounds of concurrent calls a pass: (--quick, full)
 ASYNC_PASSES = 3  # interleaved passes, each variant in a fresh process (--quick: 1)
 MODEL = "bench-model"
@@ -180,8 +183,12 @@ def sync_variant(name: str, url: str, tmp: Path) -> Sync:
         from fluid_build.copilot import LLMClient
         from fluid_build.copilot.call.envelope import RetryEnvelope
 
-        if name == "llmclient-sqlite":  # the default store, in a scratch directory
-            envelope = RetryEnvelope.from_env({"FLUID_COOLDOWN_URL": str(tmp / "cooldown.sqlite3")})
+        if name == "llmclient-sqlite":  # the default store: the sqlite file in a scratch cache
+            envelope = RetryEnvelope.from_env({"XDG_CACHE_HOME": str(tmp)})
+            assert repr(envelope.cooldown).endswith(
+                f"({str(tmp / 'fluid_build' / 'cooldown.sqlite3')!r}))"
+            ), envelope.cooldown
+            assert envelope.breaker is not None
         else:
             envelope = RetryEnvelope(cooldown=None)
         llm = LLMClient(
@@ -258,6 +265,20 @@ ASYNC_ROWS = (
 # -- measuring --------------------------------------------------------------------------------
 
 
+def preflight_check() -> Callable[[], object]:
+    """The pre-flight an LLMClient.complete() of the benchmark's prompt runs."""
+    from fluid_build.copilot.call.preflight import check_context
+
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def check() -> object:
+        return check_context(
+            provider="vllm", model=MODEL, system=None, messages=messages, capability_matrix=MATRIX
+        )
+
+    return check
+
+
 def measure_sync(url: str, names: list[str], number: int, repeat: int) -> dict[str, list[float]]:
     """Seconds per call, per variant: ``repeat`` interleaved runs of ``number`` calls each.
 
@@ -266,7 +287,8 @@ def measure_sync(url: str, names: list[str], number: int, repeat: int) -> dict[s
     taken run by run, against the baseline's run next to it.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {name: sync_variant(name, url, Path(tmp)) for name in names}
+        variants: dict[str, Sync] = {name: sync_variant(name, url, Path(tmp)) for name in names}
+        variants["preflight"] = (preflight_check(), lambda: None)
         try:
             for call, _ in variants.values():  # warm: connect, first-use imports, caches
                 for _ in range(max(number // 5, 100)):
@@ -446,6 +468,14 @@ def main() -> int:
     results: dict[str, Any] = {"machine": info, "versions": versions, "target": TARGET_RATIO}
     with loopback_server() as url:
         runs = measure_sync(url, names, number, repeat)
+        checks = runs.pop("preflight")
+        shares = [c / t for c, t in zip(checks, runs["llmclient-sqlite"], strict=True)]
+        results["preflight"] = {
+            "us": statistics.median(checks) * 1e6,
+            "share": statistics.median(shares),
+            "share_max": max(shares),
+            "target": PREFLIGHT_SHARE,
+        }
         base = runs["httpx"]
         per_call = {name: statistics.median(times) for name, times in runs.items()}
         sync_rows = []
@@ -553,6 +583,17 @@ def main() -> int:
             f"| {row['label']} | {row['us_per_call']:.1f} | {row['us_min']:.1f} | "
             f"{row['overhead_us']:+.1f} | {row['ratio']:.3f}x | {verdict} |"
         )
+    check = results["preflight"]
+    ok_share = check["share"] < PREFLIGHT_SHARE
+    print()
+    print(
+        f"Pre-flight of the same prompt (fits by bytes), timed in the same runs: "
+        f"{check['us']:.2f} us, {check['share']:.2%} of an LLMClient call with the default "
+        f"store (worst run {check['share_max']:.2%}); < {PREFLIGHT_SHARE:.0%}: "
+        f"{'met' if ok_share else 'MISSED'}"
+    )
+    if not ok_share:
+        missed.append(f"pre-flight {check['share']:.2%} of a call >= {PREFLIGHT_SHARE:.0%}")
     print()
     print(
         "Async throughput (asyncio.gather of N concurrent calls): each variant in a fresh "
