@@ -293,7 +293,7 @@ def measure_sync(url: str, names: list[str], number: int, repeat: int) -> dict[s
             for call, _ in variants.values():  # warm: connect, first-use imports, caches
                 for _ in range(max(number // 5, 100)):
                     call()
-            runs: dict[str, list[float]] = {name: [] for name in names}
+            runs: dict[str, list[float]] = {name: [] for name in variants}
             for _ in range(repeat):
                 for name, (call, _) in variants.items():
                     gc.collect()

@@ -4,8 +4,9 @@ Each figure is the median of 7 fresh interpreters (``--quick``: 3), the
 statements interleaved run by run and each ratio the median of the
 run-by-run ratios, each interpreter timing one statement with
 ``time.perf_counter`` around it, so interpreter start-up is not counted; one
-discarded run first writes any bytecode caches, so "cold" means a new process with a warm disk cache, as a CLI starts. Each
-row also gives the modules the statement loaded. Target: ``from
+discarded run first writes any bytecode caches, so "cold" means a new
+process with a warm disk cache, as a CLI starts. Each row also gives the
+modules the statement loaded. Target: ``from
 fluid_build.copilot import LLMClient`` and ``from fluid_build import
 LLMClient`` (plus a first attribute access) at most 1.5x ``import httpx``
 (which they include) and below ``from openai import OpenAI``, measured in
