@@ -227,6 +227,7 @@ def test_an_unknown_transport_names_the_variable(value: str) -> None:
     assert caught.value.code == "llm.not_configured"
     assert caught.value.retryable is False
     assert caught.value.details["variable"] == TRANSPORT_ENV
+    assert caught.value.details["example"] == "aiohttp"
     assert TRANSPORT_ENV in str(caught.value)
     assert "aiohttp" in str(caught.value)
 
@@ -239,7 +240,11 @@ def test_aiohttp_asked_for_but_not_installed_says_how_to_install(
     with pytest.raises(ProviderError) as caught:
         transport_choice({TRANSPORT_ENV: "aiohttp"})
     assert caught.value.code == "llm.not_configured"
-    assert caught.value.details == {"variable": TRANSPORT_ENV, "missing": missing}
+    assert caught.value.details == {
+        "variable": TRANSPORT_ENV,
+        "example": "httpx",
+        "missing": missing,
+    }
     assert "fluid-build[aiohttp]" in str(caught.value)
 
 

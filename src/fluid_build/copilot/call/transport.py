@@ -102,6 +102,7 @@ def transport_choice(
             f"one of {', '.join(TRANSPORTS)} (e.g. {TRANSPORT_ENV}=aiohttp)",
             provider,
             variable=TRANSPORT_ENV,
+            example="aiohttp",
             choices=list(TRANSPORTS),
         )
     if value == "aiohttp":
@@ -111,9 +112,11 @@ def transport_choice(
         except ImportError as exc:
             raise _not_configured(
                 f"{source} asks for the aiohttp transport, but {exc.name or 'aiohttp'} is not "
-                f"installed: {_AIOHTTP_EXTRA}, or unset {TRANSPORT_ENV}",
+                f"installed: {_AIOHTTP_EXTRA}, or choose another "
+                f"(e.g. {TRANSPORT_ENV}=httpx)",
                 provider,
                 variable=TRANSPORT_ENV,
+                example="httpx",
                 missing=exc.name,
             ) from None
     return value
