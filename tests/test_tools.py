@@ -21,14 +21,14 @@ from pydantic import BaseModel, Field, field_validator
 
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
+from fluid_build.copilot.loop.declare import _parse_docstring
+from fluid_build.copilot.loop.pool import DaemonPool
 from fluid_build.copilot.loop.tools import (
     Tool,
     ToolOutcome,
     ToolRegistry,
     Workspace,
     WorkspacePath,
-    _DaemonPool,
-    _parse_docstring,
     _plan_batches,
     forge_tool,
 )
@@ -646,7 +646,7 @@ def test_a_queued_call_that_times_out_never_runs_late() -> None:
 
 def test_a_job_picked_up_after_its_deadline_is_cancelled_not_run() -> None:
     ran = threading.Event()
-    pool = _DaemonPool(1, "fluid-tool-test")
+    pool = DaemonPool(1, "fluid-tool-test")
     try:
         future = pool.submit(ran.set, deadline=time.monotonic() - 1)
         concurrent.futures.wait([future], timeout=5)

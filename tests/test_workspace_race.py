@@ -19,7 +19,7 @@ import pytest
 
 from fluid_build.copilot.agents.errors import ToolValidationError
 from fluid_build.copilot.llm.types import ToolCall
-from fluid_build.copilot.loop import tools as tools_module
+from fluid_build.copilot.loop import workspace as workspace_module
 from fluid_build.copilot.loop.tools import (
     ToolOutcome,
     ToolRegistry,
@@ -96,7 +96,7 @@ def after_a_swap(swap: Callable[[], None], body: Callable[..., Any]) -> Callable
 
 @pytest.fixture(params=[True, False], ids=["openat", "open-then-verify"])
 def openat(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    monkeypatch.setattr(tools_module, "_HAVE_OPENAT", request.param)
+    monkeypatch.setattr(workspace_module, "_HAVE_OPENAT", request.param)
     return bool(request.param)
 
 

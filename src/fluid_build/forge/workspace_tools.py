@@ -12,13 +12,8 @@ from pydantic import Field
 
 from fluid_build._files import read_text_head
 from fluid_build.copilot.agents.errors import ToolValidationError
-from fluid_build.copilot.loop.tools import (
-    Tool,
-    Workspace,
-    WorkspacePath,
-    current_workspace,
-    forge_tool,
-)
+from fluid_build.copilot.loop.declare import Tool, forge_tool
+from fluid_build.copilot.loop.workspace import Workspace, WorkspacePath, current_workspace
 
 __all__ = ["MAX_SAMPLE_CHARS", "MAX_WALK_DEPTH", "TEMPLATES", "workspace_tools"]
 

@@ -34,7 +34,9 @@ from fluid_build.copilot.agents.errors import (
     SchemaValidationError,
 )
 from fluid_build.copilot.llm.types import Completion, ToolCall
-from fluid_build.copilot.loop.tools import Tool, ToolOutcome, ToolRegistry, Workspace
+from fluid_build.copilot.loop.declare import Tool
+from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
+from fluid_build.copilot.loop.workspace import Workspace
 
 if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient

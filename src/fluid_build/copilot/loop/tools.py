@@ -1,10 +1,12 @@
-"""Tools the agent loop can call: declared with ``@forge_tool``, run by a ``ToolRegistry``.
+"""Running tools: a ``ToolRegistry`` validates each call and runs its body under a timeout.
 
-A tool is a typed Python function. :func:`forge_tool` turns its signature into
-a pydantic model: the JSON schema the model is shown, and the validator every
-call's arguments pass through. :class:`ToolRegistry` validates a call, runs the
-body under the tool's timeout and hands back a :class:`ToolOutcome`; a failing
-tool never raises into the loop. Refusals and failures carry stable codes::
+:class:`ToolRegistry` holds the tools one agent may call (declared with
+``@forge_tool``, :mod:`fluid_build.copilot.loop.declare`), validates a call's
+arguments (``WorkspacePath`` ones confined, :mod:`fluid_build.copilot.loop.workspace`),
+runs the body under the tool's timeout (sync bodies on a
+:mod:`~fluid_build.copilot.loop.pool` of daemon threads) and hands back a
+:class:`ToolOutcome`; a failing tool never raises into the loop. Refusals and
+failures carry stable codes::
 
     ToolValidationError              refused before the body ran
         tool.unknown_tool            no tool has that name
@@ -16,6 +18,10 @@ tool never raises into the loop. Refusals and failures carry stable codes::
 
 Every refusal and failure lists the callable tools in
 ``details["valid_next_actions"]``. Messages never quote argument values.
+
+This module is the public import path of docs/tools.md: it exports
+``forge_tool`` and ``Tool`` (from ``declare``), ``Workspace``,
+``WorkspacePath`` and ``current_workspace`` (from ``workspace``) too.
 """
 
 from __future__ import annotations
@@ -23,42 +29,28 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import errno
 import functools
-import inspect
-import itertools
-import math
 import os
-import queue
-import re
-import stat
-import threading
 import time
-import typing
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Annotated, Any, Final, TypeAlias, overload
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainValidator,
-    ValidationError,
-    ValidationInfo,
-    WithJsonSchema,
-    create_model,
-)
-from pydantic.fields import FieldInfo
-from pydantic.json_schema import GenerateJsonSchema
-from pydantic_core import PydanticCustomError
+from pydantic import ValidationError
 
-from fluid_build._files import NotRegularFileError, open_regular
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
+from fluid_build.copilot.loop.declare import Tool, forge_tool
+from fluid_build.copilot.loop.pool import DaemonPool
+from fluid_build.copilot.loop.workspace import (
+    WORKSPACE_KEY,
+    Workspace,
+    WorkspacePath,
+    context_with,
+    current_workspace,
+    mentions_workspace,
+)
 
 __all__ = [
     "Tool",
@@ -69,468 +61,6 @@ __all__ = [
     "current_workspace",
     "forge_tool",
 ]
-
-# -- the workspace ---------------------------------------------------------------
-
-_DRIVE: Final = re.compile(r"[A-Za-z]:")
-_ESCAPE: Final = "path escapes the workspace"
-
-
-def _lexical_violation(relative: str) -> str | None:
-    """Why ``relative`` can never name a file inside a root, judged on the text alone."""
-    if not relative:
-        return "the path is empty"
-    if "\x00" in relative:
-        return "the path contains a NUL byte"
-    text = relative.replace("\\", "/")
-    if text.startswith("/"):
-        return "absolute paths are not allowed"
-    if _DRIVE.match(text):
-        return "drive letters are not allowed"
-    parts = text.split("/")
-    if parts[0].startswith("~"):
-        return "home-directory paths are not allowed"
-    if ".." in parts:
-        return "'..' segments are not allowed"
-    return None
-
-
-def _violation(why: str) -> ToolValidationError:
-    # The reason names the rule only: never the path, the root or $HOME.
-    reason = f"{_ESCAPE}: {why}"
-    return ToolValidationError(reason, code="tool.workspace_violation", reason=reason)
-
-
-_O_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
-_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
-#: Whether this platform can open relative to a directory descriptor without
-#: following symlinks (``openat`` with ``O_NOFOLLOW``): every POSIX system.
-_HAVE_OPENAT: Final = bool(_O_DIRECTORY and _O_NOFOLLOW) and os.open in os.supports_dir_fd
-_SWAPPED: Final = "a symbolic link appeared on the path after it was checked"
-
-
-class Workspace:
-    """The directory that ``WorkspacePath`` arguments are confined to.
-
-    ``root`` is resolved (symlinks included) once, here. Backslashes in a
-    relative path are read as separators, so ``src\\main.py`` means
-    ``src/main.py`` on every platform.
-
-    :meth:`resolve` checks a path's text and where it leads now; :meth:`open`
-    opens it so that nothing changed on disk since can lead it outside (see
-    docs/tools.md).
-    """
-
-    __slots__ = ("_identity", "root")
-
-    root: Path
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        resolved = Path(os.path.realpath(os.fspath(root)))
-        if not resolved.is_dir():
-            raise NotADirectoryError(f"workspace root is not a directory: {resolved}")
-        self.root = resolved
-        info = os.stat(resolved)
-        self._identity = (info.st_dev, info.st_ino)
-
-    def __repr__(self) -> str:
-        return f"Workspace({str(self.root)!r})"
-
-    def resolve(self, relative: str) -> Path:
-        """The real path ``relative`` names inside the root.
-
-        Refused with ``tool.workspace_violation``: empty strings, NUL bytes,
-        absolute paths, drive letters and UNC names, ``~``, any ``..`` segment,
-        and symlinks anywhere along the path that lead outside the root. A path
-        that does not exist yet is fine when its existing part stays inside.
-        """
-        why = _lexical_violation(relative)
-        if why is not None:
-            raise _violation(why)
-        try:
-            os.fsencode(relative)
-            real = Path(os.path.realpath(os.path.join(self.root, relative.replace("\\", "/"))))
-        except (UnicodeError, ValueError, OSError):
-            raise _violation("the path cannot be represented on this filesystem") from None
-        if not real.is_relative_to(self.root):
-            raise _violation("a symbolic link leads outside the workspace")
-        return real
-
-    # -- opening without following symlinks -----------------------------------
-
-    def _parts(self, path: str | os.PathLike[str]) -> list[str]:
-        """The components of ``path`` below the root: a relative string, or a resolved path."""
-        if isinstance(path, str):
-            why = _lexical_violation(path)
-            if why is not None:
-                raise _violation(why)
-            text = path.replace("\\", "/")
-        else:
-            full = Path(os.fspath(path))
-            if not full.is_relative_to(self.root):
-                raise _violation("the path is not inside the workspace")
-            text = full.relative_to(self.root).as_posix()
-        parts = [part for part in text.split("/") if part not in ("", ".")]
-        if ".." in parts:
-            raise _violation("'..' segments are not allowed")
-        return parts
-
-    def relative(self, path: str | os.PathLike[str]) -> str:
-        """How ``path`` (relative, or a resolved path inside the root) reads from the root."""
-        return "/".join(self._parts(path)) or "."
-
-    def _open_root(self) -> int:
-        fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-        info = os.fstat(fd)
-        if (info.st_dev, info.st_ino) != self._identity:
-            os.close(fd)
-            raise _violation("the workspace root was replaced")
-        return fd
-
-    def open_at(self, dir_fd: int, name: str, *, directory: bool = False, shown: str = "") -> int:
-        """Open one entry ``name`` of the open directory ``dir_fd``, never following a symlink.
-
-        ``directory=True`` opens a directory (for ``os.scandir`` or the next
-        step of a walk); otherwise a regular file, opened without blocking
-        (a FIFO, device, socket or directory is a ``NotRegularFileError``).
-        A symlink is refused with ``tool.workspace_violation``.
-        """
-        if not name or name in (".", "..") or "/" in name or "\x00" in name:
-            raise _violation("not a single path component")
-        try:
-            if directory:
-                return os.open(
-                    name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd
-                )
-            return open_regular(name, name=shown or name, dir_fd=dir_fd, follow_symlinks=False)
-        except NotRegularFileError as exc:
-            if exc.kind == "a symbolic link":
-                raise _violation(_SWAPPED) from None
-            raise
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                try:
-                    mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-                except OSError:
-                    raise exc from None
-                if stat.S_ISLNK(mode):
-                    raise _violation(_SWAPPED) from None
-            raise
-
-    def open(self, path: str | os.PathLike[str], *, directory: bool = False) -> int:
-        """A read-only descriptor on ``path``, opened so that it cannot lead outside the root.
-
-        ``path`` is relative to the root, or a path :meth:`resolve` returned.
-        From a descriptor on the root (checked to be the same directory as
-        when the workspace was built), each component is opened with
-        ``O_NOFOLLOW`` relative to the one before. Symlinks are not followed:
-        a path :meth:`resolve` returned has none, so one met here was swapped
-        in after the check, and is refused with ``tool.workspace_violation``.
-        A file must be a regular file, opened without blocking. The caller
-        closes the descriptor.
-        """
-        parts = self._parts(path)
-        shown = "/".join(parts) or "."
-        if not _HAVE_OPENAT:
-            return self._open_and_verify(parts, shown, directory=directory)
-        if not parts and not directory:
-            raise NotRegularFileError(".", "a directory")
-        fd = self._open_root()
-        try:
-            for index, name in enumerate(parts):
-                last = index == len(parts) - 1
-                step = self.open_at(fd, name, directory=directory or not last, shown=shown)
-                os.close(fd)
-                fd = step
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _open_and_verify(self, parts: list[str], shown: str, *, directory: bool) -> int:
-        """Where ``openat`` is missing: open, then check the real path of what was opened."""
-        full = os.path.join(self.root, *parts)
-        if directory:
-            fd = os.open(full, os.O_RDONLY | _O_CLOEXEC)
-        else:
-            fd = open_regular(full, name=shown)
-        try:
-            real = os.path.realpath(full)
-            if not Path(real).is_relative_to(self.root) or not os.path.samestat(
-                os.fstat(fd), os.stat(real)
-            ):
-                raise _violation(_SWAPPED)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-
-_CURRENT: Final[contextvars.ContextVar[Workspace | None]] = contextvars.ContextVar(
-    "fluid_build.current_workspace", default=None
-)
-
-
-def current_workspace() -> Workspace:
-    """The workspace of the registry running the current tool call.
-
-    Inside a tool body this is the ``Workspace`` its ``WorkspacePath``
-    arguments were confined to: open them with ``current_workspace().open(path)``
-    so a symlink swapped in after validation cannot lead outside.
-    """
-    workspace = _CURRENT.get()
-    if workspace is None:
-        raise RuntimeError("no workspace: current_workspace() works inside a tool call only")
-    return workspace
-
-
-_WORKSPACE_KEY: Final = "fluid_build.workspace"
-
-
-def _confine(value: object, info: ValidationInfo) -> Path:
-    if not isinstance(value, str):
-        raise PydanticCustomError("string_type", "Input should be a valid string")
-    context = info.context if isinstance(info.context, Mapping) else {}
-    workspace = context.get(_WORKSPACE_KEY)
-    if not isinstance(workspace, Workspace):
-        raise PydanticCustomError("workspace_violation", "no workspace is configured")
-    try:
-        return workspace.resolve(value)
-    except ToolValidationError as exc:
-        raise PydanticCustomError("workspace_violation", exc.reason) from None
-
-
-_CONFINE: Final = PlainValidator(_confine, json_schema_input_type=str)
-
-#: A tool parameter naming a path inside the workspace. The model sends a
-#: relative string; the body receives the resolved, confined ``Path``.
-WorkspacePath: TypeAlias = Annotated[
-    Path,
-    _CONFINE,
-    WithJsonSchema({"type": "string", "description": "A path relative to the workspace root."}),
-]
-
-
-def _mentions_workspace(item: object, seen: set[int]) -> bool:
-    """Whether a type, field or model takes a ``WorkspacePath`` anywhere inside."""
-    if item is _CONFINE:
-        return True
-    if isinstance(item, FieldInfo):
-        return _mentions_workspace(item.annotation, seen) or any(
-            _mentions_workspace(m, seen) for m in item.metadata
-        )
-    if isinstance(item, type) and issubclass(item, BaseModel):
-        if id(item) in seen:
-            return False
-        seen.add(id(item))
-        return any(_mentions_workspace(f, seen) for f in item.model_fields.values())
-    return any(_mentions_workspace(arg, seen) for arg in typing.get_args(item))
-
-
-# -- declaring a tool -----------------------------------------------------------
-
-_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_SECTION: Final = re.compile(r"(Args|Arguments|Parameters|Params):")
-_ENTRY: Final = re.compile(r"(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)")
-_MODEL_CONFIG: Final = ConfigDict(extra="forbid", validate_default=True, hide_input_in_errors=True)
-
-
-def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The first paragraph as one line, and the ``Args:`` entries by parameter name."""
-    lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION.fullmatch(line.strip()):
-            break
-        summary.append(line.strip())
-    params: dict[str, list[str]] = {}
-    inside, indent, current = False, -1, ""
-    for line in lines:
-        stripped = line.strip()
-        if not line[:1].isspace() and stripped:
-            inside, indent, current = bool(_SECTION.fullmatch(stripped)), -1, ""
-            continue
-        if not inside or not stripped:
-            continue
-        level = len(line) - len(line.lstrip())
-        indent = level if indent < 0 else indent
-        entry = _ENTRY.fullmatch(stripped) if level == indent else None
-        if entry:
-            current = entry.group(1)
-            params[current] = [entry.group(2)]
-        elif current:
-            params[current].append(stripped)
-    described = {name: " ".join(" ".join(words).split()) for name, words in params.items()}
-    return " ".join(summary), {name: text for name, text in described.items() if text}
-
-
-def _has_description(annotation: object, default: object) -> bool:
-    if isinstance(default, FieldInfo) and default.description:
-        return True
-    metadata = getattr(annotation, "__metadata__", ())
-    return any(isinstance(m, FieldInfo) and m.description for m in metadata)
-
-
-def _input_model(
-    fn: Callable[..., Any], tool_name: str, docs: Mapping[str, str]
-) -> type[BaseModel]:
-    """A pydantic model of ``fn``'s keyword arguments.
-
-    Fields are stored under neutral names (``p0``, ``p1`` ...) with the
-    parameter name as alias, so parameters may be called ``schema``, ``json``
-    or ``_private`` without clashing with ``BaseModel``.
-    """
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except NameError as exc:
-        raise TypeError(f"tool {tool_name}: cannot resolve its annotations ({exc})") from exc
-    fields: dict[str, Any] = {}
-    names: dict[str, str] = {}
-    for index, param in enumerate(inspect.signature(fn).parameters.values()):
-        if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
-            raise TypeError(
-                f"tool {tool_name}: parameter {param.name} must be passable by keyword "
-                "(no *args, **kwargs or positional-only parameters)"
-            )
-        if param.name not in hints:
-            raise TypeError(f"tool {tool_name}: parameter {param.name} needs a type annotation")
-        annotation = hints[param.name]
-        default = ... if param.default is param.empty else param.default
-        described = _has_description(annotation, default)
-        extra = Field(alias=param.name)
-        if not described and param.name in docs:
-            extra = Field(alias=param.name, description=docs[param.name])
-        fields[f"p{index}"] = (Annotated[annotation, extra], default)
-        names[f"p{index}"] = param.name
-    model: type[BaseModel] = create_model(
-        f"{tool_name}_arguments",
-        __config__=_MODEL_CONFIG,
-        **fields,
-    )
-    for key, info in model.model_fields.items():
-        if info.alias != names[key]:
-            raise TypeError(f"tool {tool_name}: parameter {names[key]} must not set an alias")
-    return model
-
-
-class _ToolJsonSchema(GenerateJsonSchema):
-    """Schemas without the auto-generated titles: they only cost the model tokens."""
-
-    def field_title_should_be_set(self, schema: Any) -> bool:
-        return False
-
-
-def _json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(schema_generator=_ToolJsonSchema)
-    schema.pop("title", None)
-    return schema
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A callable the model may ask for, with its JSON schema and limits.
-
-    Build one with :func:`forge_tool`. ``fn`` is the body; ``input_model``
-    validates its arguments and produced ``parameters``.
-    """
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    read_only: bool
-    timeout: float
-    fn: Callable[..., Any] = field(repr=False, kw_only=True)
-    input_model: type[BaseModel] = field(repr=False, kw_only=True)
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
-
-    def spec(self) -> ToolSpec:
-        """What the model is shown: name, description, parameter schema."""
-        return ToolSpec(self.name, self.description, self.parameters)
-
-
-def _build_tool(
-    fn: Callable[..., Any],
-    *,
-    name: str | None,
-    description: str | None,
-    read_only: bool,
-    timeout: float,
-) -> Tool:
-    tool_name: str = name or str(getattr(fn, "__name__", ""))
-    if not _NAME.fullmatch(tool_name):
-        raise ValueError(
-            f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-' (pass name=)"
-        )
-    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"tool {tool_name}: timeout must be a positive number of seconds")
-    summary, docs = _parse_docstring(inspect.getdoc(fn) or "")
-    text = " ".join((description or summary).split())
-    if not text:
-        raise ValueError(f"tool {tool_name}: give it a docstring or description=")
-    model = _input_model(fn, tool_name, docs)
-    return Tool(
-        name=tool_name,
-        description=text,
-        parameters=_json_schema(model),
-        read_only=read_only,
-        timeout=float(timeout),
-        fn=fn,
-        input_model=model,
-    )
-
-
-@overload
-def forge_tool(
-    fn: Callable[..., Any],
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    read_only: bool = False,
-    timeout: float = 30.0,
-) -> Tool: ...
-
-
-@overload
-def forge_tool(
-    fn: None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    read_only: bool = False,
-    timeout: float = 30.0,
-) -> Callable[[Callable[..., Any]], Tool]: ...
-
-
-def forge_tool(
-    fn: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    read_only: bool = False,
-    timeout: float = 30.0,
-) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a typed function (sync or async) into a :class:`Tool`.
-
-    Usable bare (``@forge_tool``) or with arguments
-    (``@forge_tool(read_only=True, timeout=5)``). The description is
-    ``description=`` or the docstring's first paragraph; parameter
-    descriptions come from ``Field(description=...)`` or the docstring's
-    ``Args:`` section. Every parameter needs a type annotation.
-    """
-
-    def build(body: Callable[..., Any]) -> Tool:
-        return _build_tool(
-            body, name=name, description=description, read_only=read_only, timeout=timeout
-        )
-
-    return build if fn is None else build(fn)
-
-
-# -- running a tool -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -601,130 +131,6 @@ def _run_coroutine(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
     return asyncio.run(fn(**kwargs))
 
 
-@dataclass(eq=False)
-class _Worker:
-    abandoned: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class _Job:
-    future: concurrent.futures.Future[Any]
-    fn: Callable[[], Any]
-    deadline: float
-
-
-class _PoolState:
-    """What a pool's worker threads share. It never refers to the pool, so the pool can be
-    collected (and its workers told to stop) while they live."""
-
-    def __init__(self, size: int, prefix: str) -> None:
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = threading.Semaphore(0)
-        self.size = size
-        self.live = 0  # workers that are not abandoned
-        self.orphans = 0  # abandoned workers whose body has not returned yet
-        self.running: dict[concurrent.futures.Future[Any], _Worker] = {}
-        self.closed = False
-        self.prefix = prefix
-        self.names = itertools.count()
-
-    def start_worker(self) -> None:
-        """Start one more worker (the lock is held)."""
-        self.live += 1
-        thread = threading.Thread(
-            target=_work, args=(self,), name=f"{self.prefix}_{next(self.names)}", daemon=True
-        )
-        thread.start()
-
-    def close(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            self.closed = True
-            for _ in range(self.live):
-                self.jobs.put(None)
-
-
-def _work(state: _PoolState) -> None:
-    me = _Worker()
-    while True:
-        job = state.jobs.get()
-        if job is None:
-            return
-        if time.monotonic() >= job.deadline:
-            job.future.cancel()  # its caller gave up waiting: never start it late
-        with state.lock:
-            state.running[job.future] = me
-        started = job.future.set_running_or_notify_cancel()
-        if started:
-            try:
-                result = job.fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-                job.future.set_exception(exc)
-            else:
-                job.future.set_result(result)
-        with state.lock:
-            state.running.pop(job.future, None)
-            if me.abandoned:
-                state.orphans -= 1
-                return  # a replacement took this worker's place
-        del job
-        state.idle.release()
-
-
-class _DaemonPool:
-    """A thread pool whose workers are daemon threads, and whose stuck workers are replaced.
-
-    ``concurrent.futures.ThreadPoolExecutor`` joins its workers at interpreter
-    exit, so one body that never returns keeps the process alive forever.
-    Here, :meth:`abandon` gives up on a running job: its thread is left to
-    finish the body in the background (then it ends instead of taking more
-    work) and a new worker takes its place, so the pool keeps ``size``
-    usable workers. Daemon threads never hold up exit.
-
-    A job still queued when its deadline passes is cancelled by the worker
-    that picks it up, never started late.
-    """
-
-    def __init__(self, size: int, prefix: str) -> None:
-        self._state = _PoolState(size, prefix)
-        weakref.finalize(self, _PoolState.close, self._state)
-
-    def submit(self, fn: Callable[[], Any], deadline: float) -> concurrent.futures.Future[Any]:
-        state = self._state
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with state.lock:
-            if state.closed:
-                raise RuntimeError("cannot run a tool after the registry was closed")
-            state.jobs.put(_Job(future, fn, deadline))
-            if not state.idle.acquire(blocking=False) and state.live < state.size:
-                state.start_worker()
-        return future
-
-    def abandon(self, future: concurrent.futures.Future[Any]) -> bool:
-        """Give up on ``future``'s running job; True when a worker was replaced."""
-        state = self._state
-        with state.lock:
-            worker = state.running.pop(future, None)
-            if worker is None or future.done():
-                return False
-            worker.abandoned = True
-            state.live -= 1
-            state.orphans += 1
-            if not state.closed:
-                state.start_worker()
-            return True
-
-    @property
-    def abandoned(self) -> int:
-        """How many threads still run bodies that were given up on."""
-        return self._state.orphans
-
-    def shutdown(self) -> None:
-        self._state.close()
-
-
 class ToolRegistry:
     """The tools one agent may call, and the place their calls run.
 
@@ -754,14 +160,14 @@ class ToolRegistry:
             by_name[tool.name] = tool
         if workspace is not None and not isinstance(workspace, Workspace):
             workspace = Workspace(workspace)
-        needing = sorted(n for n, t in by_name.items() if _mentions_workspace(t.input_model, set()))
+        needing = sorted(n for n, t in by_name.items() if mentions_workspace(t.input_model, set()))
         if needing and workspace is None:
             raise ValueError(f"tools {', '.join(needing)} take WorkspacePath: pass workspace=")
         self._tools = by_name
         self._names = sorted(by_name)
         self._workspace = workspace
         self._workers = executor_workers
-        self._pool = _DaemonPool(executor_workers, "fluid-tool")
+        self._pool = DaemonPool(executor_workers, "fluid-tool")
         # Timed-out async bodies that ignored cancellation: kept referenced until done.
         self._orphans: set[asyncio.Future[Any]] = set()
 
@@ -817,7 +223,7 @@ class ToolRegistry:
             )
         try:
             parsed = tool.input_model.model_validate(
-                dict(arguments), context={_WORKSPACE_KEY: self._workspace}
+                dict(arguments), context={WORKSPACE_KEY: self._workspace}
             )
         except ValidationError as exc:
             problems = _problems(exc)
@@ -890,9 +296,7 @@ class ToolRegistry:
 
     def _context(self) -> contextvars.Context:
         """A copy of the caller's context in which :func:`current_workspace` is this one's."""
-        context = contextvars.copy_context()
-        context.run(_CURRENT.set, self._workspace)
-        return context
+        return context_with(self._workspace)
 
     def _body(self, tool: Tool, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
         context = self._context()

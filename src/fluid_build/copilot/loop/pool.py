@@ -1,0 +1,145 @@
+"""The threads sync tool bodies run on: daemon workers, a stuck one replaced.
+
+Python cannot kill a thread, so a body that overruns its timeout is given
+up on (:meth:`DaemonPool.abandon`) rather than stopped: it finishes in the
+background on its own daemon thread, which then ends, while a new worker
+takes its place. See docs/tools.md, "Timeouts".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DaemonPool"]
+
+
+@dataclass(eq=False)
+class _Worker:
+    abandoned: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class _Job:
+    future: concurrent.futures.Future[Any]
+    fn: Callable[[], Any]
+    deadline: float
+
+
+class _PoolState:
+    """What a pool's worker threads share. It never refers to the pool, so the pool can be
+    collected (and its workers told to stop) while they live."""
+
+    def __init__(self, size: int, prefix: str) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = threading.Semaphore(0)
+        self.size = size
+        self.live = 0  # workers that are not abandoned
+        self.orphans = 0  # abandoned workers whose body has not returned yet
+        self.running: dict[concurrent.futures.Future[Any], _Worker] = {}
+        self.closed = False
+        self.prefix = prefix
+        self.names = itertools.count()
+
+    def start_worker(self) -> None:
+        """Start one more worker (the lock is held)."""
+        self.live += 1
+        thread = threading.Thread(
+            target=_work, args=(self,), name=f"{self.prefix}_{next(self.names)}", daemon=True
+        )
+        thread.start()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for _ in range(self.live):
+                self.jobs.put(None)
+
+
+def _work(state: _PoolState) -> None:
+    me = _Worker()
+    while True:
+        job = state.jobs.get()
+        if job is None:
+            return
+        if time.monotonic() >= job.deadline:
+            job.future.cancel()  # its caller gave up waiting: never start it late
+        with state.lock:
+            state.running[job.future] = me
+        started = job.future.set_running_or_notify_cancel()
+        if started:
+            try:
+                result = job.fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+        with state.lock:
+            state.running.pop(job.future, None)
+            if me.abandoned:
+                state.orphans -= 1
+                return  # a replacement took this worker's place
+        del job
+        state.idle.release()
+
+
+class DaemonPool:
+    """A thread pool whose workers are daemon threads, and whose stuck workers are replaced.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its workers at interpreter
+    exit, so one body that never returns keeps the process alive forever.
+    Here, :meth:`abandon` gives up on a running job: its thread is left to
+    finish the body in the background (then it ends instead of taking more
+    work) and a new worker takes its place, so the pool keeps ``size``
+    usable workers. Daemon threads never hold up exit.
+
+    A job still queued when its deadline passes is cancelled by the worker
+    that picks it up, never started late.
+    """
+
+    def __init__(self, size: int, prefix: str) -> None:
+        self._state = _PoolState(size, prefix)
+        weakref.finalize(self, _PoolState.close, self._state)
+
+    def submit(self, fn: Callable[[], Any], deadline: float) -> concurrent.futures.Future[Any]:
+        state = self._state
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with state.lock:
+            if state.closed:
+                raise RuntimeError("cannot run a tool after the registry was closed")
+            state.jobs.put(_Job(future, fn, deadline))
+            if not state.idle.acquire(blocking=False) and state.live < state.size:
+                state.start_worker()
+        return future
+
+    def abandon(self, future: concurrent.futures.Future[Any]) -> bool:
+        """Give up on ``future``'s running job; True when a worker was replaced."""
+        state = self._state
+        with state.lock:
+            worker = state.running.pop(future, None)
+            if worker is None or future.done():
+                return False
+            worker.abandoned = True
+            state.live -= 1
+            state.orphans += 1
+            if not state.closed:
+                state.start_worker()
+            return True
+
+    @property
+    def abandoned(self) -> int:
+        """How many threads still run bodies that were given up on."""
+        return self._state.orphans
+
+    def shutdown(self) -> None:
+        self._state.close()
