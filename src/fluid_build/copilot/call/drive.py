@@ -14,6 +14,7 @@ shells hand it over and resume the plan; a caller that stops early has its
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -27,20 +28,20 @@ from fluid_build.copilot.llm.types import StreamEvent
 
 __all__ = [
     "END",
-    "AsyncShell",
     "Bytes",
     "Call",
     "Close",
     "Effect",
     "Emit",
     "Events",
+    "Hold",
     "Next",
     "Plan",
     "Pool",
+    "Pools",
     "ReadBody",
     "Send",
     "Sleep",
-    "SyncShell",
     "arun",
     "astream",
     "run",
@@ -52,20 +53,16 @@ T = TypeVar("T")
 END: Final = object()
 
 
-@dataclass(frozen=True, slots=True)
-class SyncShell:
-    """How the sync shell does I/O: a connection pool (made on first use) and a sleep."""
-
-    pool: Callable[[], httpx.Client]
-    sleep: Callable[[float], None]
+def _other_shell() -> Any:
+    raise AssertionError("this plan's pool belongs to the other shell")
 
 
 @dataclass(frozen=True, slots=True)
-class AsyncShell:
-    """How the async shell does I/O: a connection pool (made on first use) and a sleep."""
+class Pools:
+    """Where one entry's requests go: its sync and its async pool, each made on first use."""
 
-    pool: Callable[[], httpx.AsyncClient]
-    sleep: Callable[[float], Awaitable[None]]
+    sync: Callable[[], httpx.Client] = _other_shell
+    async_: Callable[[], httpx.AsyncClient] = _other_shell
 
 
 class Effect(ABC):
@@ -74,34 +71,40 @@ class Effect(ABC):
     __slots__ = ()
 
     @abstractmethod
-    def run(self, io: SyncShell) -> Any:
+    def run(self) -> Any:
         """Perform it in the sync shell."""
 
     @abstractmethod
-    async def arun(self, io: AsyncShell) -> Any:
+    async def arun(self) -> Any:
         """Perform it in the async shell."""
 
 
 @dataclass(frozen=True, slots=True)
 class Pool(Effect):
-    """The connection pool, so that the plan can build requests on it."""
+    """The shell's connection pool, so that the plan can build requests on it."""
 
-    def run(self, io: SyncShell) -> httpx.Client:
-        return io.pool()
+    pools: Pools
 
-    async def arun(self, io: AsyncShell) -> httpx.AsyncClient:
-        return io.pool()
+    def run(self) -> httpx.Client:
+        return self.pools.sync()
+
+    async def arun(self) -> httpx.AsyncClient:
+        return self.pools.async_()
 
 
 @dataclass(frozen=True, slots=True)
 class Sleep(Effect):
+    """Wait, with the sleep each shell was given (tests inject theirs)."""
+
     seconds: float
+    sleep: Callable[[float], None]
+    asleep: Callable[[float], Awaitable[None]]
 
-    def run(self, io: SyncShell) -> None:
-        io.sleep(self.seconds)
+    def run(self) -> None:
+        self.sleep(self.seconds)
 
-    async def arun(self, io: AsyncShell) -> None:
-        await io.sleep(self.seconds)
+    async def arun(self) -> None:
+        await self.asleep(self.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +113,10 @@ class Call(Effect):
 
     fn: Callable[[], Any]
 
-    def run(self, io: SyncShell) -> Any:
+    def run(self) -> Any:
         return self.fn()
 
-    async def arun(self, io: AsyncShell) -> Any:
+    async def arun(self) -> Any:
         return await self.fn()
 
 
@@ -121,13 +124,14 @@ class Call(Effect):
 class Send(Effect):
     """Send a request; the answer's headers come back, its body still unread."""
 
+    pools: Pools
     request: httpx.Request
 
-    def run(self, io: SyncShell) -> httpx.Response:
-        return io.pool().send(self.request, stream=True)
+    def run(self) -> httpx.Response:
+        return self.pools.sync().send(self.request, stream=True)
 
-    async def arun(self, io: AsyncShell) -> httpx.Response:
-        return await io.pool().send(self.request, stream=True)
+    async def arun(self) -> httpx.Response:
+        return await self.pools.async_().send(self.request, stream=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +142,10 @@ class ReadBody(Effect):
     deadline: Deadline
     limits: Limits
 
-    def run(self, io: SyncShell) -> httpx.Response:
+    def run(self) -> httpx.Response:
         return read_body(self.response, self.deadline, self.limits)
 
-    async def arun(self, io: AsyncShell) -> httpx.Response:
+    async def arun(self) -> httpx.Response:
         return await aread_body(self.response, self.deadline, self.limits)
 
 
@@ -149,10 +153,10 @@ class ReadBody(Effect):
 class Close(Effect):
     response: httpx.Response
 
-    def run(self, io: SyncShell) -> None:
+    def run(self) -> None:
         self.response.close()
 
-    async def arun(self, io: AsyncShell) -> None:
+    async def arun(self) -> None:
         await self.response.aclose()
 
 
@@ -163,10 +167,10 @@ class Events(Effect):
     reader: StreamReader
     stream_format: str
 
-    def run(self, io: SyncShell) -> Iterator[tuple[str, Any]]:
+    def run(self) -> Iterator[tuple[str, Any]]:
         return self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
 
-    async def arun(self, io: AsyncShell) -> AsyncIterator[tuple[str, Any]]:
+    async def arun(self) -> AsyncIterator[tuple[str, Any]]:
         return self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
 
 
@@ -176,10 +180,10 @@ class Next(Effect):
 
     items: Any
 
-    def run(self, io: SyncShell) -> Any:
+    def run(self) -> Any:
         return next(self.items, END)
 
-    async def arun(self, io: AsyncShell) -> Any:
+    async def arun(self) -> Any:
         return await anext(self.items, END)
 
 
@@ -189,11 +193,33 @@ class Bytes(Effect):
 
     response: httpx.Response
 
-    def run(self, io: SyncShell) -> Iterator[bytes]:
+    def run(self) -> Iterator[bytes]:
         return self.response.iter_bytes()
 
-    async def arun(self, io: AsyncShell) -> AsyncIterator[bytes]:
+    async def arun(self) -> AsyncIterator[bytes]:
         return self.response.aiter_bytes()
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold(Effect):
+    """Hold a thread lock; what comes back gives it up.
+
+    Threads sharing a client wait for each other. The async shell takes no
+    thread lock (waiting on one would block its event loop): tasks do not wait.
+    """
+
+    lock: threading.Lock
+
+    def run(self) -> Callable[[], None]:
+        self.lock.acquire()
+        return self.lock.release
+
+    async def arun(self) -> Callable[[], None]:
+        return _nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +232,7 @@ class Emit(Generic[T]):
 Plan = Generator[Effect | Emit[Any], Any, T]
 
 
-def stream(plan: Plan[Any], io: SyncShell) -> Generator[Any, None, Any]:
+def stream(plan: Plan[Any]) -> Generator[Any, None, Any]:
     """Run ``plan`` in the sync shell: yield what it emits, return what it returns."""
     send: Callable[[Any], Effect | Emit[Any]] = plan.send
     value: Any = None
@@ -216,15 +242,15 @@ def stream(plan: Plan[Any], io: SyncShell) -> Generator[Any, None, Any]:
         except StopIteration as done:
             return done.value
         try:
-            value = (yield step.item) if isinstance(step, Emit) else step.run(io)
+            value = (yield step.item) if isinstance(step, Emit) else step.run()
             send = plan.send
         except BaseException as exc:  # noqa: BLE001 - the plan decides, even on Ctrl-C
             value, send = exc, plan.throw
 
 
-def run(plan: Plan[T], io: SyncShell) -> T:
+def run(plan: Plan[T]) -> T:
     """Run a plan that emits nothing in the sync shell; its result."""
-    steps = stream(plan, io)
+    steps = stream(plan)
     try:
         item = next(steps)
     except StopIteration as done:
@@ -234,7 +260,7 @@ def run(plan: Plan[T], io: SyncShell) -> T:
     raise AssertionError(f"a plan for one answer emitted {item!r}")
 
 
-async def _steps(plan: Plan[Any], io: AsyncShell, emits: bool) -> AsyncGenerator[Any, Any]:
+async def _steps(plan: Plan[Any], emits: bool) -> AsyncGenerator[Any, Any]:
     """Run ``plan`` in the async shell; what it emits, then (unless ``emits``) its result."""
     send: Callable[[Any], Effect | Emit[Any]] = plan.send
     value: Any = None
@@ -246,20 +272,20 @@ async def _steps(plan: Plan[Any], io: AsyncShell, emits: bool) -> AsyncGenerator
                 yield done.value
             return
         try:
-            value = (yield step.item) if isinstance(step, Emit) else await step.arun(io)
+            value = (yield step.item) if isinstance(step, Emit) else await step.arun()
             send = plan.send
         except BaseException as exc:  # noqa: BLE001 - the plan decides, even on cancellation
             value, send = exc, plan.throw
 
 
-def astream(plan: Plan[Any], io: AsyncShell) -> AsyncIterator[StreamEvent]:
+def astream(plan: Plan[Any]) -> AsyncIterator[StreamEvent]:
     """Run a streaming plan in the async shell: what it emits."""
-    return _steps(plan, io, emits=True)
+    return _steps(plan, emits=True)
 
 
-async def arun(plan: Plan[T], io: AsyncShell) -> T:
+async def arun(plan: Plan[T]) -> T:
     """Run a plan that emits nothing in the async shell; its result."""
-    steps = _steps(plan, io, emits=False)
+    steps = _steps(plan, emits=False)
     result: T = await anext(steps)
     await steps.aclose()
     return result

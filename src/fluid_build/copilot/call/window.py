@@ -11,30 +11,29 @@ short timeout inside the call's deadline, a body of at most
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, TypedDict
 
 import httpx
+from typing_extensions import Unpack
 
 from fluid_build.copilot.call.drive import (
     END,
-    AsyncShell,
     Bytes,
     Close,
     Next,
     Plan,
     Pool,
+    Pools,
     Send,
-    SyncShell,
     arun,
     run,
 )
 from fluid_build.copilot.llm.local_server import MAX_PROBE_BYTES, PROBE_TIMEOUT, window_from
 
-__all__ = ["alearn_window", "asking", "learn_window"]
+__all__ = ["ProbeOptions", "alearn_window", "asking", "learn_window"]
 
 # A wrong or missing key: the next URL would say the same.
 _STOP: Final = frozenset({401, 403})
@@ -62,13 +61,13 @@ def _decoded(status: int, encoding: str | None, body: bytes) -> object:
 
 
 def _get(
-    url: str, headers: dict[str, str], ends: float, clock: Callable[[], float]
+    pools: Pools, url: str, headers: dict[str, str], ends: float, clock: Callable[[], float]
 ) -> Plan[Answer]:
     """One bounded GET; any failure at all is no answer."""
     try:
-        pool = yield Pool()
+        pool = yield Pool(pools)
         request = pool.build_request("GET", url, headers=headers, timeout=ends - clock())
-        response: httpx.Response = yield Send(request)
+        response: httpx.Response = yield Send(pools, request)
         try:
             status, encoding = response.status_code, response.headers.get("content-encoding")
             if status != 200 or encoding not in (None, "identity"):
@@ -87,6 +86,7 @@ def _get(
 
 
 def asking(
+    pools: Pools,
     urls: tuple[str, ...],
     model: str,
     *,
@@ -105,7 +105,7 @@ def asking(
     for url in urls:
         if ends - clock() <= 0.01:
             return None
-        answer = yield from _get(url, sent, ends, clock)
+        answer = yield from _get(pools, url, sent, ends, clock)
         if answer is None:
             continue
         status, encoding, body = answer
@@ -117,29 +117,23 @@ def asking(
     return None
 
 
+class ProbeOptions(TypedDict, total=False):
+    """How to ask: the key (sent as a bearer token), extra headers, the call's time left."""
+
+    api_key: str | None
+    headers: Mapping[str, str] | None
+    deadline_left: float | None
+
+
 def learn_window(
-    client: httpx.Client,
-    urls: tuple[str, ...],
-    model: str,
-    *,
-    api_key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline_left: float | None = None,
+    client: httpx.Client, urls: tuple[str, ...], model: str, **options: Unpack[ProbeOptions]
 ) -> int | None:
     """Ask ``urls`` in turn; the first context size found, or None. Never raises for I/O."""
-    plan = asking(urls, model, api_key=api_key, headers=headers, deadline_left=deadline_left)
-    return run(plan, SyncShell(lambda: client, time.sleep))
+    return run(asking(Pools(sync=lambda: client), urls, model, **options))
 
 
 async def alearn_window(
-    client: httpx.AsyncClient,
-    urls: tuple[str, ...],
-    model: str,
-    *,
-    api_key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline_left: float | None = None,
+    client: httpx.AsyncClient, urls: tuple[str, ...], model: str, **options: Unpack[ProbeOptions]
 ) -> int | None:
     """:func:`learn_window` in the async shell: the same plan."""
-    plan = asking(urls, model, api_key=api_key, headers=headers, deadline_left=deadline_left)
-    return await arun(plan, AsyncShell(lambda: client, asyncio.sleep))
+    return await arun(asking(Pools(async_=lambda: client), urls, model, **options))

@@ -1,0 +1,405 @@
+"""One call, written once: the plan that both LLMClient shells run.
+
+The stages in order, for one entry of a fallback chain: ask a local server
+for its window (once) -> prepare and pre-flight (:mod:`.prepare`) -> the
+retry envelope (:mod:`.envelope`) around each attempt: build the request,
+send it, read the answer within the deadline and the size limit -> decode
+and validate (:mod:`.decode`). Then the chain: an entry that fails in a way
+another provider might not hands the call to the next (see
+docs/fallbacks-and-breakers.md).
+
+Every plan here is a generator of effects (:mod:`.drive`): it decides, and
+the sync or async shell does the I/O it asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+import httpx
+from pydantic import BaseModel
+
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ContextOverflowError,
+    ProviderAuthError,
+    ProviderServerError,
+    ProviderTimeoutError,
+    RateLimitError,
+)
+from fluid_build.copilot.call.decode import Decoder, request_id, timed_out
+from fluid_build.copilot.call.drive import (
+    END,
+    Close,
+    Emit,
+    Events,
+    Hold,
+    Next,
+    Plan,
+    Pool,
+    Pools,
+    ReadBody,
+    Send,
+)
+from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
+from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
+from fluid_build.copilot.call.window import asking
+from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
+from fluid_build.copilot.health.cooldown import CooldownKey
+from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
+from fluid_build.copilot.llm.local_server import probe_urls
+from fluid_build.copilot.llm.types import Completion, StreamEvent
+
+__all__ = ["CallOptions", "Entry", "completing"]
+
+LOG = logging.getLogger("fluid_build.client")
+
+# Failures that say nothing about the provider's state: never kept as the
+# sticky last error, so they cannot hide the real one.
+_CALLER_SIDE = frozenset(
+    {
+        "llm.not_configured",
+        "llm.model_not_found",
+        "llm.bad_endpoint",
+        "llm.cancelled",
+        "llm.schema_violation",
+        "llm.parse_error",
+        "llm.context_overflow",
+        "llm.circuit_open",
+    }
+)
+# Non-retryable failures after which another provider may still answer.
+_MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted"})
+
+
+class CallOptions(TypedDict, total=False):
+    """What a call asks for besides its messages (see :meth:`LLMClient.complete`)."""
+
+    system: str | None
+    response_model: type[BaseModel] | None
+    tools: Tools
+    max_output_tokens: int | None
+    capability_matrix: Mapping[str, Any] | None
+    validate: bool
+
+
+class Entry:
+    """One provider:model of a call's fallback chain: its adapter, key, pools and state.
+
+    ``key`` is who shares a cooldown and a breaker: never two endpoints, keys
+    or models. The request's key (``secrets``) goes by value from every error.
+    """
+
+    def __init__(
+        self,
+        config: ProviderConfig,
+        adapter: Adapter,
+        envelope: RetryEnvelope,
+        limits: Limits,
+        capability_matrix: dict[str, Any],
+        strict_schema: bool,
+        pools: Pools,
+    ) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.envelope = envelope
+        self.limits = limits
+        self.capability_matrix = capability_matrix
+        self.strict_schema = strict_schema
+        self.pools = pools
+        self.key = CooldownKey.for_call(
+            config.provider, config.api_key, config.model, adapter.endpoint
+        )
+        self.secrets: tuple[str, ...] = (config.api_key,) if config.api_key else ()
+        self.decoder = Decoder(config.provider, config.model, adapter, self.secrets)
+        self.last_error: dict[str, Any] | None = None
+        # A local server's own context size, asked once (see llm/local_server.py).
+        self.probe_urls = probe_urls(config.provider, adapter.endpoint)
+        self.window_asked = not self.probe_urls
+        self.server_window: int | None = None
+        self.window_lock = threading.Lock()
+
+    @property
+    def provider(self) -> str:
+        return self.config.provider
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    def remember(self, error: AgentExecutionError) -> None:
+        """Keep ``error`` as the sticky last error, unless it is the caller's own doing."""
+        if error.code not in _CALLER_SIDE:
+            self.last_error = {
+                "error": type(error).__name__,
+                "code": error.code,
+                "message": error.message,
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+
+    def bounds(self, deadline: Deadline) -> CallBounds:
+        """What the envelope needs to know about this entry and the call's deadline."""
+        return {
+            "key": self.key,
+            "provider": self.provider,
+            "model": self.model,
+            "started": deadline.started,
+            "deadline": deadline.seconds,
+            "narrow": deadline.narrow,
+            "secrets": self.secrets,
+        }
+
+    # -- the window of a local server ------------------------------------------------
+
+    def _wants_window(self, matrix: Mapping[str, Any] | None) -> bool:
+        """Whether to ask the server now: once per entry, and only if no window is given."""
+        if self.window_asked:
+            return False
+        given = {**self.capability_matrix, **(matrix or {})}
+        if "context_window" in given or given.get("preflight") is False:
+            return False
+        # A server whose circuit is not closed is not asked: a half-open trial is one request.
+        breaker = self.envelope.breaker
+        if breaker is None:
+            return True
+        try:
+            return breaker.state(str(self.key)).state == "closed"
+        except Exception:  # noqa: BLE001 - a store that cannot say: ask later, never fail
+            return False
+
+    def window(self, deadline: Deadline, matrix: Mapping[str, Any] | None) -> Plan[int | None]:
+        """The context size the local server reports (None: unknown); never raises."""
+        if self._wants_window(matrix):
+            # Threads wait for the one asking; the async shell's tasks may both ask.
+            release = yield Hold(self.window_lock)
+            try:
+                if not self.window_asked:
+                    self.server_window = yield from asking(
+                        self.pools,
+                        self.probe_urls,
+                        self.model,
+                        api_key=self.config.api_key,
+                        headers=self.config.headers,
+                        deadline_left=deadline.left(),
+                    )
+                    self.window_asked = True
+            finally:
+                release()
+        return self.server_window
+
+    # -- one call on this entry --------------------------------------------------------
+
+    def ready(self, messages: Messages, options: CallOptions, deadline: Deadline) -> Plan[Prepared]:
+        """The call prepared and pre-flighted, inside the deadline."""
+        matrix = options.get("capability_matrix")
+        window = yield from self.window(deadline, matrix)
+        prepared = prepare(
+            self.provider,
+            self.model,
+            messages,
+            system=options.get("system"),
+            response_model=options.get("response_model"),
+            tools=options.get("tools"),
+            max_output_tokens=options.get("max_output_tokens"),
+            capability_matrix={**self.capability_matrix, **(matrix or {})},
+            strict_schema=self.strict_schema,
+            validate=options.get("validate", True),
+            server_window=window,
+        )
+        deadline.check("the pre-flight")
+        return prepared
+
+    def complete(
+        self, messages: Messages, options: CallOptions, deadline: Deadline
+    ) -> Plan[Completion]:
+        """One answer from this entry, retried by the envelope."""
+        prepared = yield from self.ready(messages, options, deadline)
+        pool = yield Pool(self.pools)
+        attempts = 0
+
+        def attempt() -> Plan[tuple[Parsed, httpx.Response]]:
+            nonlocal attempts
+            deadline.check("the next attempt")
+            attempts += 1
+            spec = self.adapter.request(prepared.spec, stream=False)
+            request = http_request(pool, spec, deadline, self.config.timeout)
+            where = "the response headers"
+            try:
+                response = yield Send(self.pools, request)
+                try:
+                    where = "the body"
+                    done = yield ReadBody(response, deadline, self.limits)
+                finally:
+                    yield Close(response)
+            except httpx.TimeoutException as exc:
+                raise timed_out(exc, deadline, where) or exc from exc
+            return self.decoder.answer(done, prepared), done
+
+        parsed, response = yield from self.envelope.plan(attempt, **self.bounds(deadline))
+        return self.decoder.completion(parsed, prepared, attempts, request_id(response))
+
+    def stream(
+        self, messages: Messages, options: CallOptions, start: Callable[[], Deadline]
+    ) -> Plan[None]:
+        """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
+
+        The deadline ``start()`` s when the caller first asks for an event. A
+        failure before anything was emitted is retried by the envelope; a
+        failure after raises the typed error with ``details["partial_text"]``
+        and the tool calls that completed.
+        """
+        deadline = start()
+        prepared = yield from self.ready(messages, options, deadline)
+        pool = yield Pool(self.pools)
+        spec = prepared.spec
+        attempts = 0
+
+        def opening() -> Plan[tuple[httpx.Response, Any, list[StreamEvent], StreamState]]:
+            nonlocal attempts
+            deadline.check("the next attempt")
+            attempts += 1
+            state = StreamState()
+            request = http_request(
+                pool, self.adapter.request(spec, stream=True), deadline, self.config.timeout
+            )
+            try:
+                response: httpx.Response = yield Send(self.pools, request)
+            except httpx.TimeoutException as exc:
+                raise timed_out(exc, deadline, "the response headers") or exc from exc
+            reader = StreamReader(response, deadline, self.limits)
+            try:
+                if response.is_error:
+                    yield ReadBody(response, deadline, self.limits)  # raises, for classification
+                chunks = yield Events(reader, self.adapter.stream_format)
+                while (item := (yield Next(chunks))) is not END:
+                    event, data = item
+                    first = self.decoder.chunk(response, state, spec, event, data, started=False)
+                    if first:
+                        return response, chunks, first, state
+                return response, chunks, [], state
+            except httpx.TimeoutException as exc:
+                yield Close(response)
+                raise timed_out(exc, deadline, reader.reader.where) or exc from exc
+            except BaseException:
+                yield Close(response)
+                raise
+
+        response, chunks, first, state = yield from self.envelope.plan(
+            opening, **self.bounds(deadline)
+        )
+        try:
+            for item in first:
+                yield Emit(item)
+            try:
+                while (pair := (yield Next(chunks))) is not END:
+                    event, data = pair
+                    for item in self.decoder.chunk(
+                        response, state, spec, event, data, started=True
+                    ):
+                        yield Emit(item)
+            except (httpx.HTTPError, OSError) as exc:
+                raise self.decoder.interrupted(exc, state, deadline) from exc
+            except AgentExecutionError as error:
+                if "interrupted" in error.details:
+                    raise
+                raise error.with_details(interrupted=True, **state.partial()) from error
+        finally:
+            yield Close(response)
+        completion = self.decoder.completion(
+            state.parsed(), prepared, attempts, request_id(response)
+        )
+        yield Emit(StreamEvent(type="done", completion=completion))
+
+
+# -- the fallback chain ------------------------------------------------------------------
+
+History = list[tuple[Entry, AgentExecutionError]]
+
+
+def completing(
+    entries: Sequence[Entry],
+    messages: Messages,
+    options: CallOptions,
+    deadline: Deadline,
+    *,
+    fallback_on_auth: bool = False,
+) -> Plan[Completion]:
+    """One answer from the first entry that gives one; else the most actionable error."""
+    history: History = []
+    for entry in entries:
+        try:
+            done = yield from entry.complete(
+                messages, options, deadline.of(entry.provider, entry.model)
+            )
+        except AgentExecutionError as error:
+            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+            continue
+        done.answered_by = entry.label
+        done.fallback_errors = [
+            {"entry": e.label, "error": type(err).__name__, "code": err.code} for e, err in history
+        ]
+        return done
+    raise _final_error(history)
+
+
+def _next_or_raise(
+    entry: Entry,
+    error: AgentExecutionError,
+    history: History,
+    chained: bool,
+    fallback_on_auth: bool,
+) -> None:
+    """Record a failed entry; raise unless the call should move to the next one."""
+    entry.remember(error)
+    history.append((entry, error))
+    if not chained:
+        raise error
+    if isinstance(error, ProviderAuthError):
+        if fallback_on_auth:
+            LOG.warning(
+                "%s rejected the key [%s]; moving to the next fallback (opted in)",
+                entry.label,
+                error.code,
+            )
+            return
+        raise _with_history(error, history)
+    if isinstance(error, ContextOverflowError) or error.retryable or error.code in _MOVE_ON:
+        LOG.warning("%s failed [%s]; moving to the next fallback", entry.label, error.code)
+        return
+    raise _with_history(error, history)
+
+
+def _with_history(error: AgentExecutionError, history: History) -> AgentExecutionError:
+    if len(history) < 2:
+        return error
+    attempts = [
+        {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
+        for entry, e in history
+    ]
+    return error.with_details(fallback_attempts=attempts)
+
+
+def _actionability(error: AgentExecutionError) -> int:
+    """Lower is more actionable: overflow, then rate limits, then server errors."""
+    order = (ContextOverflowError, RateLimitError, ProviderServerError, ProviderTimeoutError)
+    for rank, cls in enumerate(order):
+        if isinstance(error, cls):
+            return rank
+    return len(order)
+
+
+def _final_error(history: History) -> AgentExecutionError:
+    """Every entry failed: the most actionable error, listing them all."""
+    best = min(history, key=lambda item: _actionability(item[1]))[1]
+    final = _with_history(best, history)
+    if len(history) > 1:
+        final = final.with_details(note=f"all {len(history)} fallback entries failed")
+    return final

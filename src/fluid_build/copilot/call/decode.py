@@ -1,0 +1,215 @@
+"""The last stage of a call: an answer (or a stream's chunks) read into a Completion.
+
+A shape the adapter cannot read is ``llm.malformed_response`` naming the
+first field that does not fit; an error carried in a 200 body or a stream
+chunk is classified as the error it is; the text is validated against the
+response model (``SchemaValidationError``, ``llm.parse_error`` for non-JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from fluid_build.copilot.agents.error_classification import (
+    classify_provider_error,
+    classify_response,
+)
+from fluid_build.copilot.agents.errors import (
+    AgentExecutionError,
+    ProviderError,
+    SchemaValidationError,
+)
+from fluid_build.copilot.call.prepare import Prepared, response_schema
+from fluid_build.copilot.call.wire import Deadline, decode_json
+from fluid_build.copilot.llm.base import Adapter, Parsed, StreamState, first_wrong_field
+from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.schema.strict import StrictSchema
+
+__all__ = ["Decoder", "request_id", "timed_out"]
+
+
+def timed_out(
+    exc: httpx.TimeoutException, deadline: Deadline, where: str
+) -> AgentExecutionError | None:
+    """The deadline's error when it, not the attempt's own timeout, cut ``exc`` short."""
+    if deadline.left() > 0.05:
+        return None
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        where = "a connection"
+    elif isinstance(exc, httpx.WriteTimeout):
+        where = "the request to be sent"
+    return deadline.passed(where)
+
+
+def request_id(response: httpx.Response) -> str | None:
+    """The provider's id of the request, for a support ticket."""
+    for name in ("x-request-id", "request-id", "apim-request-id"):
+        value = response.headers.get(name)
+        if value:
+            return str(value)
+    return None
+
+
+class Decoder:
+    """Reads one provider's answers for one model; the request's key never reaches an error."""
+
+    __slots__ = ("adapter", "model", "provider", "secrets")
+
+    def __init__(self, provider: str, model: str, adapter: Adapter, secrets: Sequence[str]):
+        self.provider = provider
+        self.model = model
+        self.adapter = adapter
+        self.secrets = tuple(secrets)
+
+    def answer(self, response: httpx.Response, prepared: Prepared) -> Parsed:
+        """A whole answer's body, parsed by the adapter."""
+        data = decode_json(
+            response.content,
+            provider=self.provider,
+            model=self.model,
+            status=response.status_code,
+        )
+        if not isinstance(data, dict):
+            raise ProviderError(
+                f"{self.provider} answered HTTP {response.status_code} with JSON that is not an "
+                "object",
+                provider=self.provider,
+                model=self.model,
+                status_code=response.status_code,
+                code="llm.malformed_response",
+                retryable=True,
+            )
+        if "error" in data and not data.get("choices") and not data.get("candidates"):
+            raise classify_response(response, provider=self.provider, model=self.model)
+        try:
+            return self.adapter.parse(data, prepared.spec)
+        except AgentExecutionError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise self.misshapen(data, self.adapter.shape, "answer", response.status_code) from exc
+
+    def misshapen(
+        self, data: Any, shape: Any, what: str, status: int | None
+    ) -> AgentExecutionError:
+        """``llm.malformed_response`` naming the first field that does not fit (if one is found)."""
+        wrong = first_wrong_field(data, shape)
+        if wrong is None:
+            found = f"an {what} in a shape fluid_build cannot read"
+            details: dict[str, Any] = {}
+        else:
+            field, expected, got = wrong
+            found = f"an {what} whose {field} should be {expected}, not {got}"
+            details = {"field": field, "expected": expected, "got": got}
+        return ProviderError(
+            f"{self.provider} sent {found}",
+            provider=self.provider,
+            model=self.model,
+            status_code=status,
+            code="llm.malformed_response",
+            retryable=True,
+            details=details,
+        )
+
+    def chunk(
+        self,
+        response: httpx.Response,
+        state: StreamState,
+        spec: CallSpec,
+        event: str,
+        data: Any,
+        *,
+        started: bool,
+    ) -> list[StreamEvent]:
+        """One chunk of a stream: its events, or the typed error it carries.
+
+        Once the caller has had events (``started``), the error carries what
+        had arrived, and the envelope no longer retries it.
+        """
+        if self.adapter.is_error_chunk(data, event):
+            body = httpx.Response(
+                200,
+                json=data,
+                request=response.request,
+                headers={"content-type": "application/json"},
+            )
+            error = classify_response(body, provider=self.provider, model=self.model)
+            raise error.with_details(interrupted=True, **state.partial()) if started else error
+        try:
+            return self.adapter.parse_chunk(data, event, state, spec)
+        except AgentExecutionError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            misshapen = self.misshapen(data, self.adapter.chunk_shape, "event", None)
+            if started:
+                misshapen = misshapen.with_details(interrupted=True, **state.partial())
+            raise misshapen from exc
+
+    def interrupted(
+        self, exc: BaseException, state: StreamState, deadline: Deadline
+    ) -> AgentExecutionError:
+        """The typed error of a stream cut off after the caller had events."""
+        error: AgentExecutionError | None = None
+        if isinstance(exc, httpx.TimeoutException):
+            error = timed_out(exc, deadline, "the rest of the stream")
+        if error is None:
+            error = classify_provider_error(
+                exc, provider=self.provider, model=self.model, secrets=self.secrets
+            )
+        return error.with_details(interrupted=True, **state.partial())
+
+    def completion(
+        self, parsed: Parsed, prepared: Prepared, attempts: int, request: str | None
+    ) -> Completion:
+        """The call's result; the text validated unless this turn calls tools."""
+        value: Any = None
+        # A turn that calls tools has no final answer to validate yet.
+        if prepared.response_model is not None and prepared.validate and not parsed.tool_calls:
+            value = self.validated(parsed.text, prepared.response_model, prepared.strict)
+        return Completion(
+            text=parsed.text,
+            parsed=value,
+            tool_calls=parsed.tool_calls,
+            usage=parsed.usage,
+            provider=self.provider,
+            model=parsed.model or self.model,
+            finish_reason=parsed.finish_reason,
+            attempts=attempts,
+            request_id=request,
+        )
+
+    def validate(self, text: str, response_model: type[BaseModel], strict_schema: bool) -> Any:
+        """``text`` validated against ``response_model`` (strict-schema fields decoded first)."""
+        strict = response_schema(response_model, True)[1] if strict_schema else None
+        return self.validated(text, response_model, strict)
+
+    def validated(self, text: str, model: type[BaseModel], strict: StrictSchema | None) -> Any:
+        """``text`` parsed as JSON, decoded from the strict shape, validated into ``model``."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaValidationError(
+                f"the model's output for {model.__name__} is not valid JSON ({exc.msg} at "
+                f"character {exc.pos})",
+                schema_name=model.__name__,
+                validation_errors=[
+                    {"loc": "<root>", "msg": "Invalid JSON", "type": "json_invalid"}
+                ],
+                raw_output=text,
+                code="llm.parse_error",
+                secrets=self.secrets,
+            ) from None
+        if strict is not None:
+            data = strict.decode(data)
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise SchemaValidationError.from_pydantic(
+                exc, schema_name=model.__name__, raw_output=text, secrets=self.secrets
+            ) from None

@@ -1,0 +1,163 @@
+"""The first stage of a call: the neutral request, its schema, and the pre-flight.
+
+A response model's JSON schema (and its strict-mode hardening) is the same
+for every call with that model, so it is made once per (model class, strict)
+and reused; pydantic would otherwise regenerate it on every call.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import BaseModel
+
+from fluid_build.copilot.call.wire import Deadline
+from fluid_build.copilot.llm.base import Request
+from fluid_build.copilot.llm.types import CallSpec, ToolSpec
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.schema.strict import StrictSchema
+
+__all__ = [
+    "Messages",
+    "Prepared",
+    "Tools",
+    "http_request",
+    "prepare",
+    "response_schema",
+    "tool_spec",
+]
+
+Messages = str | Sequence[Mapping[str, Any]]
+Tools = Sequence[ToolSpec | Mapping[str, Any]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One call, ready to send: the spec, and how to read the answer back."""
+
+    spec: CallSpec
+    response_model: type[BaseModel] | None
+    strict: StrictSchema | None
+    validate: bool = True
+
+
+# Per model class (weakly: a class made at run time may go), per strict flag:
+# the schema sent, its strict codec (or None) and its name.
+_Schema = tuple[dict[str, Any], "StrictSchema | None", str]
+_SCHEMAS: weakref.WeakKeyDictionary[type[BaseModel], dict[bool, _Schema]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def response_schema(model: type[BaseModel], strict: bool) -> _Schema:
+    """``model``'s JSON schema (hardened for OpenAI strict mode when ``strict``), cached.
+
+    The schema is shared between calls: it is only ever read.
+    """
+    known = _SCHEMAS.setdefault(model, {})
+    found = known.get(strict)
+    if found is None:
+        schema = model.model_json_schema()
+        name = model.__name__
+        codec: StrictSchema | None = None
+        if strict:
+            from fluid_build.copilot.schema.strict import harden_schema
+
+            codec = harden_schema(schema, name=name)
+            schema = codec.schema
+        found = known[strict] = (schema, codec, name)
+    return found
+
+
+def _messages(messages: Messages) -> list[dict[str, Any]]:
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return [dict(m) for m in messages]
+
+
+def tool_spec(tool: ToolSpec | Mapping[str, Any]) -> ToolSpec:
+    """A tool as given (a ToolSpec, or an OpenAI-style dict) as a ToolSpec."""
+    if isinstance(tool, ToolSpec):
+        return tool
+    spec = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(spec, Mapping) or not spec.get("name"):
+        raise ValueError(f"a tool needs a name and a JSON-schema 'parameters': {tool!r:.200}")
+    return ToolSpec(
+        str(spec["name"]),
+        str(spec.get("description") or ""),
+        dict(spec.get("parameters") or {"type": "object", "properties": {}}),
+    )
+
+
+def prepare(
+    provider: str,
+    model: str,
+    messages: Messages,
+    *,
+    system: str | None,
+    response_model: type[BaseModel] | None,
+    tools: Tools,
+    max_output_tokens: int | None,
+    capability_matrix: Mapping[str, Any] | None,
+    strict_schema: bool,
+    validate: bool = True,
+    server_window: int | None = None,
+) -> Prepared:
+    """The call as the adapters take it; refuses a prompt that cannot fit, before any I/O."""
+    from fluid_build.copilot.call.preflight import check_context
+
+    neutral = _messages(messages)
+    tool_specs = tuple(tool_spec(t) for t in tools or ())
+    schema: dict[str, Any] | None = None
+    strict: StrictSchema | None = None
+    name = "response"
+    if response_model is not None:
+        schema, strict, name = response_schema(response_model, strict_schema)
+    # The response schema travels with the prompt, so it counts like a tool.
+    counted = [t.as_dict() for t in tool_specs]
+    if schema is not None:
+        counted.append({"name": name, "description": "", "parameters": schema})
+    check_context(
+        provider=provider,
+        model=model,
+        system=system,
+        messages=neutral,
+        tools=counted or None,
+        capability_matrix=capability_matrix or None,
+        max_output_tokens=max_output_tokens,
+        server_window=server_window,
+    )
+    spec = CallSpec(
+        model=model,
+        messages=neutral,
+        system=system,
+        tools=tool_specs,
+        response_schema=schema,
+        schema_name=name,
+        strict=strict is not None,
+        max_output_tokens=max_output_tokens,
+    )
+    return Prepared(spec, response_model, strict, validate)
+
+
+def http_request(
+    client: httpx.Client | httpx.AsyncClient,
+    request: Request,
+    deadline: Deadline,
+    per_attempt: float,
+) -> httpx.Request:
+    """The adapter's request on ``client``, its timeouts cut to what the deadline leaves."""
+    # Only encodings the size limit can count as they inflate.
+    headers = {"accept-encoding": "gzip, deflate", **request.headers}
+    return client.build_request(
+        request.method,
+        request.url,
+        headers=headers,
+        json=request.json,
+        timeout=deadline.timeout(per_attempt),
+    )
