@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -48,12 +48,24 @@ def timed_out(
     return deadline.passed(where)
 
 
+_REQUEST_ID_HEADERS: Final = (b"x-request-id", b"request-id", b"apim-request-id")
+
+
 def request_id(response: httpx.Response) -> str | None:
-    """The provider's id of the request, for a support ticket."""
-    for name in ("x-request-id", "request-id", "apim-request-id"):
-        value = response.headers.get(name)
-        if value:
-            return str(value)
+    """The provider's id of the request, for a support ticket.
+
+    One pass over the raw headers: each ``Headers.get`` would scan them all.
+    """
+    found: dict[bytes, list[bytes]] = {}
+    for name, value in response.headers.raw:
+        lowered = name.lower()
+        if lowered in _REQUEST_ID_HEADERS:
+            found.setdefault(lowered, []).append(value)
+    encoding = response.headers.encoding
+    for name in _REQUEST_ID_HEADERS:
+        joined = ", ".join(v.decode(encoding) for v in found.get(name, ()))
+        if joined:
+            return joined
     return None
 
 
