@@ -4,9 +4,10 @@ The wait it asks for (``Retry-After``, ``retry-after-ms``, the rate-limit
 reset headers, a wait stated in the message), the kind of body it carries
 (JSON, an SSE error event, an HTML gateway page, text, binary, nothing) and
 the provider's own fields (message, type, code, status, param, Google's
-RetryInfo/QuotaFailure/ErrorInfo details). Reading never raises and never
-reads more than :data:`MAX_BODY_BYTES`; :mod:`.classification_rules` decides
-what it all means.
+RetryInfo/QuotaFailure/ErrorInfo details), the token counts an overflow
+message states, and all of it gathered as :class:`Evidence`. Reading never
+raises and never reads more than :data:`MAX_BODY_BYTES`;
+:mod:`.classification_rules` decides what it all means.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ _RESET_HEADERS: Final = (
 
 
 def requested_reset(headers: HeadersLike, now: float | datetime | None) -> float | None:
+    """The wait the rate-limit reset headers name, before the cap."""
     try:
         parsed = _as_headers(headers)
         moment = _now_ts(now)
@@ -220,6 +222,7 @@ _MESSAGE_WAIT = re.compile(
 
 
 def wait_from_message(message: str) -> float | None:
+    """The wait a message states ("Please try again in 9.816s"), or None."""
     match = _MESSAGE_WAIT.search(message)
     if not match:
         return None
@@ -243,6 +246,8 @@ BodyKind = Literal["json", "sse", "html", "text", "binary", "empty"]
 
 @dataclass(slots=True)
 class Body:
+    """An error body's kind and, for text kinds, its decoded prefix and parsed data."""
+
     kind: BodyKind
     text: str = ""
     data: Any = None
@@ -329,6 +334,7 @@ def _parse_sse(text: str) -> Any:
 
 
 def read_body(response: httpx.Response) -> Body:
+    """The first :data:`MAX_BODY_BYTES` of an error answer, sorted by kind; never raises."""
     prefix, size, truncated = _read_prefix(response)
     if not prefix.strip():
         return Body("empty", size=size)
@@ -353,6 +359,8 @@ def read_body(response: httpx.Response) -> Body:
 
 @dataclass(slots=True)
 class ErrorFields:
+    """The provider's own description of the error, whatever its envelope."""
+
     message: str = ""
     type: str = ""
     code: str = ""
@@ -459,6 +467,7 @@ def _walk_google_details(details: Any, info: ErrorFields) -> None:
 
 
 def extract_fields(data: Any) -> ErrorFields:
+    """The fields of a parsed error body: OpenAI, Anthropic, Google, Ollama, vLLM envelopes."""
     info = ErrorFields()
     if isinstance(data, list) and data:
         data = data[0]
@@ -534,6 +543,7 @@ def extract_fields_loosely(text: str) -> ErrorFields:
 
 
 def html_title(text: str) -> str:
+    """An HTML page's title (or first heading), one line."""
     match = re.search(r"(?is)<title[^>]*>(.*?)</title>", text) or re.search(
         r"(?is)<h1[^>]*>(.*?)</h1>", text
     )
@@ -543,6 +553,7 @@ def html_title(text: str) -> str:
 
 
 def html_text(text: str) -> str:
+    """An HTML page's visible text, without scripts and styles."""
     body = re.sub(r"(?is)<(script|style)[^>]*>.*?</\1>", " ", text[:20_000])
     return one_line(html.unescape(re.sub(r"<[^>]+>", " ", body)))[:4000]
 
