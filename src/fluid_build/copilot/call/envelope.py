@@ -50,7 +50,7 @@ from fluid_build.copilot.agents.errors import (
     FluidError,
     RateLimitError,
 )
-from fluid_build.copilot.call.drive import AsyncShell, Call, Plan, Sleep, SyncShell, arun
+from fluid_build.copilot.call.drive import Call, Plan, Sleep, arun
 from fluid_build.copilot.call.drive import run as run_plan
 from fluid_build.copilot.health.breaker import CircuitBreaker
 from fluid_build.copilot.health.cooldown import (
@@ -614,14 +614,14 @@ class RetryEnvelope:
                     action = retrying.iter(state)
                     if isinstance(action, tenacity.DoSleep):
                         state.prepare_for_next_attempt()
-                        yield Sleep(action)
+                        yield Sleep(action, self.sleep, self.asleep)
                         continue
                     try:
                         if pending is not None:
                             error, pending = pending, None
                             raise error
                         for wait in run.cooldown_waits():
-                            yield Sleep(wait)
+                            yield Sleep(wait, self.sleep, self.asleep)
                         run.before_send()
                         try:
                             result = yield from attempt()
@@ -653,18 +653,14 @@ class RetryEnvelope:
         (the request's key) are removed by value from every error raised.
         """
         plan: Plan[T] = self.plan(partial(_calling, fn), **how)
-        return run_plan(plan, SyncShell(_no_pool, self.sleep))
+        return run_plan(plan)
 
     async def acall(self, fn: Callable[[], Awaitable[T]], **how: Unpack[CallBounds]) -> T:
         """:meth:`call` for a coroutine function: the same plan, awaited sleeps."""
         plan: Plan[T] = self.plan(partial(_calling, fn), **how)
-        return await arun(plan, AsyncShell(_no_pool, self.asleep))
+        return await arun(plan)
 
 
 def _calling(fn: Callable[[], Any]) -> Plan[Any]:
     """The plan of one attempt that is the caller's own function."""
     return (yield Call(fn))
-
-
-def _no_pool() -> Any:  # pragma: no cover - a Call effect never asks for the pool
-    raise AssertionError("the envelope's own calls send no requests")
