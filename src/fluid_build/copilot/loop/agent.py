@@ -33,6 +33,8 @@ from fluid_build.copilot.agents.errors import (
     ContextOverflowError,
     SchemaValidationError,
 )
+from fluid_build.copilot.call import drive
+from fluid_build.copilot.call.drive import Plan
 from fluid_build.copilot.llm.types import Completion, ToolCall
 from fluid_build.copilot.loop.declare import Tool
 from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
@@ -296,6 +298,36 @@ class _State:
 
 #: What ``check`` returns: validation errors as ``{"loc", "msg", "type"}`` mappings.
 Check = Callable[[Any], Sequence[Mapping[str, object]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask(drive.Effect):
+    """One model call of the run: ``complete`` in the sync shell, ``acomplete`` in the async one."""
+
+    client: LLMClient
+    messages: list[dict[str, Any]]
+    options: dict[str, Any]
+
+    def run(self) -> Completion:
+        return self.client.complete(self.messages, **self.options)
+
+    async def arun(self) -> Completion:
+        return await self.client.acomplete(self.messages, **self.options)
+
+
+@dataclass(frozen=True, slots=True)
+class _RunTools(drive.Effect):
+    """One batch of tool calls, in order; consecutive read-only ones overlap."""
+
+    registry: ToolRegistry
+    calls: Sequence[ToolCall]
+    max_concurrency: int
+
+    def run(self) -> list[ToolOutcome]:
+        return self.registry.run_many(self.calls, max_concurrency=self.max_concurrency)
+
+    async def arun(self) -> list[ToolOutcome]:
+        return await self.registry.arun_many(self.calls, max_concurrency=self.max_concurrency)
 
 
 class AgentLoop:
@@ -676,79 +708,49 @@ class AgentLoop:
             _truncate_middle(state.messages, self.settings.keep_last)
         self._compacted(state)
 
-    def _compact(self, state: _State) -> None:
-        request = self._begin_compaction(state)
-        if request is None:
-            return
-        try:
-            completion = self.client.complete(request[0], max_output_tokens=1024)
-        except AgentExecutionError as error:
-            self._end_compaction(state, request, None, error)
-            return
-        self._end_compaction(state, request, completion, None)
+    def _plan(self, task: str) -> Plan[AgentResult]:
+        """The whole run, written once: it yields the model calls and tool batches to make.
+
+        :meth:`run` performs them in the sync shell and :meth:`arun` in the
+        async one (:mod:`fluid_build.copilot.call.drive`), so the two cannot
+        drift apart.
+        """
+        state = self._start(task)
+        while not state.finished:
+            self._check_budget(state)
+            if self._needs_compaction(state):
+                request = self._begin_compaction(state)
+                if request is not None:
+                    try:
+                        summary = yield _Ask(self.client, request[0], {"max_output_tokens": 1024})
+                    except AgentExecutionError as error:
+                        self._end_compaction(state, request, None, error)
+                    else:
+                        self._end_compaction(state, request, summary, None)
+            self._before_call(state)  # again: a summary may have used the last call
+            state.usage.rounds += 1
+            try:
+                completion = yield _Ask(self.client, state.messages, self._request(state))
+            except ContextOverflowError as error:
+                self._not_sent(state, error)
+                if not self._retry_after_overflow(state):
+                    raise
+                continue
+            state.overflow_retried = False
+            calls = self._after_completion(state, completion)
+            if calls:
+                now, skipped = self._split_calls(state, calls)
+                outcomes = yield _RunTools(self.registry, now, self.settings.max_concurrency)
+                self._after_tools(state, outcomes, skipped)
+        return self._finish(state)
 
     def run(self, task: str) -> AgentResult:
         """Run ``task`` to a validated final answer, or raise the typed error that stopped it."""
-        state = self._start(task)
-        while not state.finished:
-            self._check_budget(state)
-            if self._needs_compaction(state):
-                self._compact(state)
-            self._before_call(state)  # again: a summary may have used the last call
-            state.usage.rounds += 1
-            try:
-                completion = self.client.complete(state.messages, **self._request(state))
-            except ContextOverflowError as error:
-                self._not_sent(state, error)
-                if not self._retry_after_overflow(state):
-                    raise
-                continue
-            state.overflow_retried = False
-            calls = self._after_completion(state, completion)
-            if calls:
-                now, skipped = self._split_calls(state, calls)
-                outcomes = self.registry.run_many(
-                    now, max_concurrency=self.settings.max_concurrency
-                )
-                self._after_tools(state, outcomes, skipped)
-        return self._finish(state)
-
-    async def _acompact(self, state: _State) -> None:
-        request = self._begin_compaction(state)
-        if request is None:
-            return
-        try:
-            completion = await self.client.acomplete(request[0], max_output_tokens=1024)
-        except AgentExecutionError as error:
-            self._end_compaction(state, request, None, error)
-            return
-        self._end_compaction(state, request, completion, None)
+        return drive.run(self._plan(task))
 
     async def arun(self, task: str) -> AgentResult:
-        """The async twin of :meth:`run`."""
-        state = self._start(task)
-        while not state.finished:
-            self._check_budget(state)
-            if self._needs_compaction(state):
-                await self._acompact(state)
-            self._before_call(state)  # again: a summary may have used the last call
-            state.usage.rounds += 1
-            try:
-                completion = await self.client.acomplete(state.messages, **self._request(state))
-            except ContextOverflowError as error:
-                self._not_sent(state, error)
-                if not self._retry_after_overflow(state):
-                    raise
-                continue
-            state.overflow_retried = False
-            calls = self._after_completion(state, completion)
-            if calls:
-                now, skipped = self._split_calls(state, calls)
-                outcomes = await self.registry.arun_many(
-                    now, max_concurrency=self.settings.max_concurrency
-                )
-                self._after_tools(state, outcomes, skipped)
-        return self._finish(state)
+        """:meth:`run` on the running event loop: the same plan, in the async shell."""
+        return await drive.arun(self._plan(task))
 
     def _finish(self, state: _State) -> AgentResult:
         state.usage.seconds = self.clock() - state.started
