@@ -193,7 +193,7 @@ def _store_key(provider: str, key: str) -> tuple[str, str | None]:
 
 def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool) -> int:
     from fluid_build.aiconfig import load_ai_config, save_ai_config
-    from fluid_build.copilot.health.cooldown import key_fingerprint
+    from fluid_build.copilot.health.keys import key_fingerprint
     from fluid_build.copilot.llm.settings import PROVIDERS
 
     name = _provider_name(provider)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.health.cooldown import CooldownStore
+    from fluid_build.copilot.health.store import CooldownStore
 
 __all__ = ["collect_report", "command", "public_url"]
 
@@ -76,12 +76,10 @@ def command(
 
 def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str | None) -> None:
     from fluid_build._redact import redact
-    from fluid_build.copilot.health.cooldown import (
-        ResilientCooldownStore,
-        SqliteCooldownStore,
-        cooldown_store_from_env,
-    )
+    from fluid_build.copilot.health.cooldown import cooldown_store_from_env
     from fluid_build.copilot.health.report import reset_health
+    from fluid_build.copilot.health.resilient import ResilientCooldownStore
+    from fluid_build.copilot.health.sqlite_store import SqliteCooldownStore
 
     scope = ", ".join(
         f"{name} {value}"
@@ -315,7 +313,7 @@ class _Store:
     @property
     def probe(self) -> CooldownStore | None:
         """The store itself, not the fallback that hides failures in real runs."""
-        from fluid_build.copilot.health.cooldown import ResilientCooldownStore
+        from fluid_build.copilot.health.resilient import ResilientCooldownStore
 
         store = self.store
         return store.primary if isinstance(store, ResilientCooldownStore) else store

@@ -98,7 +98,7 @@ def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, Re
 
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+    from fluid_build.copilot.health.store import MemoryCooldownStore
     from fluid_build.corpus.cassette import CassetteError, load_cassette
     from fluid_build.corpus.replay import ReplayTransport, VirtualClock
 

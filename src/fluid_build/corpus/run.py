@@ -59,7 +59,7 @@ def recipe_client(
     """An :class:`LLMClient` on ``clock``: no jitter, no retry log, an in-memory cooldown."""
     from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
     from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+    from fluid_build.copilot.health.store import MemoryCooldownStore
 
     envelope = RetryEnvelope(
         RetryPolicy.from_env(env),

@@ -33,7 +33,8 @@ from typing import Final, Literal
 
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
-from fluid_build.copilot.health.cooldown import CooldownStore, reset_keys, trusted
+from fluid_build.copilot.health.resilient import reset_keys
+from fluid_build.copilot.health.store import CooldownStore, trusted
 
 __all__ = ["BREAKER_PREFIXES", "RESET_HINT", "BreakerState", "CircuitBreaker"]
 

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from fluid_build.copilot.health.breaker import FAILS, HALF, OPEN, TRIAL
-from fluid_build.copilot.health.cooldown import COOLDOWN, CooldownKey, CooldownStore, StoreEntry
+from fluid_build.copilot.health.keys import COOLDOWN, CooldownKey
+from fluid_build.copilot.health.store import CooldownStore, StoreEntry
 
 __all__ = ["KeyHealth", "read_health", "reset_health"]
 
@@ -105,7 +106,7 @@ def reset_health(
     """
     if provider is None and model is None and endpoint is None:
         return store.clear()
-    from fluid_build.copilot.health.cooldown import normalize_endpoint
+    from fluid_build.copilot.health.keys import normalize_endpoint
 
     wanted_endpoint = normalize_endpoint(endpoint) if endpoint else None
     doomed: list[str] = []

@@ -1,0 +1,221 @@
+"""The store for many machines: entries as Redis hashes, each change one Lua script."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from fluid_build.copilot.health.store import (
+    MAX_ENTRIES,
+    StoreEntry,
+    valid_seconds,
+    without_password,
+)
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["RedisCooldownStore"]
+
+
+# Each entry is a Redis hash: its end (``until``, wall-clock seconds, as every
+# store keeps it), when it began, a counter, a lease owner and a note. Every
+# change is one Lua script, so it is atomic across the fleet. The key's Redis
+# TTL only cleans up: it outlives ``until`` by a minute, for readers whose
+# clocks run a little behind. ARGV[1] is always the caller's ``now``.
+_REDIS_EXTEND: Final = """
+local now = tonumber(ARGV[1])
+local want = now + tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til <= now then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1])
+  til = 0
+end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
+if til >= want then return tostring(til - now) end
+redis.call('HSET', KEYS[1], 'until', tostring(want))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
+return tostring(want - now)
+"""
+_REDIS_CAP: Final = """
+local now = tonumber(ARGV[1])
+local want = now + tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til > want then
+  redis.call('HSET', KEYS[1], 'until', tostring(want))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
+end
+return 0
+"""
+_REDIS_INCR: Final = """
+local now = tonumber(ARGV[1])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til <= now or redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1])
+end
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'note', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
+return n
+"""
+_REDIS_ACQUIRE: Final = """
+local now = tonumber(ARGV[1])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local held = redis.call('HGET', KEYS[1], 'owner')
+if til > now and held and held ~= ARGV[3] then return 0 end
+if not (til > now and held == ARGV[3]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'since', ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
+return 1
+"""
+_REDIS_RELEASE: Final = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisCooldownStore:
+    """Entries as Redis hashes, shared by every machine on one Redis.
+
+    Like the other stores it keeps each entry's end in wall-clock seconds, so
+    the machines' clocks should agree (NTP); a skewed writer can never make
+    a reader wait past the cap the reader applies (see :func:`trusted`).
+    """
+
+    # Before entries were hashes with a lifetime; ``clear`` removes these too.
+    LEGACY_PREFIX: Final = "fluid:cooldown:"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        prefix: str = "fluid:health:",
+        timeout: float = 0.5,
+    ) -> None:
+        if client is None:
+            import redis as redis_lib  # only a Redis store needs it
+
+            if url is None:
+                raise ValueError("RedisCooldownStore needs a url or a client")
+            client = redis_lib.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
+        self._client = client
+        self._prefix = prefix
+        scripts = (_REDIS_EXTEND, _REDIS_CAP, _REDIS_INCR, _REDIS_ACQUIRE, _REDIS_RELEASE)
+        self._extend, self._cap, self._incr, self._acquire, self._release = (
+            client.register_script(script) for script in scripts
+        )
+        self._url = without_password(url) if url else repr(client)
+
+    def remaining(self, key: str, now: float) -> float:
+        return self.peek([key], now)[0][0]
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        if len(keys) == 1:
+            replies = [self._client.hmget(self._prefix + keys[0], "until", "n")]
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(self._prefix + key, "until", "n")
+            replies = pipe.execute()
+        out = []
+        for until, n in replies:
+            left = _float(_text(until), 0.0) - now
+            out.append((left, int(_float(_text(n), 0.0))) if left > 0 else (0.0, 0))
+        return out
+
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        if not valid_seconds(seconds):
+            return self.remaining(key, now)
+        left = self._extend(keys=[self._prefix + key], args=[repr(now), repr(seconds), note])
+        return max(_float(_text(left), 0.0), 0.0)
+
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        self._cap(keys=[self._prefix + key], args=[repr(now), repr(max(seconds, 0.0))])
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        ttl = max(ttl, 0.001)
+        return int(self._incr(keys=[self._prefix + key], args=[repr(now), repr(ttl), note]))
+
+    def count(self, key: str, now: float) -> int:
+        return self.peek([key], now)[0][1]
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        ttl = max(ttl, 0.001)
+        return bool(self._acquire(keys=[self._prefix + key], args=[repr(now), repr(ttl), owner]))
+
+    def release(self, key: str, owner: str) -> None:
+        self._release(keys=[self._prefix + key], args=[owner])
+
+    def delete(self, *keys: str) -> None:
+        if keys:
+            self._client.delete(*(self._prefix + key for key in keys))
+
+    def _scan(self, prefix: str) -> list[bytes]:
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in prefix) + "*"
+        found: list[bytes] = []
+        for name in self._client.scan_iter(match=pattern, count=1000):
+            found.append(name)
+            if len(found) >= MAX_ENTRIES:
+                break
+        return found
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        names = self._scan(self._prefix)
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        replies = pipe.execute() if names else []
+        out: list[StoreEntry] = []
+        for name, fields in zip(names, replies, strict=True):
+            if not isinstance(fields, dict):
+                continue
+            text = {_text(k) or "": _text(v) for k, v in fields.items()}
+            until = _float(text.get("until"), 0.0)
+            if until <= now:
+                continue
+            out.append(
+                StoreEntry(
+                    (_text(name) or "")[len(self._prefix) :],
+                    until,
+                    _float(text.get("since"), now),
+                    int(_float(text.get("n"), 0.0)),
+                    text.get("owner"),
+                    text.get("note") or "",
+                )
+            )
+        return sorted(out, key=lambda entry: entry.key)
+
+    def clear(self) -> int:
+        names = self._scan(self._prefix) + self._scan(self.LEGACY_PREFIX)
+        if names:
+            self._client.delete(*names)
+        return len(names)
+
+    def __repr__(self) -> str:
+        return f"RedisCooldownStore({self._url!r})"
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        return default
+    return value if math.isfinite(value) else default

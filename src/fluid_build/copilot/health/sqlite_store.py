@@ -1,0 +1,337 @@
+"""The default store: a sqlite file shared by every process on the machine.
+
+Readers check a random 8-byte generation stamp, mapped from a sidecar file, and
+re-read the table only when another writer changed it (see
+:class:`SqliteCooldownStore`).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from fluid_build.copilot.health.store import MAX_ENTRIES, StoreEntry, valid_seconds
+
+if TYPE_CHECKING:
+    import sqlite3
+
+__all__ = ["SqliteCooldownStore", "default_cooldown_path"]
+
+
+def default_cooldown_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/fluid_build/cooldown.sqlite3`` (``~/.cache`` by default)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fluid_build" / "cooldown.sqlite3"
+
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS fluid_state (key TEXT PRIMARY KEY, until REAL NOT NULL, "
+    "since REAL NOT NULL, n INTEGER NOT NULL DEFAULT 0, owner TEXT, note TEXT NOT NULL DEFAULT '')"
+)
+# Before the state had a lifetime: counters without an end. Dropping them heals
+# a machine that an older version locked out.
+_LEGACY_TABLES: Final = ("cooldown", "counters")
+
+_EXTEND_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, note) VALUES (:key, :until, :now, :note) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "since = CASE WHEN until > :now THEN since ELSE :now END, "
+    "n = CASE WHEN until > :now THEN n ELSE 0 END, "
+    "owner = CASE WHEN until > :now THEN owner ELSE NULL END, "
+    "note = CASE WHEN :note != '' THEN :note ELSE note END, "
+    "until = max(CASE WHEN until > :now THEN until ELSE 0 END, :until) "
+    "RETURNING until"
+)
+_INCR_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, n, note) VALUES (:key, :until, :now, 1, :note) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "n = CASE WHEN until > :now THEN n + 1 ELSE 1 END, "
+    "since = CASE WHEN until > :now THEN since ELSE :now END, "
+    "owner = NULL, "
+    "note = CASE WHEN :note != '' THEN :note ELSE note END, "
+    "until = :until "
+    "RETURNING n"
+)
+_ACQUIRE_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, owner) VALUES (:key, :until, :now, :owner) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "since = CASE WHEN owner IS :owner AND until > :now THEN since ELSE :now END, "
+    "n = 0, note = '', owner = :owner, until = :until "
+    "WHERE until <= :now OR owner IS NULL OR owner = :owner "
+    "RETURNING owner"
+)
+
+
+_O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+#: The bytes of the generation stamp at the start of the sidecar file.
+_STAMP_SIZE: Final = 8
+
+
+def _map_stamp(path: Path) -> mmap.mmap:
+    """The first 8 bytes of ``path``, mapped shared; the file is created (or grown) to 8.
+
+    Opened without following a link and without blocking, and refused unless
+    it is a regular file: a FIFO or device planted there is an error (the
+    store is then treated as down), never a hang. The file only ever grows,
+    so the mapped bytes stay inside it.
+    """
+    flags = os.O_RDWR | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size < _STAMP_SIZE:
+            os.ftruncate(fd, _STAMP_SIZE)  # zeros; a concurrent opener grows it alike
+        return mmap.mmap(fd, _STAMP_SIZE)  # keeps its own descriptor
+    finally:
+        os.close(fd)
+
+
+class SqliteCooldownStore:
+    """Entries in a sqlite file, shared by every process on the machine.
+
+    Each change is one upsert, so concurrent writers cannot lose each other's
+    updates. Readers do not query sqlite on every call: after each committed
+    change a writer sets a fresh random 8-byte stamp at the start of a sidecar
+    file (``<file>.generation``) that every process maps into memory, and a
+    reader re-reads the table only when the stamp differs from the one it
+    read the table under. Checking costs no system call, so a call on a key
+    with nothing stored costs a comparison of 8 bytes. A stamp is random, not
+    a counter, so that writers need no lock to set it and a value can never
+    come back: a reader that read the table before a change is sure to see a
+    stamp it has not seen once that change is committed.
+
+    Nothing but this store writes the sidecar, and it never shrinks (a file
+    truncated under a mapping would crash its readers): ``fluid doctor
+    --reset`` clears the table and sets a new stamp.
+
+    The file is in WAL mode, so a writer never blocks readers. A write waits
+    at most ``busy_timeout`` seconds (0.1 by default) for another writer's
+    lock, and as long again for another thread of this process that is
+    waiting on it; then it raises ``sqlite3.OperationalError`` ("database is
+    locked"), which :class:`ResilientCooldownStore` treats as contention, not
+    as a failure (see :meth:`ResilientCooldownStore.is_contention`). The
+    state is advisory: a call never waits longer than that on it.
+    """
+
+    #: Seconds a write waits for the lock before giving up (per operation).
+    DEFAULT_BUSY_TIMEOUT: Final = 0.1
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> None:
+        self.path = Path(path)
+        self._stamp_path = self.path.with_name(self.path.name + ".generation")
+        self.busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._stamp: mmap.mmap | None = None
+        self._seen_stamp: bytes | None = None
+        self._cache: dict[str, tuple[float, int]] = {}
+        self._writes = 0
+
+    def _acquire(self) -> None:
+        """Take this store's thread lock, waiting no longer than a busy database would."""
+        if not self._lock.acquire(timeout=max(self.busy_timeout, 0.001)):
+            import sqlite3
+
+            raise sqlite3.OperationalError(
+                "database is locked (another thread of this process is waiting on it)"
+            )
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
+            import sqlite3
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            timeout = max(self.busy_timeout, 0.0)
+            conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+                conn.execute("PRAGMA journal_mode=WAL")
+                # Advisory state: a power cut may lose the last changes, never the file.
+                conn.execute("PRAGMA synchronous=NORMAL")
+                with conn:
+                    conn.execute(_SCHEMA)
+                    for table in _LEGACY_TABLES:
+                        conn.execute(f"DROP TABLE IF EXISTS {table}")
+            except BaseException:
+                conn.close()
+                raise
+            if self._stamp is None:  # a forked child shares its parent's mapping
+                try:
+                    self._stamp = _map_stamp(self._stamp_path)
+                except BaseException:
+                    conn.close()
+                    raise
+            self._conn, self._pid = conn, os.getpid()
+            self._seen_stamp = None
+        return self._conn
+
+    def _refresh(self, now: float) -> None:
+        """Re-read the live rows if any process committed a change since the last read."""
+        stamp = self._stamp
+        if stamp is not None and stamp[:_STAMP_SIZE] == self._seen_stamp:
+            return
+        self._acquire()
+        try:
+            conn = self._connection()
+            assert self._stamp is not None  # mapped by _connection()
+            # The stamp first, then the rows: a change committed after this read
+            # sets a new stamp, which the next call sees.
+            seen = self._stamp[:_STAMP_SIZE]
+            rows = conn.execute(
+                "SELECT key, until, n FROM fluid_state WHERE until > ?", (now,)
+            ).fetchall()
+            self._cache = {key: (float(until), int(n)) for key, until, n in rows}
+            self._seen_stamp = seen
+        finally:
+            self._lock.release()
+
+    def _write(
+        self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float | None
+    ) -> Any:
+        """Run one change in its own transaction; return its first row.
+
+        With ``now``, entries that ended over a minute before it are purged too.
+        """
+        self._acquire()
+        try:
+            conn = self._connection()
+            with conn:
+                row = conn.execute(sql, params).fetchone()
+                self._writes += 1
+                if now is not None:
+                    conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
+                if self._writes % 100 == 0:
+                    conn.execute(
+                        "DELETE FROM fluid_state WHERE key NOT IN "
+                        "(SELECT key FROM fluid_state ORDER BY until DESC LIMIT ?)",
+                        (MAX_ENTRIES,),
+                    )
+            self._bump()
+        finally:
+            self._lock.release()
+        return row
+
+    def _bump(self) -> None:
+        # A new stamp only after the change is committed: a reader that sees it
+        # is sure to read the new rows. Random (from the OS, never a PRNG that a
+        # fork copies) so that no two writes set the same stamp.
+        assert self._stamp is not None  # mapped by _connection()
+        self._stamp[:_STAMP_SIZE] = os.urandom(_STAMP_SIZE)
+        self._seen_stamp = None
+
+    def remaining(self, key: str, now: float) -> float:
+        self._refresh(now)
+        cached = self._cache.get(key)
+        return cached[0] - now if cached is not None and cached[0] > now else 0.0
+
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        if not valid_seconds(seconds):
+            return self.remaining(key, now)
+        row = self._write(
+            _EXTEND_SQL, {"key": key, "until": now + seconds, "now": now, "note": note}, now
+        )
+        return max(float(row[0]) - now, 0.0) if row else seconds
+
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        self._write(
+            "UPDATE fluid_state SET until = min(until, ?) WHERE key = ? RETURNING until",
+            (now + max(seconds, 0.0), key),
+            now,
+        )
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        until = now + max(ttl, 0.001)
+        row = self._write(_INCR_SQL, {"key": key, "until": until, "now": now, "note": note}, now)
+        return int(row[0])
+
+    def count(self, key: str, now: float) -> int:
+        self._refresh(now)
+        cached = self._cache.get(key)
+        return cached[1] if cached is not None and cached[0] > now else 0
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        self._refresh(now)
+        out = []
+        for key in keys:
+            cached = self._cache.get(key)
+            if cached is None or cached[0] <= now:
+                out.append((0.0, 0))
+            else:
+                out.append((cached[0] - now, cached[1]))
+        return out
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        until = now + max(ttl, 0.001)
+        row = self._write(
+            _ACQUIRE_SQL, {"key": key, "until": until, "now": now, "owner": owner}, now
+        )
+        return row is not None
+
+    def release(self, key: str, owner: str) -> None:
+        self._write(
+            "DELETE FROM fluid_state WHERE key = ? AND owner = ? RETURNING key",
+            (key, owner),
+            None,
+        )
+
+    def delete(self, *keys: str) -> None:
+        if not keys:
+            return
+        marks = ",".join("?" * len(keys))
+        self._write(f"DELETE FROM fluid_state WHERE key IN ({marks}) RETURNING key", keys, None)  # noqa: S608 - only placeholders
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        self._acquire()
+        try:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT key, until, since, n, owner, note FROM fluid_state WHERE until > ? "
+                    "ORDER BY key LIMIT ?",
+                    (now, MAX_ENTRIES),
+                )
+                .fetchall()
+            )
+        finally:
+            self._lock.release()
+        return [
+            StoreEntry(k, float(u), float(s), int(n), o, str(t or "")) for k, u, s, n, o, t in rows
+        ]
+
+    def clear(self) -> int:
+        self._acquire()
+        try:
+            conn = self._connection()
+            with conn:
+                gone = conn.execute("DELETE FROM fluid_state").rowcount
+            self._bump()
+        finally:
+            self._lock.release()
+        return int(gone)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._stamp is not None:
+                stamp, self._stamp = self._stamp, None
+                self._seen_stamp = None
+                stamp.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteCooldownStore({str(self.path)!r})"

@@ -1,0 +1,266 @@
+"""The store protocol (:class:`CooldownStore`), the in-process store, and reading back.
+
+Every store keeps entries with an end in wall-clock seconds: a cooldown window, a
+breaker's failure counter, a half-open trial lease. :class:`MemoryCooldownStore`
+serves one process; the shared stores are in :mod:`.sqlite_store` (the default)
+and :mod:`.redis_store`, and :mod:`.resilient` keeps any of them from failing a call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+__all__ = [
+    "MAX_ENTRIES",
+    "CooldownStore",
+    "MemoryCooldownStore",
+    "StoreEntry",
+    "trusted",
+    "valid_seconds",
+    "without_password",
+]
+
+LOG = logging.getLogger("fluid_build.cooldown")
+
+# A store holds at most this many live entries; the ones ending soonest go first.
+MAX_ENTRIES: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEntry:
+    """One live entry of a store, as ``fluid doctor`` lists it. Times are wall-clock seconds."""
+
+    key: str
+    until: float
+    since: float
+    count: int = 0
+    owner: str | None = None
+    note: str = ""
+
+
+@runtime_checkable
+class CooldownStore(Protocol):
+    """Where shared state lives. ``now`` is wall-clock seconds (``time.time()``).
+
+    Every write gives its entry an end; nothing lives forever.
+    """
+
+    def remaining(self, key: str, now: float) -> float:
+        """Seconds left before ``key`` ends (0.0 when it is not there)."""
+        ...
+
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        """Make ``key`` last at least ``seconds`` more; return the seconds now left."""
+        ...
+
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        """Make ``key`` end within ``seconds`` (repairs a skewed or planted entry)."""
+        ...
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        """Add one to ``key``'s counter, which now ends ``ttl`` s from ``now``; return it.
+
+        A counter that has ended starts again from one.
+        """
+        ...
+
+    def count(self, key: str, now: float) -> int:
+        """The counter's value (0 when it is not there or has ended)."""
+        ...
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        """``(remaining, count)`` of each key, read together (one staleness check for sqlite)."""
+        ...
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        """Take (or renew) the lease ``key`` for ``owner`` until ``now + ttl``.
+
+        False when another owner holds a lease that has not ended. Atomic.
+        """
+        ...
+
+    def release(self, key: str, owner: str) -> None:
+        """Give the lease back, if ``owner`` still holds it."""
+        ...
+
+    def delete(self, *keys: str) -> None:
+        """Remove these entries, whatever they hold."""
+        ...
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        """Every live entry, for ``fluid doctor``."""
+        ...
+
+    def clear(self) -> int:
+        """Remove every entry this store holds; return how many there were."""
+        ...
+
+
+_CLAMPED: set[str] = set()
+
+
+def trusted(store: CooldownStore, key: str, left: float, cap: float, now: float) -> float:
+    """``left``, read back from ``store``, never longer than ``cap``.
+
+    A longer entry can only come from a skewed clock or a planted value: it
+    is logged once, cut down to ``cap`` in the store, and ``cap`` is returned.
+    """
+    if left <= cap:
+        return left
+    if left > cap + 1.0:  # past the writers' clock differences: repair it
+        if key not in _CLAMPED and len(_CLAMPED) < 1000:
+            _CLAMPED.add(key)
+            LOG.warning(
+                "shared state %s ends in %.0f s, beyond its %g s cap (a skewed clock or a "
+                "planted entry); cut down to %g s",
+                key,
+                left,
+                cap,
+                cap,
+            )
+        store.cap(key, cap, now)
+    return cap
+
+
+def valid_seconds(seconds: float) -> bool:
+    """Whether ``seconds`` can lengthen an entry: finite and positive."""
+    return math.isfinite(seconds) and seconds > 0
+
+
+class _Record:
+    __slots__ = ("count", "note", "owner", "since", "until")
+
+    def __init__(self, until: float, since: float) -> None:
+        self.until = until
+        self.since = since
+        self.count = 0
+        self.owner: str | None = None
+        self.note = ""
+
+
+class MemoryCooldownStore:
+    """Entries in a dict: shared by the threads and tasks of one process."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, _Record] = {}
+        self._lock = threading.Lock()
+
+    def _live(self, key: str, now: float) -> _Record | None:
+        record = self._records.get(key)
+        return record if record is not None and record.until > now else None
+
+    def _fresh(self, key: str, until: float, now: float) -> _Record:
+        record = _Record(until, now)
+        self._records[key] = record
+        if len(self._records) > MAX_ENTRIES:
+            live = sorted(
+                ((k, r) for k, r in self._records.items() if r.until > now),
+                key=lambda item: item[1].until,
+            )
+            self._records = dict(live[-MAX_ENTRIES:])
+            self._records[key] = record
+        return record
+
+    def remaining(self, key: str, now: float) -> float:
+        record = self._records.get(key)
+        return record.until - now if record is not None and record.until > now else 0.0
+
+    def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
+        if not valid_seconds(seconds):
+            return self.remaining(key, now)
+        with self._lock:
+            record = self._live(key, now) or self._fresh(key, now, now)
+            record.until = max(record.until, now + seconds)
+            if note:
+                record.note = note
+            return record.until - now
+
+    def cap(self, key: str, seconds: float, now: float) -> None:
+        with self._lock:
+            record = self._live(key, now)
+            if record is not None:
+                record.until = min(record.until, now + max(seconds, 0.0))
+
+    def incr(self, key: str, ttl: float, now: float, note: str = "") -> int:
+        with self._lock:
+            record = self._live(key, now) or self._fresh(key, now, now)
+            record.count += 1
+            record.until = now + max(ttl, 0.001)
+            if note:
+                record.note = note
+            return record.count
+
+    def count(self, key: str, now: float) -> int:
+        record = self._records.get(key)
+        return record.count if record is not None and record.until > now else 0
+
+    def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        out = []
+        for key in keys:
+            record = self._records.get(key)
+            if record is None or record.until <= now:
+                out.append((0.0, 0))
+            else:
+                out.append((record.until - now, record.count))
+        return out
+
+    def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
+        with self._lock:
+            record = self._live(key, now)
+            if record is not None and record.owner not in (None, owner):
+                return False
+            if record is None or record.owner != owner:
+                record = self._fresh(key, now, now)
+                record.owner = owner
+            record.until = now + max(ttl, 0.001)
+            return True
+
+    def release(self, key: str, owner: str) -> None:
+        with self._lock:
+            record = self._records.get(key)
+            if record is not None and record.owner == owner:
+                del self._records[key]
+
+    def delete(self, *keys: str) -> None:
+        with self._lock:
+            for key in keys:
+                self._records.pop(key, None)
+
+    def entries(self, now: float) -> list[StoreEntry]:
+        with self._lock:
+            items = list(self._records.items())
+        return [
+            StoreEntry(key, r.until, r.since, r.count, r.owner, r.note)
+            for key, r in items
+            if r.until > now
+        ]
+
+    def clear(self) -> int:
+        with self._lock:
+            gone = len(self._records)
+            self._records = {}
+        return gone
+
+    def __repr__(self) -> str:
+        return "MemoryCooldownStore()"
+
+
+def without_password(url: str) -> str:
+    """``url`` with any password masked; never raises, whatever the text."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return parts._replace(netloc=f"{user}{host}{port}").geturl()
+    except ValueError:  # a malformed port or bracket: show nothing after the scheme
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        return f"{scheme}://<unparsable>" if scheme else "<unparsable>"
