@@ -1,0 +1,367 @@
+"""Async calls at 100 and 1,000 in flight: transports, pool limits and the admission gate.
+
+The loopback server is bench_client.py's (raw asyncio, keep-alive, one fixed
+OpenAI answer, its own process), counting the connections it accepts. Each
+variant runs in a fresh process: ``N`` workers each make calls back to back
+until 5,000 are done (``--quick``: 1,000), so ``N`` calls are always in
+flight. Reported per variant: calls/s, p50, p99 and max latency (from the
+moment a call is made: queueing for a connection counts), failures by type,
+connections opened, peak RSS, and bytes per in-flight call (RSS growth and
+tracemalloc peak of one traced round of ``N`` calls, divided by ``N``).
+
+Variants: bare httpx with its defaults (5 s timeouts; 100 connections, 20
+kept alive), httpx with all 100 kept alive, httpx2, httpx over aiohttp
+(httpx-aiohttp), fluid_build's pool (src/fluid_build/copilot/call/transport.py)
+bare, and ``LLMClient.acomplete`` with today's pool and with each transport of
+transport.py (handed in as ``async_http_client``), and the openai SDK when
+installed. Peers that are not installed are skipped, with a note.
+
+    python benchmarks/bench_async.py [--quick] [--passes N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import multiprocessing
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench_client import (
+    API_KEY,
+    HEADERS,
+    MATRIX,
+    MODEL,
+    PAYLOAD,
+    PROMPT,
+    TIMEOUT,
+    _Answer,
+    _rss_mib,
+    _version,
+    machine,
+    machine_line,
+)
+
+CONCURRENCY = (100, 1_000)
+CALLS = {False: 5_000, True: 1_000}  # by --quick
+WARM_CALLS = 20  # one at a time, before the clock: imports and first-use caches
+
+Call = Callable[[], Awaitable[object]]
+Close = Callable[[], Awaitable[None]]
+
+ROWS: tuple[tuple[str, str, str | None], ...] = (  # (variant, label, module it needs)
+    ("httpx-default", "bare httpx 0.28, defaults (100 conns, 20 kept alive, 5 s)", None),
+    ("httpx-ka100", "bare httpx 0.28, 100 conns all kept alive", None),
+    ("httpx2", "bare httpx2, defaults (timeout 120 s)", "httpx2"),
+    ("httpx-aiohttp", "bare httpx over aiohttp (httpx-aiohttp), 100 conns", "httpx_aiohttp"),
+    ("pool-httpx", "bare transport.py pool, httpx + FIFO gate", None),
+    ("pool-aiohttp", "bare transport.py pool, aiohttp + FIFO gate", "httpx_aiohttp"),
+    ("llm-today", "LLMClient.acomplete, today's pool (100, 20 kept alive)", None),
+    ("llm-httpx", "LLMClient.acomplete, transport.py httpx", None),
+    ("llm-aiohttp", "LLMClient.acomplete, transport.py aiohttp", "httpx_aiohttp"),
+    ("openai", "openai SDK AsyncOpenAI", "openai"),
+)
+
+
+# -- the server: bench_client's, counting accepted connections ----------------------------------
+
+
+class _Counted(_Answer):
+    accepted = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        _Counted.accepted += 1
+        super().connection_made(transport)
+
+
+def _serve(ready: Any, control: Any) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Counted, "127.0.0.1", 0, backlog=4096)
+
+        def answer() -> None:  # any message on the control pipe: "how many so far?"
+            control.recv()
+            control.send(_Counted.accepted)
+
+        loop.add_reader(control.fileno(), answer)
+        ready.send(server.sockets[0].getsockname()[1])
+        ready.close()
+        await asyncio.Event().wait()  # until terminated
+
+    asyncio.run(main())
+
+
+@contextmanager
+def counting_server() -> Iterator[tuple[str, Callable[[], int]]]:
+    """The loopback server in its own process: its base URL and a count of its accepts."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    ask, control = ctx.Pipe()
+    process = ctx.Process(target=_serve, args=(child, control), daemon=True)
+    process.start()
+
+    def accepted() -> int:
+        ask.send(None)
+        return int(ask.recv())
+
+    try:
+        if not parent.poll(30):
+            raise RuntimeError("the loopback server did not start")
+        yield f"http://127.0.0.1:{parent.recv()}/v1", accepted
+    finally:
+        process.terminate()
+        process.join(5)
+
+
+# -- the variants (in the worker process) ---------------------------------------------------
+
+
+def variant(name: str, url: str) -> tuple[Call, Close]:
+    endpoint = f"{url}/chat/completions"
+    if name.startswith(("httpx", "pool")):
+        if name == "httpx-default":
+            import httpx
+
+            client: Any = httpx.AsyncClient()
+        elif name == "httpx-ka100":
+            import httpx
+
+            client = httpx.AsyncClient(
+                timeout=TIMEOUT,
+                limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+            )
+        elif name == "httpx2":
+            import httpx2
+
+            client = httpx2.AsyncClient(timeout=TIMEOUT)
+        elif name == "httpx-aiohttp":
+            from httpx_aiohttp import HttpxAiohttpClient
+
+            client = HttpxAiohttpClient(timeout=TIMEOUT)
+        else:
+            from fluid_build.copilot.call.transport import build_async_client
+
+            client = build_async_client(TIMEOUT, None, {}, transport=name.split("-")[1])
+
+        async def post() -> object:
+            return (await client.post(endpoint, json=PAYLOAD, headers=HEADERS)).json()
+
+        return post, client.aclose
+    if name.startswith("llm"):
+        from fluid_build.copilot import LLMClient
+        from fluid_build.copilot.call.envelope import RetryEnvelope
+        from fluid_build.copilot.call.transport import build_async_client
+
+        pool = (
+            None
+            if name == "llm-today"
+            else build_async_client(TIMEOUT, "vllm", {}, transport=name[4:])
+        )
+        llm = LLMClient(
+            "vllm",
+            MODEL,
+            API_KEY,
+            url,
+            envelope=RetryEnvelope(cooldown=None),
+            capability_matrix=MATRIX,
+            env={},
+            async_http_client=pool,
+        )
+
+        async def acomplete() -> object:
+            return await llm.acomplete(PROMPT)
+
+        async def close() -> None:
+            await llm.aclose()
+            if pool is not None:
+                await pool.aclose()
+
+        return acomplete, close
+    if name == "openai":
+        import openai
+
+        sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=url)
+        messages: Any = [{"role": "user", "content": PROMPT}]
+
+        async def create() -> object:
+            return await sdk.chat.completions.create(model=MODEL, messages=messages)
+
+        return create, sdk.close
+    raise ValueError(name)
+
+
+async def run(name: str, url: str, concurrency: int, calls: int) -> dict[str, Any]:
+    """``concurrency`` workers making ``calls`` calls in all; then one traced round."""
+    call, close = variant(name, url)
+    latencies: list[float] = []
+    failures: Counter[str] = Counter()
+    left = calls
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            started = time.perf_counter()
+            try:
+                await call()
+            except Exception as exc:  # noqa: BLE001 - counted by type, the run goes on
+                failures[type(exc).__name__] += 1
+            else:
+                latencies.append(time.perf_counter() - started)
+
+    try:
+        for _ in range(WARM_CALLS):
+            await call()
+        gc.collect()
+        rss_warm = _rss_mib()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        rss_peak = _rss_mib()
+        gc.collect()
+        tracemalloc.start()  # one traced round of `concurrency` calls at once: memory only
+        base = tracemalloc.get_traced_memory()[0]
+        await asyncio.gather(*(call() for _ in range(concurrency)), return_exceptions=True)
+        traced = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+    finally:
+        await close()
+    latencies.sort()
+
+    def at(q: float) -> float:
+        return latencies[min(int(q * len(latencies)), len(latencies) - 1)] if latencies else 0.0
+
+    return {
+        "calls_per_s": len(latencies) / elapsed,
+        "p50_s": at(0.50),
+        "p99_s": at(0.99),
+        "max_s": latencies[-1] if latencies else 0.0,
+        "failures": dict(failures),
+        "rss_peak_mib": rss_peak,
+        "rss_per_call_kib": max(rss_peak - rss_warm, 0.0) * 1024 / concurrency,
+        "traced_per_call_kib": traced / 1024 / concurrency,
+    }
+
+
+def measure(name: str, url: str, concurrency: int, calls: int) -> dict[str, Any]:
+    """One variant in a fresh interpreter, so that its memory and its pool are its own."""
+    done = subprocess.run(  # noqa: S603 - this script, this interpreter
+        [sys.executable, __file__, "--worker", name, url, str(concurrency), str(calls)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1_800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"worker {name} x{concurrency} failed:\n{done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def installed(module: str | None) -> bool:
+    if module is None:
+        return True
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 calls a variant, one pass")
+    parser.add_argument("--passes", type=int, help="interleaved passes (default 2; --quick 1)")
+    parser.add_argument("--only", help="comma-separated variants to run")
+    parser.add_argument(
+        "--concurrency", type=int, action="append", help="calls in flight (default: 100, 1000)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        name, url, concurrency, calls = args.worker
+        print(json.dumps(asyncio.run(run(name, url, int(concurrency), int(calls)))))
+        return 0
+
+    calls = CALLS[args.quick]
+    passes = args.passes or (1 if args.quick else 2)
+    wanted = set(args.only.split(",")) if args.only else None
+    levels = tuple(args.concurrency or CONCURRENCY)
+    rows = [r for r in ROWS if wanted is None or r[0] in wanted]
+    present = [name for name, _, module in rows if installed(module)]
+    seen: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with counting_server() as (url, accepted):
+        for _ in range(passes):  # interleaved: load from other processes falls on all alike
+            for concurrency in levels:
+                for name in present:
+                    before = accepted()
+                    result = measure(name, url, concurrency, calls)
+                    result["connections"] = accepted() - before
+                    seen.setdefault((name, concurrency), []).append(result)
+                    print(
+                        f"  {name} x{concurrency}: {result['calls_per_s']:.0f}/s", file=sys.stderr
+                    )
+
+    versions = {d: _version(d) for d in ("httpx", "httpx2", "aiohttp", "httpx-aiohttp", "openai")}
+    print(machine_line(machine()))
+    print(", ".join(f"{d} {v or 'not installed'}" for d, v in versions.items()))
+    print()
+    print(
+        f"{calls:,} calls a variant (after {WARM_CALLS} warm-up calls), N always in flight, "
+        f"each variant in a fresh process, {passes} interleaved pass(es): calls/s and "
+        "latencies as min-max over passes; memory the largest pass; connections include the "
+        "warm-up and the traced round of N:"
+    )
+    print()
+    print(
+        "| N | variant | calls/s | p50 (s) | p99 (s) | max (s) | failures | connections "
+        "| peak RSS (MiB) | RSS per in-flight call (KiB) | traced per in-flight call (KiB) |"
+    )
+    print("| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    table: list[dict[str, Any]] = []
+
+    def span(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
+        low, high = min(r[key] for r in runs), max(r[key] for r in runs)
+        return (
+            format(low, fmt)
+            if format(low, fmt) == format(high, fmt)
+            else (f"{format(low, fmt)}-{format(high, fmt)}")
+        )
+
+    for concurrency in levels:
+        for name, label, module in rows:
+            runs = seen.get((name, concurrency))
+            if not runs:
+                print(f"| {concurrency:,} | {label} | {module} not installed | | | | | | | | |")
+                continue
+            failures: Counter[str] = Counter()
+            for r in runs:
+                failures.update(r["failures"])
+            shown = ", ".join(f"{n:,} {k}" for k, n in failures.most_common()) or "0"
+            print(
+                f"| {concurrency:,} | {label} | {span(runs, 'calls_per_s', ',.0f')} | "
+                f"{span(runs, 'p50_s', '.2f')} | {span(runs, 'p99_s', '.2f')} | "
+                f"{span(runs, 'max_s', '.1f')} | {shown} | {span(runs, 'connections', ',d')} | "
+                f"{max(r['rss_peak_mib'] for r in runs):.0f} | "
+                f"{max(r['rss_per_call_kib'] for r in runs):.1f} | "
+                f"{max(r['traced_per_call_kib'] for r in runs):.1f} |"
+            )
+            table.append(
+                {"variant": name, "label": label, "concurrency": concurrency, "runs": runs}
+            )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"machine": machine(), "versions": versions, "rows": table}, indent=2) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
