@@ -10,19 +10,20 @@ async shell (:mod:`fluid_build.copilot.call.drive`).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 from pydantic import BaseModel
 from typing_extensions import Unpack
 
-from fluid_build._redact import one_line, redact, redact_url, truncate
+from fluid_build._redact import redact, truncate
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.core import CallOptions, Entry, completing
 from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
+from fluid_build.copilot.call.transport import build_async_client, build_client
 from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
 from fluid_build.copilot.health.cooldown import CooldownKey
 from fluid_build.copilot.llm.anthropic import AnthropicAdapter
@@ -73,47 +74,6 @@ def _fallback_specs(
             else None,
         )
     return items
-
-
-_Pool = TypeVar("_Pool", httpx.Client, httpx.AsyncClient)
-
-#: What httpx reads from the environment when it makes a connection pool.
-_TRANSPORT_VARS: Final = (
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-)
-
-
-def _pool(kind: Callable[..., _Pool], timeout: float, provider: str) -> _Pool:
-    """A connection pool, or a typed error naming the proxy or certificate variable at fault.
-
-    httpx reads ``HTTPS_PROXY``, ``ALL_PROXY``, ``SSL_CERT_FILE``... when the
-    pool is made; an unusable value (an unknown proxy scheme, SOCKS without
-    ``socksio``, a missing or empty certificate file) would otherwise escape as
-    a bare ValueError, ImportError or OSError at the first call.
-    """
-    try:
-        return kind(timeout=httpx.Timeout(timeout))
-    except Exception as exc:  # noqa: BLE001 - whatever httpx or ssl raise, typed here
-        found = [name for name in _TRANSPORT_VARS if os.environ.get(name)]
-        shown = ", ".join(f"{name}={redact_url(os.environ[name])[:120]!r}" for name in found)
-        reason = truncate(one_line(redact(str(exc))), 200)
-        raise ProviderError(
-            f"the HTTP connection pool cannot be made from this environment "
-            f"({type(exc).__name__}: {reason}); "
-            + (f"check {shown}" if shown else "check the proxy and certificate variables")
-            + " (e.g. HTTPS_PROXY=http://proxy.internal:3128; SOCKS needs httpx[socks])",
-            provider=provider,
-            code="llm.not_configured",
-            retryable=False,
-            details={"variable": found[0] if found else None, "variables": found},
-        ) from None
 
 
 _ADAPTERS: dict[str, type[Adapter]] = {
@@ -304,12 +264,12 @@ class LLMClient:
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = _pool(httpx.Client, self.config.timeout, self.provider)
+            self._http = build_client(self.config.timeout, self.provider, self._env)
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
         if self._ahttp is None:
-            self._ahttp = _pool(httpx.AsyncClient, self.config.timeout, self.provider)
+            self._ahttp = build_async_client(self.config.timeout, self.provider, self._env)
         return self._ahttp
 
     def close(self) -> None:
