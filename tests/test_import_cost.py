@@ -13,8 +13,19 @@ import sys
 import pytest
 
 # Loaded when used: tokenizing past the byte shortcut, the sqlite or Redis
-# store, a YAML capability matrix, the CLI.
-LAZY = ("tiktoken", "sqlite3", "_sqlite3", "redis", "yaml", "rich", "click")
+# store, a YAML capability matrix, the CLI, a retry (tenacity), the first
+# connection pool or wait (asyncio).
+LAZY = (
+    "tiktoken",
+    "sqlite3",
+    "_sqlite3",
+    "redis",
+    "yaml",
+    "rich",
+    "click",
+    "tenacity",
+    "asyncio",
+)
 
 
 def loaded_after(statement: str) -> tuple[set[str], set[str]]:

@@ -23,7 +23,6 @@ from fluid_build.copilot.call.core import CallOptions, Entry, completing
 from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
-from fluid_build.copilot.call.transport import build_async_client, build_client
 from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
 from fluid_build.copilot.health.cooldown import CooldownKey
 from fluid_build.copilot.llm.anthropic import AnthropicAdapter
@@ -264,11 +263,16 @@ class LLMClient:
 
     def _client(self) -> httpx.Client:
         if self._http is None:
+            # The pools' module (and asyncio, for the async gate) loads with the first pool.
+            from fluid_build.copilot.call.transport import build_client
+
             self._http = build_client(self.config.timeout, self.provider, self._env)
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
         if self._ahttp is None:
+            from fluid_build.copilot.call.transport import build_async_client
+
             self._ahttp = build_async_client(self.config.timeout, self.provider, self._env)
         return self._ahttp
 

@@ -200,7 +200,11 @@ class Entry:
     def ready(self, messages: Messages, options: CallOptions, deadline: Deadline) -> Plan[Prepared]:
         """The call prepared and pre-flighted, inside the deadline."""
         matrix = options.get("capability_matrix")
-        window = yield from self.window(deadline, matrix)
+        # Once the window is settled (asked, or nothing to ask), no generator is needed.
+        if self.window_asked:
+            window = self.server_window
+        else:
+            window = yield from self.window(deadline, matrix)
         prepared = prepare(
             self.provider,
             self.model,
@@ -209,7 +213,9 @@ class Entry:
             response_model=options.get("response_model"),
             tools=options.get("tools"),
             max_output_tokens=options.get("max_output_tokens"),
-            capability_matrix={**self.capability_matrix, **(matrix or {})},
+            capability_matrix={**self.capability_matrix, **matrix}
+            if matrix
+            else self.capability_matrix,
             strict_schema=self.strict_schema,
             validate=options.get("validate", True),
             server_window=window,
@@ -218,9 +224,13 @@ class Entry:
         return prepared
 
     def complete(
-        self, messages: Messages, options: CallOptions, deadline: Deadline
+        self,
+        messages: Messages,
+        options: CallOptions,
+        deadline: Deadline,
+        fallback_errors: list[dict[str, Any]],
     ) -> Plan[Completion]:
-        """One answer from this entry, retried by the envelope."""
+        """One answer from this entry, retried by the envelope, after the chain's failures."""
         prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         attempts = 0
@@ -244,7 +254,14 @@ class Entry:
             return self.decoder.answer(done, prepared), done
 
         parsed, response = yield from self.envelope.plan(attempt, **self.bounds(deadline))
-        return self.decoder.completion(parsed, prepared, attempts, request_id(response))
+        return self.decoder.completion(
+            parsed,
+            prepared,
+            attempts,
+            request_id(response),
+            answered_by=self.label,
+            fallback_errors=fallback_errors,
+        )
 
     def stream(
         self, messages: Messages, options: CallOptions, start: Callable[[], Deadline]
@@ -335,18 +352,15 @@ def completing(
     """One answer from the first entry that gives one; else the most actionable error."""
     history: History = []
     for entry in entries:
-        try:
-            done = yield from entry.complete(
-                messages, options, deadline.of(entry.provider, entry.model)
-            )
-        except AgentExecutionError as error:
-            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
-            continue
-        done.answered_by = entry.label
-        done.fallback_errors = [
+        failed = [
             {"entry": e.label, "error": type(err).__name__, "code": err.code} for e, err in history
         ]
-        return done
+        if deadline.provider != entry.provider or deadline.model != entry.model:
+            deadline = deadline.of(entry.provider, entry.model)
+        try:
+            return (yield from entry.complete(messages, options, deadline, failed))
+        except AgentExecutionError as error:
+            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
     raise _final_error(history)
 
 

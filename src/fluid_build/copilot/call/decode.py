@@ -177,9 +177,20 @@ class Decoder:
         return error.with_details(interrupted=True, **state.partial())
 
     def completion(
-        self, parsed: Parsed, prepared: Prepared, attempts: int, request: str | None
+        self,
+        parsed: Parsed,
+        prepared: Prepared,
+        attempts: int,
+        request: str | None,
+        *,
+        answered_by: str | None = None,
+        fallback_errors: list[dict[str, Any]] | None = None,
     ) -> Completion:
-        """The call's result; the text validated unless this turn calls tools."""
+        """The call's result; the text validated unless this turn calls tools.
+
+        ``answered_by`` and ``fallback_errors`` (a completed call's, not a
+        stream's) go into the one constructor call.
+        """
         value: Any = None
         # A turn that calls tools has no final answer to validate yet.
         if prepared.response_model is not None and prepared.validate and not parsed.tool_calls:
@@ -194,6 +205,8 @@ class Decoder:
             finish_reason=parsed.finish_reason,
             attempts=attempts,
             request_id=request,
+            answered_by=answered_by,
+            fallback_errors=fallback_errors or [],
         )
 
     def validate(self, text: str, response_model: type[BaseModel], strict_schema: bool) -> Any:

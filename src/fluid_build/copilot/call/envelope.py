@@ -28,7 +28,6 @@ The error raised at the end is the typed error of the last attempt, with
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import sys
@@ -36,9 +35,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar
 
-import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Unpack
 
@@ -75,6 +73,9 @@ __all__ = [
     "decide",
     "log_wait",
 ]
+
+if TYPE_CHECKING:
+    import tenacity
 
 LOG = logging.getLogger("fluid_build.retry")
 
@@ -481,6 +482,13 @@ def _default_random() -> float:
     return random.random()  # noqa: S311 - jitter, not cryptography
 
 
+async def _asleep(seconds: float) -> None:
+    """``asyncio.sleep``; asyncio loads with the first wait, not with the client."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
 class RetryEnvelope:
     """Run a provider call with the policy's retries, waits, shared cooldown and breaker.
 
@@ -501,7 +509,7 @@ class RetryEnvelope:
         clock: Callable[[], float] | None = None,
         wall: Callable[[], float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        asleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        asleep: Callable[[float], Awaitable[None]] = _asleep,
         random: Callable[[], float] = _default_random,
     ) -> None:
         self.policy = policy or RetryPolicy()
@@ -600,6 +608,10 @@ class RetryEnvelope:
                     if self.breaker is not None and skey is not None:
                         self.breaker.record_success(skey, sent_at=sent_at)
                     return result
+            # tenacity (the retry engine) loads with the first call that needs more than
+            # one attempt or a wait: a first attempt that succeeds never imports it.
+            import tenacity
+
             run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None

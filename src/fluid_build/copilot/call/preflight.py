@@ -22,6 +22,7 @@ Importing this module does not import tiktoken.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -514,6 +515,88 @@ def _overflow(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """What the pre-flight allows one (provider, model, matrix, max_output_tokens, window)."""
+
+    caps: ModelCapabilities
+    reservation: int
+    budget: int
+    window_source: str
+    disabled: bool
+    #: The model is not in the matrix and nothing gave its window: said once, in the log.
+    unknown: bool
+
+
+def _budget(
+    provider: str,
+    model: str,
+    capability_matrix: Mapping[str, Any] | None,
+    max_output_tokens: int | None,
+    server_window: int | None,
+) -> _Budget:
+    matrix = dict(capability_matrix or {})
+    if "context_window" in matrix:
+        window_source = "capability_matrix"
+    elif server_window is not None:
+        matrix["context_window"] = server_window
+        window_source = "server"
+    else:
+        window_source = "matrix"
+    caps = capabilities_for(provider, model, matrix)
+    if window_source == "matrix" and not caps.known:
+        window_source = "default"
+    reservation = _reservation(caps, matrix, max_output_tokens)
+    budget = caps.context_window - reservation
+    if caps.max_input_tokens is not None:
+        budget = min(budget, caps.max_input_tokens)
+    return _Budget(
+        caps,
+        reservation,
+        budget,
+        window_source,
+        matrix.get("preflight") is False,
+        not caps.known and "context_window" not in matrix,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _known_budget(
+    provider: str,
+    model: str,
+    given: tuple[tuple[type, Any, type, Any], ...],
+    max_output_tokens: tuple[type, int | None],
+    server_window: tuple[type, int | None],
+) -> _Budget:
+    # A client sends the same matrix and limits on every call; the budget is frozen.
+    return _budget(
+        provider, model, {k: v for _, k, _, v in given}, max_output_tokens[1], server_window[1]
+    )
+
+
+def _budget_of(
+    provider: str,
+    model: str,
+    matrix: Mapping[str, Any] | None,
+    max_output_tokens: int | None,
+    server_window: int | None,
+) -> _Budget:
+    """The budget, remembered per hashable input (types in the key: True == 1 is no window)."""
+    if matrix is None or isinstance(matrix, Mapping):
+        given = tuple((type(k), k, type(v), v) for k, v in (matrix or {}).items())
+        try:
+            return _known_budget(
+                provider,
+                model,
+                given,
+                (type(max_output_tokens), max_output_tokens),
+                (type(server_window), server_window),
+            )
+        except TypeError:  # an unhashable value: checked (and refused) below
+            pass
+    return _budget(provider, model, matrix, max_output_tokens, server_window)
+
+
 def check_context(
     *,
     provider: str,
@@ -537,24 +620,11 @@ def check_context(
     reported (see :mod:`fluid_build.copilot.llm.local_server`): it replaces
     the matrix's window unless ``capability_matrix`` sets one.
     """
-    matrix = dict(capability_matrix or {})
-    if "context_window" in matrix:
-        window_source = "capability_matrix"
-    elif server_window is not None:
-        matrix["context_window"] = server_window
-        window_source = "server"
-    else:
-        window_source = "matrix"
-    caps = capabilities_for(provider, model, matrix)
-    if window_source == "matrix" and not caps.known:
-        window_source = "default"
-    reservation = _reservation(caps, matrix, max_output_tokens)
-    budget = caps.context_window - reservation
-    if caps.max_input_tokens is not None:
-        budget = min(budget, caps.max_input_tokens)
-    if matrix.get("preflight") is False:
+    known = _budget_of(provider, model, capability_matrix, max_output_tokens, server_window)
+    caps, budget = known.caps, known.budget
+    if known.disabled:
         return PreflightResult(budget, None, False, "disabled")
-    if not caps.known and "context_window" not in matrix:
+    if known.unknown and ("unknown", caps.provider, caps.model) not in _SAID:
         _say_once(
             ("unknown", caps.provider, caps.model),
             logging.WARNING,
@@ -574,8 +644,8 @@ def check_context(
             caps,
             tokens=tokens,
             budget=budget,
-            reservation=reservation,
+            reservation=known.reservation,
             plan=plan,
-            window_source=window_source,
+            window_source=known.window_source,
         )
     return PreflightResult(budget, tokens, plan.exact, plan.method)
