@@ -75,6 +75,42 @@ redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return 1
 """
+# ARGV: now, amount, limit ('' for none), ttl. Returns {granted, left}; left -1: unknown.
+_REDIS_TAKE: Final = """
+local now = tonumber(ARGV[1])
+local amount = tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til <= now then
+  if ARGV[3] == '' or amount < 0 then return {1, -1} end
+  local left = math.max(tonumber(ARGV[3]) - amount, 0)
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1], 'n', left,
+             'until', tostring(now + tonumber(ARGV[4])))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[4]) * 1000) + 60000)
+  return {1, left}
+end
+local held = tonumber(redis.call('HGET', KEYS[1], 'n') or '0') or 0
+if amount > held then return {0, held} end
+local left = held - amount
+if ARGV[3] ~= '' and amount < 0 then left = math.min(left, math.max(tonumber(ARGV[3]), 0)) end
+redis.call('HSET', KEYS[1], 'n', left)
+return {1, left}
+"""
+# ARGV: now, value, ttl. Never raises a live budget; returns what is left.
+_REDIS_PUT: Final = """
+local now = tonumber(ARGV[1])
+local value = tonumber(ARGV[2])
+local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+if til > now then
+  value = math.min(tonumber(redis.call('HGET', KEYS[1], 'n') or '0') or 0, value)
+else
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'since', ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'n', value, 'until', tostring(now + tonumber(ARGV[3])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000) + 60000)
+return value
+"""
 _REDIS_RELEASE: Final = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -110,10 +146,24 @@ class RedisCooldownStore:
             )
         self._client = client
         self._prefix = prefix
-        scripts = (_REDIS_EXTEND, _REDIS_CAP, _REDIS_INCR, _REDIS_ACQUIRE, _REDIS_RELEASE)
-        self._extend, self._cap, self._incr, self._acquire, self._release = (
-            client.register_script(script) for script in scripts
+        scripts = (
+            _REDIS_EXTEND,
+            _REDIS_CAP,
+            _REDIS_INCR,
+            _REDIS_ACQUIRE,
+            _REDIS_RELEASE,
+            _REDIS_TAKE,
+            _REDIS_PUT,
         )
+        (
+            self._extend,
+            self._cap,
+            self._incr,
+            self._acquire,
+            self._release,
+            self._take,
+            self._put,
+        ) = (client.register_script(script) for script in scripts)
         self._url = without_password(url) if url else repr(client)
 
     def remaining(self, key: str, now: float) -> float:
@@ -148,6 +198,19 @@ class RedisCooldownStore:
 
     def count(self, key: str, now: float) -> int:
         return self.peek([key], now)[0][1]
+
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        args = [repr(now), str(int(amount)), "" if limit is None else str(int(limit))]
+        granted, left = self._take(keys=[self._prefix + key], args=[*args, repr(max(ttl, 0.001))])
+        return bool(granted), None if int(left) < 0 else int(left)
+
+    def put(self, key: str, value: int, ttl: float, now: float) -> int:
+        if not valid_seconds(ttl):
+            return self.count(key, now)
+        args = [repr(now), str(max(int(value), 0)), repr(ttl)]
+        return int(self._put(keys=[self._prefix + key], args=args))
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         ttl = max(ttl, 0.001)

@@ -1,24 +1,33 @@
 """What the shared store holds, key by key, and how to clear it: ``fluid doctor``'s view.
 
 Each key (provider + endpoint + API key fingerprint + model) may have a
-cooldown window (from a Retry-After) and a circuit breaker (failure count,
-open window, half-open window, trial lease). :func:`read_health` lists them
+cooldown window (from a Retry-After), a circuit breaker (failure count,
+open window, half-open window, trial lease) and a rate-limit budget (what the
+provider announced is left, and the operator's own limits). :func:`read_health` lists them
 with since when, until when, why and who holds a trial; :func:`reset_health`
 clears them, for every process that shares the store.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from fluid_build.copilot.health.breaker import FAILS, HALF, OPEN, TRIAL
 from fluid_build.copilot.health.keys import COOLDOWN, CooldownKey
+from fluid_build.copilot.health.ratelimit import OWN_REQUESTS, OWN_TOKENS, REQUESTS, TOKENS
 from fluid_build.copilot.health.store import CooldownStore, StoreEntry
 
 __all__ = ["KeyHealth", "read_health", "reset_health"]
 
-_KINDS = (COOLDOWN, FAILS, OPEN, HALF, TRIAL)
+# The budget's entries, by the name doctor gives them.
+_BUDGETS = {
+    REQUESTS: "requests",
+    TOKENS: "tokens",
+    OWN_REQUESTS: "own_requests",
+    OWN_TOKENS: "own_tokens",
+}
+_KINDS = (COOLDOWN, FAILS, OPEN, HALF, TRIAL, *_BUDGETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +49,9 @@ class KeyHealth:
     cooldown_since: float | None = None
     cooldown_until: float | None = None
     cooldown_reason: str | None = None
+    #: The rate-limit budgets left (``requests``, ``tokens``, ``own_requests``,
+    #: ``own_tokens``), each ``{"remaining": n, "until": wall-clock reset}``.
+    rate_limits: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +96,13 @@ def read_health(store: CooldownStore, now: float) -> list[KeyHealth]:
                 cooldown_until=window.until,
                 cooldown_reason=window.note or None,
             )
+        budgets = {
+            name: {"remaining": kinds[kind].count, "until": kinds[kind].until}
+            for kind, name in _BUDGETS.items()
+            if kind in kinds
+        }
+        if budgets:
+            fields["rate_limits"] = budgets
         out.append(
             KeyHealth(
                 key, parsed.provider, parsed.endpoint, parsed.fingerprint, parsed.model, **fields
@@ -99,7 +118,7 @@ def reset_health(
     model: str | None = None,
     endpoint: str | None = None,
 ) -> int:
-    """Clear breakers and cooldowns (all of them, or the keys matching every filter given).
+    """Clear breakers, cooldowns and rate-limit budgets: all, or the keys matching every filter.
 
     Returns how many store entries were removed. With no filter the whole
     store is emptied, including entries an older fluid_build left behind.

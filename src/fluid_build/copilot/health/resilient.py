@@ -96,7 +96,9 @@ class ResilientCooldownStore:
     process until they end.
     """
 
-    WRITES: Final = frozenset({"extend", "cap", "incr", "acquire", "release", "delete", "clear"})
+    WRITES: Final = frozenset(
+        {"extend", "cap", "incr", "take", "put", "acquire", "release", "delete", "clear"}
+    )
 
     def __init__(
         self,
@@ -242,6 +244,24 @@ class ResilientCooldownStore:
             (max(s[0], m[0]), max(s[1], m[1])) if key in self._unsynced else s
             for key, s, m in zip(keys, shared, local, strict=True)
         ]
+
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        ok, shared = self._shared("take", key, amount, limit, ttl, now)
+        if not ok:
+            self._wrote(key, False)
+            return self.fallback.take(key, amount, limit, ttl, now)
+        granted, left = shared
+        if granted:  # the mirror follows what was taken, should the store go down
+            self.fallback.take(key, amount, limit, ttl, now)
+        return bool(granted), left
+
+    def put(self, key: str, value: int, ttl: float, now: float) -> int:
+        local = self.fallback.put(key, value, ttl, now)
+        ok, shared = self._shared("put", key, value, ttl, now)
+        self._wrote(key, ok)
+        return int(shared) if ok else local
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         local = self.fallback.acquire(key, owner, ttl, now)

@@ -12,14 +12,16 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from fluid_build.copilot.health.store import MAX_ENTRIES, StoreEntry, valid_seconds
 
 if TYPE_CHECKING:
     import sqlite3
+
+T = TypeVar("T")
 
 __all__ = ["SqliteCooldownStore", "default_cooldown_path"]
 
@@ -66,6 +68,20 @@ _ACQUIRE_SQL: Final = (
     "n = 0, note = '', owner = :owner, until = :until "
     "WHERE until <= :now OR owner IS NULL OR owner = :owner "
     "RETURNING owner"
+)
+
+
+# A budget: one upsert whose RETURNING row says what is left. Lowering a live
+# budget never raises it; a budget that has ended starts again at the value.
+_PUT_SQL: Final = (
+    "INSERT INTO fluid_state (key, until, since, n) VALUES (:key, :until, :now, :value) "
+    "ON CONFLICT(key) DO UPDATE SET "
+    "n = CASE WHEN until > :now THEN min(n, :value) ELSE :value END, "
+    "since = CASE WHEN until > :now THEN since ELSE :now END, "
+    "owner = NULL, "
+    "note = CASE WHEN until > :now THEN note ELSE '' END, "
+    "until = :until "
+    "RETURNING n"
 )
 
 
@@ -225,6 +241,21 @@ class SqliteCooldownStore:
             self._lock.release()
         return row
 
+    def _change(self, work: Callable[[sqlite3.Connection], T], now: float) -> T:
+        """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction: its reads and writes are atomic."""
+        self._acquire()
+        try:
+            conn = self._connection()
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                result = work(conn)
+                self._writes += 1
+                conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
+            self._bump()
+        finally:
+            self._lock.release()
+        return result
+
     def _bump(self) -> None:
         # A new stamp only after the change is committed: a reader that sees it
         # is sure to read the new rows. Random (from the OS, never a PRNG that a
@@ -273,6 +304,39 @@ class SqliteCooldownStore:
             else:
                 out.append((cached[0] - now, cached[1]))
         return out
+
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        def work(conn: sqlite3.Connection) -> tuple[bool, int | None]:
+            row = conn.execute(
+                "SELECT n FROM fluid_state WHERE key = ? AND until > ?", (key, now)
+            ).fetchone()
+            if row is None:
+                if limit is None or amount < 0:
+                    return True, None
+                left = max(limit - amount, 0)
+                conn.execute(
+                    "INSERT OR REPLACE INTO fluid_state (key, until, since, n) VALUES (?, ?, ?, ?)",
+                    (key, now + max(ttl, 0.001), now, left),
+                )
+                return True, left
+            held = int(row[0])
+            if amount > held:
+                return False, held
+            left = held - amount
+            if limit is not None and amount < 0:
+                left = min(left, max(limit, 0))
+            conn.execute("UPDATE fluid_state SET n = ? WHERE key = ?", (left, key))
+            return True, left
+
+        return self._change(work, now)
+
+    def put(self, key: str, value: int, ttl: float, now: float) -> int:
+        if not valid_seconds(ttl):
+            return self.count(key, now)
+        params = {"key": key, "until": now + ttl, "now": now, "value": max(value, 0)}
+        return int(self._write(_PUT_SQL, params, now)[0])
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         until = now + max(ttl, 0.001)

@@ -78,6 +78,28 @@ class CooldownStore(Protocol):
         """``(remaining, count)`` of each key, read together (one staleness check for sqlite)."""
         ...
 
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        """Take ``amount`` from ``key``'s budget, all or nothing: ``(granted, left)``. Atomic.
+
+        A live budget that holds ``amount`` gives it; one that does not is left
+        as it is and refuses. With no live budget, ``limit`` starts one (ending
+        ``ttl`` s from ``now``) that always grants this first take, down to at
+        least 0; with ``limit`` None nothing is known, the take is granted, nothing
+        is written and ``left`` is None. A negative ``amount`` gives back (never
+        above ``limit``, when given) and is always granted.
+        """
+        ...
+
+    def put(self, key: str, value: int, ttl: float, now: float) -> int:
+        """Set ``key``'s budget to ``value``, ending ``ttl`` s from ``now``; return what is left.
+
+        Never above what a live budget still holds: takes the announcer had
+        not seen yet stay taken. A ``ttl`` that is not positive writes nothing.
+        """
+        ...
+
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         """Take (or renew) the lease ``key`` for ``owner`` until ``now + ttl``.
 
@@ -209,6 +231,37 @@ class MemoryCooldownStore:
             else:
                 out.append((record.until - now, record.count))
         return out
+
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        with self._lock:
+            record = self._live(key, now)
+            if record is None:
+                if limit is None or amount < 0:
+                    return True, None
+                record = self._fresh(key, now + max(ttl, 0.001), now)
+                record.count = max(limit - amount, 0)
+                return True, record.count
+            if amount > record.count:
+                return False, record.count
+            record.count -= amount
+            if limit is not None and amount < 0:
+                record.count = min(record.count, max(limit, 0))
+            return True, record.count
+
+    def put(self, key: str, value: int, ttl: float, now: float) -> int:
+        with self._lock:
+            record = self._live(key, now)
+            if not valid_seconds(ttl):
+                return record.count if record is not None else 0
+            if record is None:
+                record = self._fresh(key, now, now)
+                record.count = max(value, 0)
+            else:
+                record.count = min(record.count, max(value, 0))
+            record.until = now + ttl
+            return record.count
 
     def acquire(self, key: str, owner: str, ttl: float, now: float) -> bool:
         with self._lock:
