@@ -14,7 +14,7 @@ import pytest
 
 # Loaded when used: tokenizing past the byte shortcut, the sqlite or Redis
 # store, a YAML capability matrix, the CLI, a retry (tenacity), the first
-# connection pool or wait (asyncio).
+# connection pool or wait (asyncio), telemetry when it is switched on (opentelemetry).
 LAZY = (
     "tiktoken",
     "sqlite3",
@@ -25,6 +25,7 @@ LAZY = (
     "click",
     "tenacity",
     "asyncio",
+    "opentelemetry",
 )
 
 

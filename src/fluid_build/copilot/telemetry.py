@@ -1,0 +1,370 @@
+"""OpenTelemetry for LLM calls: a span per call, a child span per attempt, two metrics.
+
+Optional (``pip install 'fluid-build[otel]'``) and off unless asked for:
+``LLMClient(telemetry=True)``, a :class:`Telemetry` of your own, or
+``FLUID_OTEL=1``. Until then opentelemetry is never imported and a call runs
+exactly as without it.
+
+Names follow OpenTelemetry's GenAI semantic conventions (the call span is
+``chat {model}``, kind CLIENT, with ``gen_ai.*`` attributes; the metrics are
+``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``); what
+the conventions do not name is under ``fluid.*``: each attempt's span, the
+wait before it and its cause (``retry_after``, ``backoff``, ``cooldown``), the
+reason code of a failure. Prompts and answers are recorded only with
+``capture_content=True`` or ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``,
+and then redacted like every log line; error messages and URLs never are.
+See docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fluid_build import __version__
+from fluid_build._redact import redact
+from fluid_build.copilot.agents.error_classification import classify_provider_error
+from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.errors import FluidError
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
+    from fluid_build.copilot.call.core import CallOptions
+    from fluid_build.copilot.call.drive import Plan
+    from fluid_build.copilot.call.envelope import RetryEvent
+    from fluid_build.copilot.call.prepare import Messages
+    from fluid_build.copilot.llm.types import Completion
+
+__all__ = ["CONTENT_ENV", "ENABLE_ENV", "CallTrace", "Telemetry", "telemetry_from"]
+
+LOG = logging.getLogger("fluid_build.telemetry")
+
+R = TypeVar("R")
+
+#: Turns telemetry on for every client built from the environment.
+ENABLE_ENV = "FLUID_OTEL"
+#: OpenTelemetry's own opt-in for prompt and answer content in GenAI spans.
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+OPERATION = "chat"
+# The conventions' well-known provider names; any other provider keeps fluid's own name.
+_PROVIDER_NAMES = {
+    "openai": "openai",
+    "azure": "azure.ai.openai",
+    "anthropic": "anthropic",
+    "gemini": "gcp.gemini",
+}
+# The buckets the GenAI conventions advise for each histogram.
+_DURATION_BUCKETS = [0.01 * 2**i for i in range(14)]
+_TOKEN_BUCKETS = [4.0**i for i in range(14)]
+
+
+def provider_name(provider: str) -> str:
+    """``gen_ai.provider.name`` for one of fluid's providers."""
+    return _PROVIDER_NAMES.get(provider, provider)
+
+
+class Telemetry:
+    """Where a client's spans and metrics go, and whether content is recorded.
+
+    The global tracer and meter providers by default (whatever your
+    OpenTelemetry setup installed); pass providers to send elsewhere, as the
+    tests do with the SDK's in-memory exporter and reader.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
+    ) -> None:
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError as exc:
+            raise FluidError(
+                "telemetry needs OpenTelemetry: pip install 'fluid-build[otel]'"
+            ) from exc
+        self.capture_content = capture_content
+        self.tracer = trace.get_tracer("fluid_build", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("fluid_build", __version__, meter_provider=meter_provider)
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="How long a call took, pre-flight, attempts and waits included",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Tokens one answer cost, by gen_ai.token.type (input or output)",
+            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+        )
+
+    def __repr__(self) -> str:
+        return f"Telemetry(capture_content={self.capture_content})"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Telemetry | None:
+        """A Telemetry if ``FLUID_OTEL`` is true; None (and a warning) without the extra."""
+        env = os.environ if env is None else env
+        if env.get(ENABLE_ENV, "").strip().lower() not in _TRUE:
+            return None
+        try:
+            return cls(capture_content=env.get(CONTENT_ENV, "").strip().lower() in _TRUE)
+        except FluidError as error:
+            LOG.warning("%s is set but %s; calls are not traced", ENABLE_ENV, error)
+            return None
+
+    def call(
+        self,
+        provider: str,
+        model: str,
+        messages: Messages,
+        options: CallOptions,
+        *,
+        endpoint: str | None = None,
+        secrets: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> CallTrace:
+        """The trace of one call, to run its plan in (see :meth:`CallTrace.run`)."""
+        return CallTrace(self, provider, model, messages, options, endpoint, secrets, clock)
+
+
+def telemetry_from(
+    setting: Telemetry | bool | None, env: Mapping[str, str] | None = None
+) -> Telemetry | None:
+    """A client's telemetry: the one given, a default one (True), none (False), or the env's."""
+    if isinstance(setting, Telemetry):
+        return setting
+    if setting is None:
+        return Telemetry.from_env(env)
+    return Telemetry() if setting else None
+
+
+class CallTrace:
+    """The spans of one call: opened by :meth:`run`, an attempt span per :meth:`attempts` call.
+
+    :meth:`waited` is the call's retry hook: each wait of the envelope is an
+    event on the call span and is put on the next attempt's span.
+    """
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        provider: str,
+        model: str,
+        messages: Messages,
+        options: CallOptions,
+        endpoint: str | None,
+        secrets: Sequence[str],
+        clock: Callable[[], float],
+    ) -> None:
+        self.telemetry = telemetry
+        self.provider = provider
+        self.model = model
+        self.messages = messages
+        self.options = options
+        self.endpoint = endpoint
+        self.secrets = tuple(secrets)
+        self.clock = clock
+        self.span: Span | None = None
+        self.attempt_count = 0
+        self.wait_seconds = 0.0
+        self.wait_reason: str | None = None
+
+    def _common(self) -> dict[str, Any]:
+        return {
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": provider_name(self.provider),
+            "gen_ai.request.model": self.model,
+        }
+
+    def _request_attributes(self) -> dict[str, Any]:
+        attributes = self._common()
+        if self.options.get("max_output_tokens") is not None:
+            attributes["gen_ai.request.max_tokens"] = self.options["max_output_tokens"]
+        response_model = self.options.get("response_model")
+        attributes["gen_ai.output.type"] = "json" if response_model is not None else "text"
+        if self.endpoint:
+            import httpx
+
+            url = httpx.URL(self.endpoint)
+            if url.host:
+                attributes["server.address"] = url.host
+                attributes["server.port"] = url.port or (443 if url.scheme == "https" else 80)
+        if self.telemetry.capture_content:
+            attributes["gen_ai.input.messages"] = self._redacted(_input_messages(self.messages))
+            system = self.options.get("system")
+            if system:
+                attributes["gen_ai.system_instructions"] = self._redacted(
+                    [{"type": "text", "content": system}]
+                )
+        return attributes
+
+    def _redacted(self, value: Any) -> str:
+        return redact(json.dumps(value, ensure_ascii=False, default=str), self.secrets)
+
+    # -- the call ------------------------------------------------------------------
+
+    def run(self, plan: Plan[Completion]) -> Plan[Completion]:
+        """``plan`` inside the call span, which opens when the plan starts and ends with it."""
+        from opentelemetry.trace import SpanKind
+
+        telemetry = self.telemetry
+        self.span = telemetry.tracer.start_span(
+            f"{OPERATION} {self.model}", kind=SpanKind.CLIENT, attributes=self._request_attributes()
+        )
+        started = self.clock()
+        try:
+            completion = yield from plan
+        except BaseException as exc:
+            error_type, code, _ = self._typed(exc, self.provider, self.model)
+            self._failed(self.span, error_type, code)
+            self.span.set_attribute("fluid.attempts", self.attempt_count)
+            self.span.end()
+            metric = {**self._common(), "error.type": error_type}
+            telemetry.duration.record(max(self.clock() - started, 0.0), metric)
+            raise
+        self._answered(completion, max(self.clock() - started, 0.0))
+        return completion
+
+    def _answered(self, completion: Completion, seconds: float) -> None:
+        span = self.span
+        assert span is not None
+        usage = completion.usage
+        span.set_attributes(
+            {
+                "gen_ai.response.model": completion.model,
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "fluid.attempts": self.attempt_count,
+            }
+        )
+        if completion.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [completion.finish_reason])
+        if completion.answered_by:
+            span.set_attribute("fluid.answered_by", completion.answered_by)
+        if self.telemetry.capture_content:
+            output = [
+                {
+                    "role": "assistant",
+                    "parts": [{"type": "text", "content": completion.text}],
+                    "finish_reason": completion.finish_reason,
+                }
+            ]
+            span.set_attribute("gen_ai.output.messages", self._redacted(output))
+        span.end()
+        metric = {**self._common(), "gen_ai.response.model": completion.model}
+        self.telemetry.duration.record(seconds, metric)
+        for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            self.telemetry.tokens.record(count, {**metric, "gen_ai.token.type": kind})
+
+    # -- its attempts --------------------------------------------------------------
+
+    def attempts(
+        self, attempt: Callable[[], Plan[R]], provider: str, model: str
+    ) -> Callable[[], Plan[R]]:
+        """``attempt`` (the envelope's unit of retry) with a span around each run of it."""
+        return lambda: self._attempt(attempt, provider, model)
+
+    def _attempt(self, attempt: Callable[[], Plan[R]], provider: str, model: str) -> Plan[R]:
+        from opentelemetry.trace import set_span_in_context
+
+        self.attempt_count += 1
+        attributes: dict[str, Any] = {
+            "fluid.attempt": self.attempt_count,
+            "gen_ai.provider.name": provider_name(provider),
+            "gen_ai.request.model": model,
+            "fluid.wait.seconds": self.wait_seconds,
+        }
+        if self.wait_reason is not None:
+            attributes["fluid.wait.reason"] = self.wait_reason
+        self.wait_seconds, self.wait_reason = 0.0, None
+        parent = None if self.span is None else set_span_in_context(self.span)
+        span = self.telemetry.tracer.start_span("fluid.attempt", parent, attributes=attributes)
+        try:
+            result = yield from attempt()
+        except BaseException as exc:
+            error_type, code, typed = self._typed(exc, provider, model)
+            self._failed(span, error_type, code)
+            if typed is not None:
+                status = getattr(typed, "status_code", None)
+                if isinstance(status, int):
+                    span.set_attribute("http.response.status_code", status)
+                if typed.retry_after is not None:
+                    span.set_attribute("fluid.error.retry_after", typed.retry_after)
+                span.set_attribute("fluid.error.retryable", typed.retryable)
+            raise
+        finally:
+            span.end()
+        return result
+
+    def waited(self, event: RetryEvent) -> None:
+        """The retry hook of this call: the wait goes on the call span and the next attempt."""
+        self.wait_seconds += event.wait
+        if self.wait_reason is None:
+            self.wait_reason = event.reason  # the cause; a cooldown after it adds seconds only
+        if self.span is not None:
+            self.span.add_event(
+                "fluid.wait",
+                {
+                    "fluid.wait.seconds": event.wait,
+                    "fluid.wait.reason": event.reason,
+                    "fluid.attempt": self.attempt_count,
+                },
+            )
+
+    # -- errors --------------------------------------------------------------------
+
+    def _typed(
+        self, exc: BaseException, provider: str, model: str
+    ) -> tuple[str, str | None, AgentExecutionError | None]:
+        """``error.type``, the reason code, and the typed error a raw failure classifies as.
+
+        The envelope classifies the same exception right after; classifying
+        here too keeps the span independent of whether a retry follows.
+        """
+        if not isinstance(exc, Exception):  # cancelled, interrupted
+            return type(exc).__name__, "llm.cancelled", None
+        typed: FluidError = (
+            exc
+            if isinstance(exc, FluidError)
+            else classify_provider_error(exc, provider=provider, model=model, secrets=self.secrets)
+        )
+        if isinstance(typed, AgentExecutionError):
+            return type(typed).__name__, typed.code, typed
+        return type(typed).__name__, None, None
+
+    @staticmethod
+    def _failed(span: Span, error_type: str, code: str | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", error_type)
+        if code is not None:
+            span.set_attribute("fluid.error.code", code)
+        # The code, never the message: a status description is shown everywhere.
+        span.set_status(Status(StatusCode.ERROR, code or error_type))
+
+
+def _input_messages(messages: Messages) -> list[dict[str, Any]]:
+    """The prompt in the conventions' shape: ``[{"role", "parts": [{"type", "content"}]}]``."""
+    if isinstance(messages, str):
+        return [{"role": "user", "parts": [{"type": "text", "content": messages}]}]
+    shaped = []
+    for message in messages:
+        content = message.get("content")
+        part = (
+            {"type": "text", "content": content}
+            if isinstance(content, str)
+            else {"type": "content", "content": content}
+        )
+        shaped.append({"role": message.get("role", "user"), "parts": [part]})
+    return shaped
