@@ -22,7 +22,7 @@ share the client's GIL. Against it, in the same run:
 
 Exit status 1 when a target is missed (``--no-fail``: report only).
 
-    python benchmarks/bench_client.py [--quick] [--json PATH] [--no-fail] [--profile N]
+    python benchmarks/bench_client.py [--quick] [--json PATH] [--no-fail] [--profile N] [--cpu]
 """
 
 from __future__ import annotations
@@ -168,11 +168,29 @@ def openai_version() -> str | None:
     return _version("openai")
 
 
-def sync_variant(name: str, url: str, tmp: Path) -> Sync:
+def _mock_transport() -> Any:
+    """An in-process transport with the loopback server's answer, streamed as a socket's is."""
+    import httpx
+
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"x-request-id", b"req_bench"),
+        (b"content-length", str(len(ANSWER)).encode()),
+    ]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        request.read()
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(ANSWER))
+
+    return httpx.MockTransport(answer)
+
+
+def sync_variant(name: str, url: str, tmp: Path, *, mock: bool = False) -> Sync:
+    """One call of variant ``name`` and its close; ``mock``: on the in-process transport."""
     if name == "httpx":
         import httpx
 
-        client = httpx.Client(timeout=TIMEOUT)
+        client = httpx.Client(timeout=TIMEOUT, transport=_mock_transport() if mock else None)
         endpoint = f"{url}/chat/completions"
 
         def bare() -> object:
@@ -180,6 +198,8 @@ def sync_variant(name: str, url: str, tmp: Path) -> Sync:
 
         return bare, client.close
     if name.startswith("llmclient"):
+        import httpx
+
         from fluid_build.copilot import LLMClient
         from fluid_build.copilot.call.envelope import RetryEnvelope
 
@@ -192,7 +212,16 @@ def sync_variant(name: str, url: str, tmp: Path) -> Sync:
         else:
             envelope = RetryEnvelope(cooldown=None)
         llm = LLMClient(
-            "vllm", MODEL, API_KEY, url, envelope=envelope, capability_matrix=MATRIX, env={}
+            "vllm",
+            MODEL,
+            API_KEY,
+            url,
+            envelope=envelope,
+            capability_matrix=MATRIX,
+            env={},
+            http_client=httpx.Client(timeout=TIMEOUT, transport=_mock_transport())
+            if mock
+            else None,
         )
 
         def complete() -> object:
@@ -359,7 +388,36 @@ def measure_async(url: str, name: str, concurrency: int, rounds: int) -> dict[st
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def profile(url: str, number: int, variant: str, top: int = 25) -> None:
+def cpu_only(batches: int = 12, number: int = 1_000) -> dict[str, float]:
+    """Microseconds of CPU per call of each sync variant on the in-process mock transport.
+
+    No socket and no server: what is left is each library's own work. The
+    best of ``batches`` interleaved batches of ``number`` calls, as
+    ``time.process_time`` sees it.
+    """
+    names = [name for name, _ in SYNC_ROWS if name != "openai"]
+    best = dict.fromkeys(names, float("inf"))
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {
+            name: sync_variant(name, "http://bench.invalid/v1", Path(tmp), mock=True)
+            for name in names
+        }
+        for call, _ in variants.values():
+            for _ in range(200):
+                call()
+        gc.collect()
+        for _ in range(batches):
+            for name, (call, _) in variants.items():
+                started = time.process_time()
+                for _ in range(number):
+                    call()
+                best[name] = min(best[name], (time.process_time() - started) / number * 1e6)
+        for _, close in variants.values():
+            close()
+    return best
+
+
+def profile(url: str, number: int, variant: str, top: int = 25, *, mock: bool = False) -> None:
     """cProfile ``number`` LLMClient.complete calls; print fluid_build's own functions.
 
     Times are per call and inflated by the profiler (roughly 2x): compare them
@@ -369,7 +427,7 @@ def profile(url: str, number: int, variant: str, top: int = 25) -> None:
     import pstats
 
     with tempfile.TemporaryDirectory() as tmp:
-        call, close = sync_variant(variant, url, Path(tmp))
+        call, close = sync_variant(variant, url, Path(tmp), mock=mock)
         for _ in range(200):
             call()
         profiler = cProfile.Profile()
@@ -440,11 +498,29 @@ def main() -> int:
         default="llmclient",
         help="which LLMClient to profile (default: no cooldown store)",
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="only the CPU per call on an in-process mock transport (with --profile: profile it)",
+    )
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         name, url, concurrency, rounds = args.worker
         print(json.dumps(asyncio.run(_throughput(name, url, int(concurrency), int(rounds)))))
+        return 0
+    if args.profile and args.cpu:
+        profile("http://bench.invalid/v1", args.profile, args.profile_variant, mock=True)
+        return 0
+    if args.cpu:
+        best = cpu_only(batches=5 if args.quick else 12)
+        print("CPU per call on a mock transport, best of the batches of 1,000 (us):")
+        print()
+        print("| variant | CPU per call (us) | over bare httpx (us) |")
+        print("| --- | ---: | ---: |")
+        for name, label in SYNC_ROWS:
+            if name in best:
+                print(f"| {label} | {best[name]:.1f} | {best[name] - best['httpx']:+.1f} |")
         return 0
     if args.profile:
         with loopback_server() as url:
