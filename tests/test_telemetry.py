@@ -389,6 +389,11 @@ def test_telemetry_is_off_unless_asked_for(caplog: pytest.LogCaptureFixture) -> 
     assert telemetry_from(None, {}) is None
     assert telemetry_from(False, {"FLUID_OTEL": "1"}) is None
     assert telemetry_from(None, {"FLUID_OTEL": "no"}) is None
+    assert caplog.records == []
+    assert telemetry_from(None, {"FLUID_OTEL": "maybe\n"}) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "FLUID_OTEL='maybe' is not 1 or 0; telemetry stays off (e.g. FLUID_OTEL=1)"
+    ]
     on = telemetry_from(None, {"FLUID_OTEL": "1"})
     assert isinstance(on, Telemetry)
     assert not on.capture_content

@@ -37,6 +37,7 @@ __all__ = [
     "SUCCESS",
     "Batch",
     "Outcome",
+    "Progress",
     "amap_calls",
     "map_calls",
     "progress_bar",
@@ -110,6 +111,7 @@ class Batch(tuple[Outcome[T], ...]):
         return f"Batch({len(self)} calls: {counts})"
 
 
+#: Told each outcome as it ends (see :func:`map_calls`).
 Progress = Callable[[Outcome[T]], None]
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluid_build import __version__
-from fluid_build._redact import redact
+from fluid_build._redact import one_line, redact, truncate
 from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.errors import FluidError
@@ -52,6 +52,7 @@ ENABLE_ENV = "FLUID_OTEL"
 #: OpenTelemetry's own opt-in for prompt and answer content in GenAI spans.
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 OPERATION = "chat"
 # The conventions' well-known provider names; any other provider keeps fluid's own name.
@@ -115,7 +116,15 @@ class Telemetry:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Telemetry | None:
         """A Telemetry if ``FLUID_OTEL`` is true; None (and a warning) without the extra."""
         env = os.environ if env is None else env
-        if env.get(ENABLE_ENV, "").strip().lower() not in _TRUE:
+        raw = env.get(ENABLE_ENV, "")
+        if raw.strip().lower() not in _TRUE:
+            if raw.strip().lower() not in _FALSE:
+                LOG.warning(
+                    "%s=%r is not 1 or 0; telemetry stays off (e.g. %s=1)",
+                    ENABLE_ENV,
+                    truncate(one_line(raw), 40),
+                    ENABLE_ENV,
+                )
             return None
         try:
             return cls(capture_content=env.get(CONTENT_ENV, "").strip().lower() in _TRUE)
