@@ -37,6 +37,7 @@ from fluid_build.copilot.call.drive import (
     Close,
     Emit,
     Events,
+    Exchange,
     Hold,
     Next,
     Plan,
@@ -241,16 +242,11 @@ class Entry:
             attempts += 1
             spec = self.adapter.request(prepared.spec, stream=False)
             request = http_request(pool, spec, deadline, self.config.timeout)
-            where = "the response headers"
+            exchange = Exchange(pool, request, deadline, self.limits)
             try:
-                response = yield Send(self.pools, request)
-                try:
-                    where = "the body"
-                    done = yield ReadBody(response, deadline, self.limits)
-                finally:
-                    yield Close(response)
+                done: httpx.Response = yield exchange
             except httpx.TimeoutException as exc:
-                raise timed_out(exc, deadline, where) or exc from exc
+                raise timed_out(exc, deadline, exchange.where) or exc from exc
             return self.decoder.answer(done, prepared), done
 
         parsed, response = yield from self.envelope.plan(attempt, **self.bounds(deadline))
