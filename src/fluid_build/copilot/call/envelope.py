@@ -555,6 +555,22 @@ class RetryEnvelope:
             key, provider=provider, model=model, deadline=None if left is None else max(left, 0.0)
         )
 
+    def _clear(self, key: str | None) -> bool:
+        """Whether the breaker is closed and no cooldown runs, in one store read.
+
+        Only where the breaker keeps its state in the cooldown store on the same
+        clock (the default); False sends the call through :meth:`_admit` and
+        :meth:`_cooling`, which read again and decide.
+        """
+        breaker, store = self.breaker, self.cooldown
+        if key is None or breaker is None or breaker.store is not store or store is None:
+            return False
+        if breaker.clock is not self.wall:
+            return False
+        open_, half = breaker.gate_keys(key)
+        view = store.peek((COOLDOWN + key, open_, half), self.wall())
+        return view[0][0] <= 0 and view[1][0] <= 0 and view[2][0] <= 0
+
     def _cooling(self, key: str | None) -> bool:
         return (
             key is not None
@@ -593,11 +609,15 @@ class RetryEnvelope:
         """
         started = self.clock() if started is None else started
         skey = None if key is None else str(key)
-        trial = self._admit(skey, provider, model, started, deadline)
+        if self._clear(skey):
+            trial, fast = None, True
+        else:
+            trial = self._admit(skey, provider, model, started, deadline)
+            fast = trial is None and not self._cooling(skey)
         run: _Run | None = None
         try:
             first: Exception | None = None
-            if trial is None and not self._cooling(skey):
+            if fast:
                 # The fast path: a first attempt that succeeds pays for nothing else.
                 sent_at = self.wall()
                 try:

@@ -140,6 +140,11 @@ class CircuitBreaker:
 
     # -- reading -------------------------------------------------------------------
 
+    def gate_keys(self, key: str) -> tuple[str, str]:
+        """The store keys :meth:`check` reads first (open, half-open): both unset is closed."""
+        names = self._keys(key)
+        return names[1], names[2]
+
     def _keys(self, key: str) -> tuple[str, str, str, str]:
         names = self._names.get(key)
         if names is None:
