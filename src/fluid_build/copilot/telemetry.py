@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENT_ENV", "ENABLE_ENV", "CallTrace", "Telemetry", "telemetry_from"]
 
-LOG = logging.getLogger("fluid_build.telemetry")
+# The only thing logged is a warning about FLUID_OTEL: environment parsing.
+LOG = logging.getLogger("fluid_build.config")
 
 R = TypeVar("R")
 
