@@ -422,3 +422,14 @@ def test_processes_sharing_the_default_store_never_take_past_the_budget(tmp_path
     # The killed process held 10 tokens, or had just given them back.
     assert store.count(TOKENS + str(KEY), NOW) in {100_000 - 40 * 10, 100_000 - 39 * 10}
     assert RateLimiter(store).reserve(KEY, 10, NOW + 30) == 0.0  # reset: a new budget
+
+
+def test_doctor_shows_each_budget_with_its_reset() -> None:
+    from fluid_build.cli.doctor import _shared_lines
+
+    store = MemoryCooldownStore()
+    RateLimiter(store).observe(KEY, _announce(7, 700), NOW)
+    entries = [item.to_dict() for item in read_health(store, NOW)]
+    lines = _shared_lines({"entries": entries, "now": NOW})
+    assert "requests budget 7 left, resets 22:13:50 UTC (in 30 s)" in lines[1]
+    assert "tokens budget 700 left" in lines[1]

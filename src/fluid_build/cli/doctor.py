@@ -38,7 +38,8 @@ T = TypeVar("T")
 @click.option(
     "--reset",
     is_flag=True,
-    help="Clear circuit breakers and cooldowns in the shared store (all, or those matching "
+    help="Clear circuit breakers, cooldowns and rate-limit budgets in the shared store (all, "
+    "or those matching "
     "--provider/--model/--endpoint), for every process that shares it.",
 )
 @click.option(
@@ -797,7 +798,7 @@ def _shared_lines(shared: Mapping[str, Any]) -> list[str]:
         return [f"shared state: could not be read ({shared['error']})"]
     entries = shared.get("entries") or []
     if not entries:
-        return ["shared state: no breaker or cooldown is active"]
+        return ["shared state: no breaker, cooldown or rate-limit budget is active"]
     now = float(shared.get("now") or time.time())
     lines = [f"shared state: {len(entries)} key(s); `fluid doctor --reset` clears them"]
     for item in entries:
@@ -827,6 +828,11 @@ def _shared_lines(shared: Mapping[str, Any]) -> list[str]:
             parts.append(
                 f"cooling down until {_at(item['cooldown_until'], now)} "
                 f"[{item['cooldown_reason'] or '?'}]"
+            )
+        for name, budget in (item.get("rate_limits") or {}).items():
+            parts.append(
+                f"{name.replace('_', ' ')} budget {budget['remaining']:.0f} left, resets "
+                f"{_at(budget['until'], now)}"
             )
         lines.append(f"  {who}: " + "; ".join(parts or ["nothing active"]))
     return lines
