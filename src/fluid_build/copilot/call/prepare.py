@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 from pydantic import BaseModel
@@ -31,6 +31,9 @@ __all__ = [
     "response_schema",
     "tool_spec",
 ]
+
+#: The encodings asked for: those the size limit counts as they inflate (see call/wire.py).
+ACCEPT_ENCODING: Final = "gzip, deflate"
 
 Messages = str | Sequence[Mapping[str, Any]]
 Tools = Sequence[ToolSpec | Mapping[str, Any]] | None
@@ -151,9 +154,16 @@ def http_request(
     deadline: Deadline,
     per_attempt: float,
 ) -> httpx.Request:
-    """The adapter's request on ``client``, its timeouts cut to what the deadline leaves."""
-    # Only encodings the size limit can count as they inflate.
-    headers = {"accept-encoding": "gzip, deflate", **request.headers}
+    """The adapter's request on ``client``, its timeouts cut to what the deadline leaves.
+
+    Only encodings the size limit can count as they inflate are accepted: said
+    here unless the pool already says exactly that (httpx's default when
+    neither brotli nor zstandard is installed), so that httpx need not swap
+    its own header out on every request.
+    """
+    headers = request.headers
+    if client.headers.get("accept-encoding") != ACCEPT_ENCODING:
+        headers = {"accept-encoding": ACCEPT_ENCODING, **headers}
     return client.build_request(
         request.method,
         request.url,

@@ -112,10 +112,11 @@ class Deadline:
         # A half-open trial's attempt ends sooner: inside its lease.
         return self.ends if self.bound is None else min(self.ends, self.bound)
 
-    def timeout(self, per_attempt: float) -> httpx.Timeout:
-        """The request's timeouts: the attempt's own, never past the deadline."""
+    def timeout(self, per_attempt: float) -> float:
+        """The request's timeouts (connect, read, write, pool; seconds): the attempt's own,
+        never past the deadline. A float, which httpx makes its one ``Timeout`` of."""
         left = max(self.left(), 0.001)
-        return httpx.Timeout(min(per_attempt, left))
+        return min(per_attempt, left)
 
     def passed(self, where: str, **details: Any) -> ProviderTimeoutError:
         who = self.provider or "provider"
