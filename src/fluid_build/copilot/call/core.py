@@ -200,12 +200,14 @@ class Entry:
 
     def ready(self, messages: Messages, options: CallOptions, deadline: Deadline) -> Plan[Prepared]:
         """The call prepared and pre-flighted, inside the deadline."""
+        window = yield from self.window(deadline, options.get("capability_matrix"))
+        return self.prepared(messages, options, deadline, window)
+
+    def prepared(
+        self, messages: Messages, options: CallOptions, deadline: Deadline, window: int | None
+    ) -> Prepared:
+        """:meth:`ready` once the window is settled (asked, or nothing to ask): no plan."""
         matrix = options.get("capability_matrix")
-        # Once the window is settled (asked, or nothing to ask), no generator is needed.
-        if self.window_asked:
-            window = self.server_window
-        else:
-            window = yield from self.window(deadline, matrix)
         prepared = prepare(
             self.provider,
             self.model,
@@ -232,7 +234,10 @@ class Entry:
         fallback_errors: list[dict[str, Any]],
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures."""
-        prepared = yield from self.ready(messages, options, deadline)
+        if self.window_asked:  # the common case, without a generator for the window
+            prepared = self.prepared(messages, options, deadline, self.server_window)
+        else:
+            prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         attempts = 0
 

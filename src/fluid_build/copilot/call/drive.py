@@ -276,8 +276,13 @@ Plan = Generator[Effect | Emit[Any], Any, T]
 
 def stream(plan: Plan[Any]) -> Generator[Any, None, Any]:
     """Run ``plan`` in the sync shell: yield what it emits, return what it returns."""
-    send: Callable[[Any], Effect | Emit[Any]] = plan.send
-    value: Any = None
+    return _stream(plan, None, plan.send)
+
+
+def _stream(
+    plan: Plan[Any], value: Any, send: Callable[[Any], Effect | Emit[Any]]
+) -> Generator[Any, None, Any]:
+    """:func:`stream`, resuming the plan with ``send(value)``."""
     while True:
         try:
             step = send(value)
@@ -291,15 +296,34 @@ def stream(plan: Plan[Any]) -> Generator[Any, None, Any]:
 
 
 def run(plan: Plan[T]) -> T:
-    """Run a plan that emits nothing in the sync shell; its result."""
-    steps = stream(plan)
-    try:
-        item = next(steps)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    steps.close()
-    raise AssertionError(f"a plan for one answer emitted {item!r}")
+    """Run a plan that emits nothing in the sync shell; its result.
+
+    :func:`stream`'s loop without a generator of its own around the plan: the
+    hot path of every sync call.
+    """
+    send: Callable[[Any], Effect | Emit[Any]] = plan.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if isinstance(step, Emit):
+            # As when stream()'s caller stops: the plan's cleanup still runs its effects.
+            steps = _stream(plan, GeneratorExit(), plan.throw)
+            try:
+                next(steps)
+            except (GeneratorExit, StopIteration):
+                pass
+            finally:
+                steps.close()
+            raise AssertionError(f"a plan for one answer emitted {step.item!r}")
+        try:
+            value = step.run()
+            send = plan.send
+        except BaseException as exc:  # noqa: BLE001 - the plan decides, even on Ctrl-C
+            value, send = exc, plan.throw
 
 
 async def _steps(plan: Plan[Any], emits: bool) -> AsyncGenerator[Any, Any]:
