@@ -10,7 +10,7 @@ async shell (:mod:`fluid_build.copilot.call.drive`).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
@@ -19,6 +19,7 @@ from typing_extensions import Unpack
 
 from fluid_build._redact import redact, truncate
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.batch import DEFAULT_CONCURRENCY, Batch, Progress, amap_calls, map_calls
 from fluid_build.copilot.call.core import CallOptions, Entry, completing
 from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
 from fluid_build.copilot.call.envelope import RetryEnvelope
@@ -34,6 +35,7 @@ from fluid_build.copilot.llm.openai import OpenAIAdapter
 from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter
 from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
 from fluid_build.copilot.llm.types import Completion, StreamEvent
+from fluid_build.copilot.telemetry import Telemetry, telemetry_from
 
 if TYPE_CHECKING:
     from fluid_build.copilot.call.capabilities import ModelCapabilities
@@ -92,6 +94,8 @@ class LLMClient:
     the environment (see docs/llm-providers.md); ``LLMClient.from_env()``
     also takes the retry policy and cooldown store from it. Pass
     ``http_client`` / ``async_http_client`` to share or mock transports.
+    ``telemetry`` (True, a :class:`Telemetry`, or ``FLUID_OTEL=1`` when None)
+    traces each call with OpenTelemetry (see docs/telemetry.md).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class LLMClient:
         fallback_on_auth: bool = False,
         deadline: float | None = None,
         limits: Limits | None = None,
+        telemetry: Telemetry | bool | None = None,
     ) -> None:
         config = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
@@ -151,6 +156,7 @@ class LLMClient:
             Pools(self._client, self._aclient),
         )
         self.fallback_on_auth = fallback_on_auth
+        self.telemetry = telemetry_from(telemetry, source)
         self.fallbacks: list[LLMClient] = []
         for spec in _fallback_specs(fallbacks, env):
             provider_name, _, model_name = spec.partition(":")
@@ -166,6 +172,7 @@ class LLMClient:
                     fallbacks=(),
                     deadline=self.deadline,
                     limits=self.limits,
+                    telemetry=False,  # the call's span covers the whole chain
                 )
             )
 
@@ -335,6 +342,48 @@ class LLMClient:
         """:meth:`stream`, as an async iterator."""
         return astream(self._entry.stream(messages, options, self._deadline))
 
+    def map(
+        self,
+        prompts: Iterable[Messages],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        fail_fast: bool = False,
+        progress: Progress[Completion] | None = None,
+        **options: Unpack[CallOptions],
+    ) -> Batch[Completion]:
+        """:meth:`complete` for every prompt, ``concurrency`` at a time: a :class:`Batch`.
+
+        Each outcome, in input order, is a Completion or its typed error;
+        ``Batch.summary()`` counts them by reason code (see docs/batch.md).
+        """
+        return map_calls(
+            self.complete,
+            prompts,
+            concurrency=concurrency,
+            fail_fast=fail_fast,
+            progress=progress,
+            **options,
+        )
+
+    async def amap(
+        self,
+        prompts: Iterable[Messages],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        fail_fast: bool = False,
+        progress: Progress[Completion] | None = None,
+        **options: Unpack[CallOptions],
+    ) -> Batch[Completion]:
+        """:meth:`map` with tasks; cancelling it cancels the calls in flight."""
+        return await amap_calls(
+            self.acomplete,
+            prompts,
+            concurrency=concurrency,
+            fail_fast=fail_fast,
+            progress=progress,
+            **options,
+        )
+
     def validate(self, text: str, response_model: type[BaseModel]) -> Any:
         """Validate a model's text against ``response_model`` as :meth:`complete` does.
 
@@ -344,12 +393,29 @@ class LLMClient:
         return self._entry.decoder.validate(text, response_model, self.strict_schema)
 
     def _completing(self, messages: Messages, options: CallOptions) -> Plan[Completion]:
-        return completing(
-            self._entries(),
+        entries = self._entries()
+        if self.telemetry is None:
+            return completing(
+                entries, messages, options, self._deadline(), fallback_on_auth=self.fallback_on_auth
+            )
+        trace = self.telemetry.call(
+            self.provider,
+            self.model,
             messages,
             options,
-            self._deadline(),
-            fallback_on_auth=self.fallback_on_auth,
+            endpoint=self.adapter.endpoint,
+            secrets=[secret for entry in entries for secret in entry.secrets],
+            clock=self.envelope.clock,
+        )
+        return trace.run(
+            completing(
+                entries,
+                messages,
+                options,
+                self._deadline(),
+                fallback_on_auth=self.fallback_on_auth,
+                trace=trace,
+            )
         )
 
     def _prepare(self, messages: Messages, **options: Any) -> Prepared:

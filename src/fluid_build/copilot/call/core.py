@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -45,15 +45,20 @@ from fluid_build.copilot.call.drive import (
     Pools,
     ReadBody,
     Send,
+    Sleep,
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
 from fluid_build.copilot.health.cooldown import CooldownKey
+from fluid_build.copilot.health.ratelimit import estimate_tokens
 from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
 from fluid_build.copilot.llm.local_server import probe_urls
-from fluid_build.copilot.llm.types import Completion, StreamEvent
+from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.telemetry import CallTrace
 
 __all__ = ["CallOptions", "Entry", "completing"]
 
@@ -158,6 +163,35 @@ class Entry:
             "secrets": self.secrets,
         }
 
+    # -- the rate-limit budget ----------------------------------------------------------
+
+    def reserved(
+        self, request: httpx.Request, spec: CallSpec, deadline: Deadline
+    ) -> Plan[tuple[int, bool]]:
+        """Wait until the announced budget holds ``request``: (tokens reserved, waited or not)."""
+        envelope = self.envelope
+        if envelope.limiter is None:
+            return 0, False
+        tokens = estimate_tokens(request.content, spec.max_output_tokens)
+        waited = False
+        for wait in envelope.budget_waits(
+            self.key, tokens, deadline.left, provider=self.provider, model=self.model
+        ):
+            waited = True
+            yield Sleep(wait, envelope.sleep, envelope.asleep)
+        return tokens, waited
+
+    def observed(self, response: httpx.Response) -> None:
+        """Keep the budget an answer announced (a 429's too)."""
+        if self.envelope.limiter is not None:
+            self.envelope.limiter.observe(self.key, response.headers, self.envelope.wall())
+
+    def settled(self, tokens: int, parsed: Parsed) -> None:
+        """Correct the reservation by the tokens the answer says it used (when it says)."""
+        used = parsed.usage.input_tokens + parsed.usage.output_tokens
+        if self.envelope.limiter is not None and tokens and used:
+            self.envelope.limiter.settle(self.key, tokens, used, self.envelope.wall())
+
     # -- the window of a local server ------------------------------------------------
 
     def _wants_window(self, matrix: Mapping[str, Any] | None) -> bool:
@@ -232,8 +266,13 @@ class Entry:
         options: CallOptions,
         deadline: Deadline,
         fallback_errors: list[dict[str, Any]],
+        trace: CallTrace | None = None,
     ) -> Plan[Completion]:
-        """One answer from this entry, retried by the envelope, after the chain's failures."""
+        """One answer from this entry, retried by the envelope, after the chain's failures.
+
+        With a ``trace`` (telemetry on), each attempt runs in its own span and
+        the envelope reports this call's waits to it.
+        """
         if self.window_asked:  # the common case, without a generator for the window
             prepared = self.prepared(messages, options, deadline, self.server_window)
         else:
@@ -247,14 +286,29 @@ class Entry:
             attempts += 1
             spec = self.adapter.request(prepared.spec, stream=False)
             request = http_request(pool, spec, deadline, self.config.timeout)
+            tokens, waited = yield from self.reserved(request, prepared.spec, deadline)
+            if waited:  # its timeouts are cut to what the deadline leaves now
+                deadline.check("the next attempt")
+                request = http_request(pool, spec, deadline, self.config.timeout)
             exchange = Exchange(pool, request, deadline, self.limits)
             try:
                 done: httpx.Response = yield exchange
             except httpx.TimeoutException as exc:
                 raise timed_out(exc, deadline, exchange.where) or exc from exc
-            return self.decoder.answer(done, prepared), done
+            except httpx.HTTPStatusError as exc:
+                self.observed(exc.response)
+                raise
+            self.observed(done)
+            parsed = self.decoder.answer(done, prepared)
+            self.settled(tokens, parsed)
+            return parsed, done
 
-        parsed, response = yield from self.envelope.plan(attempt, **self.bounds(deadline))
+        bounds = self.bounds(deadline)
+        attempting = attempt
+        if trace is not None:
+            attempting = trace.attempts(attempt, self.provider, self.model)
+            bounds["hook"] = trace.waited
+        parsed, response = yield from self.envelope.plan(attempting, **bounds)
         return self.decoder.completion(
             parsed,
             prepared,
@@ -285,13 +339,17 @@ class Entry:
             deadline.check("the next attempt")
             attempts += 1
             state = StreamState()
-            request = http_request(
-                pool, self.adapter.request(spec, stream=True), deadline, self.config.timeout
-            )
+            wire = self.adapter.request(spec, stream=True)
+            request = http_request(pool, wire, deadline, self.config.timeout)
+            _, waited = yield from self.reserved(request, spec, deadline)
+            if waited:  # its timeouts are cut to what the deadline leaves now
+                deadline.check("the next attempt")
+                request = http_request(pool, wire, deadline, self.config.timeout)
             try:
                 response: httpx.Response = yield Send(self.pools, request)
             except httpx.TimeoutException as exc:
                 raise timed_out(exc, deadline, "the response headers") or exc from exc
+            self.observed(response)
             reader = StreamReader(response, deadline, self.limits)
             try:
                 if response.is_error:
@@ -349,6 +407,7 @@ def completing(
     deadline: Deadline,
     *,
     fallback_on_auth: bool = False,
+    trace: CallTrace | None = None,
 ) -> Plan[Completion]:
     """One answer from the first entry that gives one; else the most actionable error."""
     history: History = []
@@ -359,7 +418,7 @@ def completing(
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
         try:
-            return (yield from entry.complete(messages, options, deadline, failed))
+            return (yield from entry.complete(messages, options, deadline, failed, trace))
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
     raise _final_error(history)

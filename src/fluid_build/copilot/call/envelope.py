@@ -19,6 +19,9 @@ only run: one implementation, two shells that differ in how they sleep and await
 - With a circuit breaker, an open key refuses at once; a half-open key lets
   one call through as the trial, whose lease is given back however the call
   ends (an answer, any error, a cancellation, Ctrl-C).
+- With a rate limiter, :meth:`RetryEnvelope.budget_waits` are the waits before
+  an attempt until the announced budget holds it (see
+  :mod:`fluid_build.copilot.health.ratelimit`); the call plan takes them.
 - Deadlines and elapsed times run on ``clock`` (monotonic); only what is
   written to the shared store uses ``wall``.
 
@@ -59,6 +62,7 @@ from fluid_build.copilot.health.cooldown import (
     reset_keys,
     trusted,
 )
+from fluid_build.copilot.health.ratelimit import RateLimiter
 
 __all__ = [
     "COOLDOWN",
@@ -80,7 +84,7 @@ if TYPE_CHECKING:
 LOG = logging.getLogger("fluid_build.retry")
 
 T = TypeVar("T")
-WaitReason = Literal["retry_after", "backoff", "cooldown"]
+WaitReason = Literal["retry_after", "backoff", "cooldown", "rate_limit"]
 
 
 class RetryPolicy(BaseModel):
@@ -203,6 +207,7 @@ class CallBounds(TypedDict, total=False):
     deadline: float | None
     narrow: Callable[[float | None], None] | None
     secrets: Sequence[str]
+    hook: RetryHook | None
 
 
 class RetryHook(Protocol):
@@ -211,6 +216,14 @@ class RetryHook(Protocol):
 
 def log_wait(event: RetryEvent) -> None:
     """The default hook: one log line per wait."""
+    if event.reason == "rate_limit":
+        LOG.info(
+            "%s: key %s has spent its announced rate-limit budget; waiting %.2f s for the reset",
+            event.provider or "provider",
+            event.key,
+            event.wait,
+        )
+        return
     if event.reason == "cooldown":
         LOG.warning(
             "%s: key %s is cooling down after a Retry-After; waiting %.2f s before sending",
@@ -245,9 +258,11 @@ class _Run:
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
         secrets: Sequence[str] = (),
+        hook: RetryHook | None = None,
     ) -> None:
         self.env = envelope
         self.secrets = tuple(secrets)
+        self.hooks = (envelope.hook,) if hook is None else (envelope.hook, hook)
         self.narrow = narrow
         self.key = key if envelope.cooldown is not None or envelope.breaker is not None else None
         self.provider = provider
@@ -439,10 +454,11 @@ class _Run:
     def report(self, wait: float, reason: WaitReason, error: AgentExecutionError | None) -> None:
         self.waits.append({"seconds": wait, "reason": reason})
         event = RetryEvent(wait, reason, self.sent, error, self.key, self.provider, self.model)
-        try:
-            self.env.hook(event)
-        except Exception:  # a broken hook must not break the call
-            LOG.exception("retry hook %r failed", self.env.hook)
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception:  # a broken hook must not break the call
+                LOG.exception("retry hook %r failed", hook)
 
     def final(self, error: AgentExecutionError) -> AgentExecutionError:
         """The error to raise: the last attempt's, with what the envelope did."""
@@ -505,6 +521,7 @@ class RetryEnvelope:
         *,
         cooldown: CooldownStore | None = None,
         breaker: CircuitBreaker | None = None,
+        limiter: RateLimiter | None = None,
         hook: RetryHook = log_wait,
         clock: Callable[[], float] | None = None,
         wall: Callable[[], float] | None = None,
@@ -515,6 +532,7 @@ class RetryEnvelope:
         self.policy = policy or RetryPolicy()
         self.cooldown = cooldown
         self.breaker = breaker
+        self.limiter = limiter
         self.hook = hook
         self.clock = clock or time.monotonic
         self.wall = wall or clock or time.time
@@ -533,6 +551,8 @@ class RetryEnvelope:
             if kwargs.get("wall") or kwargs.get("clock"):
                 breaker_kwargs["clock"] = kwargs.get("wall") or kwargs["clock"]
             kwargs["breaker"] = CircuitBreaker.from_env(kwargs["cooldown"], env, **breaker_kwargs)
+        if "limiter" not in kwargs and kwargs["cooldown"] is not None:
+            kwargs["limiter"] = RateLimiter.from_env(kwargs["cooldown"], env)
         return cls(**kwargs)
 
     def __repr__(self) -> str:
@@ -585,6 +605,32 @@ class RetryEnvelope:
             reset_keys(self.cooldown, [COOLDOWN + skey])
         if self.breaker is not None:
             self.breaker.reset(skey)
+        if self.limiter is not None:
+            self.limiter.reset(skey)
+
+    def budget_waits(
+        self,
+        key: CooldownKey | str,
+        tokens: int,
+        left: Callable[[], float | None],
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> Iterator[float]:
+        """The waits before an attempt until the rate-limit budget holds it, each reported.
+
+        Raises :class:`RateLimitError` when the reset is past the deadline.
+        """
+        if self.limiter is None:
+            return
+        for wait in self.limiter.waits(
+            key, tokens, wall=self.wall, left=left, provider=provider, model=model
+        ):
+            event = RetryEvent(wait, "rate_limit", 0, None, str(key), provider, model)
+            try:
+                self.hook(event)
+            except Exception:  # a broken hook must not break the call
+                LOG.exception("retry hook %r failed", self.hook)
+            yield wait
 
     # -- the plan and its two shells -------------------------------------------------
 
@@ -599,6 +645,7 @@ class RetryEnvelope:
         deadline: float | None = None,
         narrow: Callable[[float | None], None] | None = None,
         secrets: Sequence[str] = (),
+        hook: RetryHook | None = None,
     ) -> Plan[T]:
         """Run the plan ``attempt()`` makes until it succeeds or the policy gives up.
 
@@ -632,7 +679,7 @@ class RetryEnvelope:
             # one attempt or a wait: a first attempt that succeeds never imports it.
             import tenacity
 
-            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets)
+            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets, hook)
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:
@@ -683,6 +730,7 @@ class RetryEnvelope:
         told when (on ``clock``) the attempts must end sooner, while this call
         is a half-open trial, and told None when the call ends. ``secrets``
         (the request's key) are removed by value from every error raised.
+        ``hook`` hears this call's waits, after the envelope's own hook.
         """
         plan: Plan[T] = self.plan(partial(_calling, fn), **how)
         return run_plan(plan)
