@@ -1,0 +1,112 @@
+"""The rate-limit budget through LLMClient: a spent budget is waited out, never sent into a 429.
+
+The limiter's own contract (headers, stores, processes) is tests/test_ratelimit.py;
+here the budget an answer announces holds the client's next call, in both shells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from fluid_build.copilot import LLMClient
+from fluid_build.copilot.agents.errors import RateLimitError
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryEvent
+from fluid_build.copilot.health.ratelimit import RateLimiter
+from fluid_build.copilot.health.store import MemoryCooldownStore
+from tests.fakes import FakeClock
+
+URL = "https://api.openai.com/v1/chat/completions"
+OK = {
+    "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+}
+#: OpenAI's headers on an answer that used the last request of the window.
+SPENT = {
+    "x-ratelimit-limit-requests": "2",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "4s",
+    "x-ratelimit-limit-tokens": "100000",
+    "x-ratelimit-remaining-tokens": "99000",
+    "x-ratelimit-reset-tokens": "600ms",
+}
+
+
+@pytest.fixture
+def mock() -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False) as router:
+        yield router
+
+
+def client_on(clock: FakeClock, events: list[RetryEvent], **kwargs: Any) -> LLMClient:
+    store = MemoryCooldownStore()
+    envelope = RetryEnvelope(
+        cooldown=store,
+        limiter=RateLimiter(store),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+        hook=events.append,
+    )
+    return LLMClient("openai", "gpt-4o", api_key="sk-test", envelope=envelope, env={}, **kwargs)
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_spent_budget_is_waited_out_instead_of_sent_into_a_429(
+    mock: respx.MockRouter, shell: str
+) -> None:
+    route = mock.post(URL).mock(
+        side_effect=[httpx.Response(200, json=OK, headers=SPENT), httpx.Response(200, json=OK)]
+    )
+    clock = FakeClock()
+    events: list[RetryEvent] = []
+    client = client_on(clock, events)
+    if shell == "sync":
+        with client:
+            texts = [client.complete("hi").text for _ in range(2)]
+    else:
+
+        async def both() -> list[str]:
+            async with client:
+                return [(await client.acomplete("hi")).text for _ in range(2)]
+
+        texts = asyncio.run(both())
+    assert texts == ["ok", "ok"]
+    assert route.call_count == 2  # no request went out into the spent window
+    assert clock.waits == [pytest.approx(4.0)]
+    assert [(e.reason, round(e.wait, 3)) for e in events] == [("rate_limit", 4.0)]
+
+
+def test_a_reset_past_the_deadline_fails_at_once_without_a_request(
+    mock: respx.MockRouter,
+) -> None:
+    spent_long = {**SPENT, "x-ratelimit-reset-requests": "1m0s"}
+    route = mock.post(URL).mock(
+        side_effect=[httpx.Response(200, json=OK, headers=spent_long), httpx.Response(200, json=OK)]
+    )
+    clock = FakeClock()
+    with client_on(clock, [], deadline=10.0) as client:
+        client.complete("hi")
+        with pytest.raises(RateLimitError) as caught:
+            client.complete("hi")
+    assert caught.value.code == "llm.rate_limited"
+    assert route.call_count == 1
+    assert clock.waits == []
+
+
+def test_a_budget_nobody_announced_never_holds_a_call(mock: respx.MockRouter) -> None:
+    route = mock.post(URL).respond(200, json=OK)
+    clock = FakeClock()
+    events: list[RetryEvent] = []
+    with client_on(clock, events) as client:
+        for _ in range(5):
+            client.complete("hi")
+    assert route.call_count == 5
+    assert clock.waits == []
+    assert events == []
