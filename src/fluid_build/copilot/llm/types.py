@@ -1,4 +1,8 @@
-"""What a provider call takes and gives back, in one shape for every provider."""
+"""What a provider call takes and gives back, in one shape for every provider.
+
+The result models build their pydantic validators on first use (``defer_build``),
+not at import: a process that never makes a call does not pay for them.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ __all__ = [
 class ToolCall(BaseModel):
     """A tool the model asked to call, with its arguments decoded."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     id: str
     name: str
@@ -39,7 +43,7 @@ class Usage(BaseModel):
     the provider does not say. Budgets count the totals.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -58,7 +62,7 @@ class Usage(BaseModel):
 class Completion(BaseModel):
     """One model answer: text, the validated object, tool calls, usage and provenance."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, defer_build=True)
 
     text: str = ""
     parsed: Any = None
@@ -81,7 +85,7 @@ class StreamEvent(BaseModel):
     ``done``: the end, with the assembled :class:`Completion`.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, defer_build=True)
 
     type: Literal["text", "tool_call", "done"]
     text: str = ""
