@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar, cast
 
 import httpx
@@ -58,12 +57,18 @@ def _other_shell() -> Any:
     raise AssertionError("this plan's pool belongs to the other shell")
 
 
-@dataclass(frozen=True, slots=True)
 class Pools:
     """Where one entry's requests go: its sync and its async pool, each made on first use."""
 
-    sync: Callable[[], httpx.Client] = _other_shell
-    async_: Callable[[], httpx.AsyncClient] = _other_shell
+    __slots__ = ("async_", "sync")
+
+    def __init__(
+        self,
+        sync: Callable[[], httpx.Client] = _other_shell,
+        async_: Callable[[], httpx.AsyncClient] = _other_shell,
+    ) -> None:
+        self.sync = sync
+        self.async_ = async_
 
 
 class Effect(ABC):
@@ -95,13 +100,20 @@ class Pool(Effect):
         return self.pools.async_()
 
 
-@dataclass(frozen=True, slots=True)
 class Sleep(Effect):
     """Wait, with the sleep each shell was given (tests inject theirs)."""
 
-    seconds: float
-    sleep: Callable[[float], None]
-    asleep: Callable[[float], Awaitable[None]]
+    __slots__ = ("asleep", "seconds", "sleep")
+
+    def __init__(
+        self,
+        seconds: float,
+        sleep: Callable[[float], None],
+        asleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self.seconds = seconds
+        self.sleep = sleep
+        self.asleep = asleep
 
     def run(self) -> None:
         self.sleep(self.seconds)
@@ -110,11 +122,13 @@ class Sleep(Effect):
         await self.asleep(self.seconds)
 
 
-@dataclass(frozen=True, slots=True)
 class Call(Effect):
     """A caller's own function: ``fn()`` in the sync shell, ``await fn()`` in the async one."""
 
-    fn: Callable[[], Any]
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
 
     def run(self) -> Any:
         return self.fn()
@@ -123,12 +137,14 @@ class Call(Effect):
         return await self.fn()
 
 
-@dataclass(frozen=True, slots=True)
 class Send(Effect):
     """Send a request; the answer's headers come back, its body still unread."""
 
-    pools: Pools
-    request: httpx.Request
+    __slots__ = ("pools", "request")
+
+    def __init__(self, pools: Pools, request: httpx.Request) -> None:
+        self.pools = pools
+        self.request = request
 
     def run(self) -> httpx.Response:
         return self.pools.sync().send(self.request, stream=True)
@@ -137,13 +153,15 @@ class Send(Effect):
         return await self.pools.async_().send(self.request, stream=True)
 
 
-@dataclass(frozen=True, slots=True)
 class ReadBody(Effect):
     """Read a whole body within the deadline and the size limit (raises for an error status)."""
 
-    response: httpx.Response
-    deadline: Deadline
-    limits: Limits
+    __slots__ = ("deadline", "limits", "response")
+
+    def __init__(self, response: httpx.Response, deadline: Deadline, limits: Limits) -> None:
+        self.response = response
+        self.deadline = deadline
+        self.limits = limits
 
     def run(self) -> httpx.Response:
         return read_body(self.response, self.deadline, self.limits)
@@ -191,9 +209,11 @@ class Exchange(Effect):
             await response.aclose()
 
 
-@dataclass(frozen=True, slots=True)
 class Close(Effect):
-    response: httpx.Response
+    __slots__ = ("response",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
 
     def run(self) -> None:
         self.response.close()
@@ -202,12 +222,14 @@ class Close(Effect):
         await self.response.aclose()
 
 
-@dataclass(frozen=True, slots=True)
 class Events(Effect):
     """The counted ``(event, data)`` pairs of a stream, in the shell's kind of iterator."""
 
-    reader: StreamReader
-    stream_format: str
+    __slots__ = ("reader", "stream_format")
+
+    def __init__(self, reader: StreamReader, stream_format: str) -> None:
+        self.reader = reader
+        self.stream_format = stream_format
 
     def run(self) -> Iterator[tuple[str, Any]]:
         return self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
@@ -216,11 +238,13 @@ class Events(Effect):
         return self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
 
 
-@dataclass(frozen=True, slots=True)
 class Next(Effect):
     """The next item of what :class:`Events` (or a byte stream) gave, or :data:`END`."""
 
-    items: Any
+    __slots__ = ("items",)
+
+    def __init__(self, items: Any) -> None:
+        self.items = items
 
     def run(self) -> Any:
         return next(self.items, END)
@@ -229,11 +253,13 @@ class Next(Effect):
         return await anext(self.items, END)
 
 
-@dataclass(frozen=True, slots=True)
 class Bytes(Effect):
     """The raw chunks of a body, as they arrive."""
 
-    response: httpx.Response
+    __slots__ = ("response",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
 
     def run(self) -> Iterator[bytes]:
         return self.response.iter_bytes()
@@ -246,7 +272,6 @@ def _nothing() -> None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
 class Hold(Effect):
     """Hold a thread lock; what comes back gives it up.
 
@@ -254,7 +279,10 @@ class Hold(Effect):
     thread lock (waiting on one would block its event loop): tasks do not wait.
     """
 
-    lock: threading.Lock
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
 
     def run(self) -> Callable[[], None]:
         self.lock.acquire()
@@ -264,11 +292,13 @@ class Hold(Effect):
         return _nothing
 
 
-@dataclass(frozen=True, slots=True)
 class Emit(Generic[T]):
     """Not I/O: an item for the caller of a streaming plan."""
 
-    item: T
+    __slots__ = ("item",)
+
+    def __init__(self, item: T) -> None:
+        self.item = item
 
 
 Plan = Generator[Effect | Emit[Any], Any, T]
