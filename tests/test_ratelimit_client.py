@@ -110,3 +110,16 @@ def test_a_budget_nobody_announced_never_holds_a_call(mock: respx.MockRouter) ->
     assert route.call_count == 5
     assert clock.waits == []
     assert events == []
+
+
+def test_fluid_forge_says_why_it_waits_for_a_budget() -> None:
+    from rich.console import Console
+
+    from fluid_build.cli.forge import _wait_printer
+
+    console = Console(record=True, width=200, color_system=None)
+    hook = _wait_printer(console)
+    hook(RetryEvent(4.0, "rate_limit", 0, None, "k", "openai", "gpt-4o"))
+    shown = console.export_text()
+    assert "wait 4.0 s (the provider's announced budget is spent until its reset)" in shown
+    assert "cooldown" not in shown

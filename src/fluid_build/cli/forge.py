@@ -46,6 +46,7 @@ _REASONS = {
     "retry_after": "as the server asked",
     "backoff": "backing off",
     "cooldown": "key cooling down",
+    "rate_limit": "the provider's announced budget is spent until its reset",
 }
 
 
@@ -85,8 +86,11 @@ def _countdown_sleep(console: Console) -> Any:
 
 def _wait_printer(console: Console) -> Any:
     def hook(event: RetryEvent) -> None:
-        what = event.error.code if event.error else "cooldown"
         why = _REASONS.get(event.reason, event.reason)
+        if event.error is None and event.reason == "rate_limit":
+            console.print(f"  [yellow]wait[/] {event.wait:.1f} s ({why})")
+            return
+        what = event.error.code if event.error else "cooldown"
         console.print(f"  [yellow]wait[/] {event.wait:.1f} s after \\[{what}] ({why})")
 
     return hook
