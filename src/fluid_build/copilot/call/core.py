@@ -286,7 +286,9 @@ class Entry:
             attempts += 1
             spec = self.adapter.request(prepared.spec, stream=False)
             request = http_request(pool, spec, deadline, self.config.timeout)
-            tokens, waited = yield from self.reserved(request, prepared.spec, deadline)
+            tokens, waited = 0, False
+            if self.envelope.limiter is not None:  # no generator without a limiter
+                tokens, waited = yield from self.reserved(request, prepared.spec, deadline)
             if waited:  # its timeouts are cut to what the deadline leaves now
                 deadline.check("the next attempt")
                 request = http_request(pool, spec, deadline, self.config.timeout)

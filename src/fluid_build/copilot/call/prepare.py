@@ -115,15 +115,14 @@ def prepare(
     from fluid_build.copilot.call.preflight import check_context
 
     neutral = _messages(messages)
-    tool_specs = tuple(tool_spec(t) for t in tools or ())
+    tool_specs = tuple([tool_spec(t) for t in tools]) if tools else ()
     schema: dict[str, Any] | None = None
     strict: StrictSchema | None = None
     name = "response"
+    # The response schema travels with the prompt, so it counts like a tool.
+    counted = [t.as_dict() for t in tool_specs] if tool_specs else []
     if response_model is not None:
         schema, strict, name = response_schema(response_model, strict_schema)
-    # The response schema travels with the prompt, so it counts like a tool.
-    counted = [t.as_dict() for t in tool_specs]
-    if schema is not None:
         counted.append({"name": name, "description": "", "parameters": schema})
     check_context(
         provider=provider,
