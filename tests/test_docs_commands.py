@@ -171,6 +171,17 @@ def _forge_recording(place: Place) -> None:
     place.model.requests.clear()
 
 
+def _prompts(place: Place) -> None:
+    place.openai()
+    (place.cwd / "prompts.txt").write_text("Name a colour.\nName a fruit.\n", encoding="utf-8")
+
+
+def _batch_wrote(place: Place) -> None:
+    lines = (place.cwd / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2
+    assert len(place.model.requests) == 2
+
+
 def _one_get(place: Place) -> None:
     assert [(r.method, r.path) for r in place.model.requests] == [("GET", "/v1/models")]
 
@@ -222,6 +233,9 @@ CASES: dict[str, Case] = {
     "fluid forge my-intent.yaml --replay run.json": Case(
         0, "contract", _forge_recording, check=_offline_forge
     ),
+    # docs/batch.md
+    "fluid batch prompts.txt --out results.jsonl": Case(0, "success", _prompts, check=_batch_wrote),
+    "fluid batch prompts.txt --json --concurrency 4": Case(0, '"summary"', _prompts),
     # docs/ai-setup.md
     "fluid ai setup --provider openai --model gpt-4o": Case(
         0, "openai", lambda p: p.keyring(), stdin=OPENAI_KEY + "\n"

@@ -2,9 +2,10 @@
 
 Run from the console script in a fresh HOME against a model server on
 loopback that fails the way a provider does (one attempt each: no waits).
-Usage errors (2), intent and cassette errors (3), the output tree (4),
-replay mismatches (30) and Ctrl-C (130) have their own tests in
-test_cli_forge.py, test_forge_live.py and test_cli_conventions.py;
+Usage errors (2), intent and cassette errors (3), the output tree (4), the
+prompts file of `fluid batch` (5), replay mismatches (30) and Ctrl-C (130)
+have their own tests in test_cli_forge.py, test_cli_batch.py,
+test_forge_live.py and test_cli_conventions.py;
 :func:`test_every_documented_code_has_a_test` checks none is left out.
 """
 
@@ -160,6 +161,7 @@ def test_every_documented_code_has_a_test() -> None:
         2: "test_forge_live.py",
         3: "test_cli_forge.py",
         4: "test_cli_forge.py",
+        5: "test_cli_batch.py",
         30: "test_forge_live.py",
         130: "test_cli_conventions.py",
     }

@@ -1,4 +1,4 @@
-"""The ``fluid`` console script: forge, ai setup, corpus, doctor and completion.
+"""The ``fluid`` console script: forge, batch, ai setup, corpus, doctor and completion.
 
 Commands are thin: they call the library and map failures to exit codes in
 one place (:mod:`fluid_build.cli.exit_codes`). Heavy modules load inside the
@@ -69,9 +69,10 @@ def completion(shell: str) -> None:
 
 
 def _register() -> None:
-    from fluid_build.cli import ai, corpus, doctor, forge
+    from fluid_build.cli import ai, batch, corpus, doctor, forge
 
-    for command in (forge.command, ai.command, corpus.command, doctor.command, completion):
+    commands = (forge.command, batch.command, ai.command, corpus.command, doctor.command)
+    for command in (*commands, completion):
         cli.add_command(command)
 
 

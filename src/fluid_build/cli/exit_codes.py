@@ -17,6 +17,7 @@ EXIT_CODES: Final = {
     "usage": 2,  # click's own: a wrong option or argument
     "intent": 3,  # the intent (or cassette) file is missing or invalid (CassetteError)
     "output": 4,  # the output directory cannot be written safely (a symlink in it)
+    "prompts": 5,  # fluid batch: the prompts file is missing, not a regular file, too large, empty
     "auth": 10,  # ProviderAuthError, and configuration the provider needs
     "rate_limit": 11,  # RateLimitError, quota exhausted included
     "timeout": 12,  # ProviderTimeoutError, and connection failures
@@ -35,6 +36,7 @@ EXIT_CODES: Final = {
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an exception that ended a command."""
+    from fluid_build.cli.batch import PromptsFileError
     from fluid_build.copilot.agents.errors import (
         AgentExecutionError,
         ContextOverflowError,
@@ -55,6 +57,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_CODES["intent"]
     if isinstance(exc, OutputTreeError):
         return EXIT_CODES["output"]
+    if isinstance(exc, PromptsFileError):
+        return EXIT_CODES["prompts"]
     if isinstance(exc, ReplayMismatch):
         return EXIT_CODES["corpus_mismatch"]
     family = [

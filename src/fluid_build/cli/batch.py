@@ -1,0 +1,283 @@
+"""``fluid batch``: many prompts from a file (or stdin), one JSON line per prompt, a summary.
+
+The calls run through :meth:`LLMClient.amap` rather than ``map``: Ctrl-C then
+cancels the calls in flight at once, where ``map``'s threads would keep the
+process alive until each call's deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import click
+
+from fluid_build.cli.exit_codes import report_error
+from fluid_build.errors import FluidError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fluid_build.copilot.batch import Batch, Outcome
+    from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.types import Completion
+
+__all__ = ["MAX_PROMPTS_BYTES", "PromptsFileError", "command", "read_prompts"]
+
+#: The most of a prompts file (or of stdin) read; at most one byte more is ever read.
+MAX_PROMPTS_BYTES: Final = 10_000_000
+_STDIN: Final = "standard input"
+
+
+class PromptsFileError(FluidError):
+    """The prompts file cannot be used: missing, not a regular file, too large, not text, empty.
+
+    ``hint`` says what to do; the exit code is 5 (docs/cli.md).
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.hint))
+
+
+def _read_bytes(source: str) -> bytes:
+    from fluid_build._files import FileTooLargeError, UnsafeFileError, read_regular
+
+    if source == "-":
+        data = sys.stdin.buffer.read(MAX_PROMPTS_BYTES + 1)
+        if len(data) > MAX_PROMPTS_BYTES:
+            too_large = FileTooLargeError(_STDIN, MAX_PROMPTS_BYTES)
+            raise PromptsFileError(f"{_STDIN} {too_large.reason}", "split the prompts in batches")
+        return data
+    try:
+        return read_regular(source, limit=MAX_PROMPTS_BYTES)
+    except UnsafeFileError as exc:
+        raise PromptsFileError(f"{exc.path} {exc.reason}", exc.advice) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PromptsFileError(
+            f"{source} cannot be read ({reason})",
+            "give the path of a file with one prompt per line, or - for standard input",
+        ) from None
+
+
+def read_prompts(source: str) -> list[tuple[int, str]]:
+    """``(line number, prompt)`` of each non-blank line of ``source`` (a path, or ``-``).
+
+    The file is read bounded and never blocks (see :mod:`fluid_build._files`).
+    """
+    name = _STDIN if source == "-" else source
+    data = _read_bytes(source)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptsFileError(
+            f"{name} is not UTF-8 text (byte {exc.start})", "give a UTF-8 text file"
+        ) from None
+    prompts = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not prompts:
+        raise PromptsFileError(f"{name} holds no prompt", "write one prompt per line")
+    return prompts
+
+
+def _error_record(error: FluidError) -> dict[str, Any]:
+    """The class, reason code, message and hint of a failed prompt, as the CLI prints them."""
+    from fluid_build.cli._messages import describe
+
+    described = describe(error)
+    name = type(error).__name__
+    shown = f"{name} [{described.code}]" if described.code else name
+    return {
+        "class": name,
+        "code": described.code,
+        "message": described.headline.removeprefix(f"fluid: {shown}: "),
+        "hint": described.hint,
+    }
+
+
+def _record(outcome: Outcome[Completion], line: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"index": outcome.index, "line": line, "ok": outcome.ok}
+    if outcome.error is not None:
+        record["error"] = _error_record(outcome.error)
+    elif outcome.value is not None:
+        record["text"] = outcome.value.text
+    return record
+
+
+async def _run(
+    client: LLMClient,
+    prompts: Sequence[str],
+    concurrency: int,
+    fail_fast: bool,
+    bar: bool,
+) -> Batch[Completion]:
+    """``client.amap`` with the bar; Ctrl-C cancels it and is raised as KeyboardInterrupt."""
+    import asyncio
+    import signal
+
+    from fluid_build.cli._console import make_console
+    from fluid_build.copilot.batch import progress_bar
+
+    shown = (
+        progress_bar(len(prompts), description="prompts", console=make_console(stderr=True))
+        if bar
+        else nullcontext(None)
+    )
+    # A signal handler that raises inside the event loop can be swallowed by a transport
+    # callback; the loop's own handler cancels the batch instead. SIGINT ignored stays so.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    before = signal.getsignal(signal.SIGINT)
+    interrupted: list[bool] = []
+
+    def on_sigint() -> None:
+        interrupted.append(True)
+        if task is not None:
+            task.cancel()
+
+    watching = callable(before)
+    if watching:
+        try:
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, Windows
+            watching = False
+    try:
+        with shown as progress:
+            return await client.amap(
+                prompts, concurrency=concurrency, fail_fast=fail_fast, progress=progress
+            )
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if watching:
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, before)
+        await client.aclose()
+
+
+def _exit_code(batch: Batch[Completion]) -> int:
+    """0, or the family code of the first failure in input order (docs/cli.md)."""
+    from fluid_build.cli.exit_codes import EXIT_CODES, exit_code_for
+
+    first = next((outcome.error for outcome in batch if outcome.error is not None), None)
+    return exit_code_for(first) if first is not None else EXIT_CODES["ok"]
+
+
+def _print_summary(batch: Batch[Completion]) -> None:
+    from rich.table import Table
+
+    from fluid_build.cli._console import make_console
+    from fluid_build.cli._messages import describe
+
+    table = Table("outcome", "prompts", box=None, pad_edge=False)
+    for code, count in batch.summary().items():
+        table.add_row(code, str(count), style="green" if code == "success" else "red")
+    console = make_console(stderr=True)
+    console.print(table)
+    for outcome in batch.failures()[:1]:
+        if outcome.error is not None:
+            click.echo(f"first failure, prompt {outcome.index}:", err=True)
+            for text in describe(outcome.error).lines():
+                click.echo(text, err=True)
+
+
+@click.command("batch")
+@click.argument("prompts", metavar="PROMPTS")
+@click.option(
+    "--provider",
+    help="openai, azure, anthropic, gemini, ollama, ... (default: from the environment)",
+)
+@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Calls in flight at once (default: the library's, 8).",
+)
+@click.option("--fail-fast", is_flag=True, help="After the first failure, send no other prompt.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the JSON lines to this file instead of stdout.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable: the summary as JSON too.")
+def command(
+    prompts: str,
+    provider: str | None,
+    model: str | None,
+    concurrency: int | None,
+    fail_fast: bool,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """Send every line of PROMPTS (a file, or - for stdin) as a prompt, several at a time.
+
+    Writes one JSON line per prompt, in input order (index, ok, then text or
+    error), to --out FILE or stdout; then a summary by reason code. Exits 0
+    when every prompt got an answer, else with the exit code of the first
+    failure (docs/cli.md).
+    """
+    import asyncio
+
+    from fluid_build._files import write_atomic
+    from fluid_build.cli._console import make_console
+    from fluid_build.cli.forge import _stored_env, _wait_printer
+    from fluid_build.copilot.batch import DEFAULT_CONCURRENCY
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.client import LLMClient
+
+    console = make_console(stderr=True)
+    client: LLMClient | None = None
+    try:
+        if out is not None and not out.resolve().parent.is_dir():
+            raise click.BadParameter(f"{out.parent} is not a directory", param_hint="--out")
+        items = read_prompts(prompts)
+        env = _stored_env()
+        # The wait lines print above the bar; a live countdown would be a second live display.
+        envelope = RetryEnvelope.from_env(env, hook=_wait_printer(console))
+        client = LLMClient(provider, model, envelope=envelope, env=env)
+        if not as_json:
+            client.run_start_warnings()
+        workers = concurrency or DEFAULT_CONCURRENCY
+        console.print(
+            f"{len(items)} prompt(s) to {client.provider}:{client.model}, {workers} at a time"
+        )
+        bar = console.is_terminal and not as_json
+        texts = [text for _, text in items]
+        batch = asyncio.run(_run(client, texts, workers, fail_fast, bar))
+    except click.UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
+        sys.exit(report_error(exc, as_json=as_json))
+    finally:
+        if client is not None:
+            client.close()
+    lines = "".join(
+        json.dumps(_record(outcome, line)) + "\n"
+        for outcome, (line, _) in zip(batch, items, strict=True)
+    )
+    if out is not None:
+        try:
+            write_atomic(out, lines.encode("utf-8"))
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise click.BadParameter(f"cannot write {out} ({reason})", param_hint="--out") from None
+    else:
+        click.echo(lines, nl=False)
+    code = _exit_code(batch)
+    if as_json:
+        result: dict[str, Any] = {"ok": batch.ok, "exit_code": code, "summary": batch.summary()}
+        if out is not None:
+            result["out"] = str(out)
+        click.echo(json.dumps(result))
+    else:
+        _print_summary(batch)
+    if code:
+        sys.exit(code)

@@ -1,0 +1,228 @@
+"""`fluid batch` from the console script, in a fresh HOME, against a model on loopback.
+
+The model answers each prompt with the prompt itself (so the order of the
+JSON lines can be checked) and fails the prompts a test names, the way a
+provider does; one attempt per call, so no test waits.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluid_build.cli.exit_codes import EXIT_CODES
+from tests.docs_model import Request, model_server
+from tests.test_cli_conventions import _DEFAULT_SIGINT, FLUID
+from tests.test_docs_commands import OPENAI_KEY, Place, _environment, run
+
+PROMPTS = ["first prompt", "second prompt", "third prompt", "fourth prompt"]
+
+
+def _prompt(request: Request) -> str:
+    return str(request.body["messages"][-1]["content"])
+
+
+def _echo(fail: set[str] | None = None, status: int = 500, message: str = "boom") -> Any:
+    """Answer each prompt with itself; the prompts in ``fail`` get ``status``."""
+
+    def script(request: Request) -> tuple[int, dict[str, Any]] | None:
+        if not request.path.endswith("/chat/completions"):
+            return None
+        prompt = _prompt(request)
+        if fail is not None and prompt in fail:
+            kind = "server_error" if status >= 500 else "invalid_request_error"
+            return status, {"error": {"message": message, "type": kind, "code": None}}
+        return 200, {
+            "id": "chatcmpl-batch",
+            "object": "chat.completion",
+            "model": "gpt-4o",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": f"echo: {prompt}"},
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+        }
+
+    return script
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Iterator[Place]:
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    with model_server() as (base, model):
+        found = Place(cwd, home, base, model, _environment(home))
+        found.openai()
+        found.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"
+        (cwd / "prompts.txt").write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+        yield found
+
+
+def _lines(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def _no_key(done: subprocess.CompletedProcess[str]) -> None:
+    output = done.stdout + done.stderr
+    assert OPENAI_KEY not in output
+    assert "Traceback" not in output
+
+
+def test_every_prompt_answered_in_input_order(place: Place) -> None:
+    place.model.script = _echo()
+    done = run(place, "fluid batch prompts.txt --json --concurrency 3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    *records, result = _lines(done.stdout)
+    assert [r["index"] for r in records] == [0, 1, 2, 3]
+    assert [r["text"] for r in records] == [f"echo: {p}" for p in PROMPTS]
+    assert all(r["ok"] for r in records)
+    assert result == {"ok": True, "exit_code": 0, "summary": {"success": 4}}
+    assert len(place.model.requests) == 4
+    assert "\x1b[" not in done.stderr  # no bar, no color in a pipe
+    _no_key(done)
+
+
+def test_some_failed_exits_with_the_first_failures_code(place: Place) -> None:
+    place.model.script = _echo({"second prompt", "fourth prompt"})
+    done = run(place, "fluid batch prompts.txt --json")
+    assert done.returncode == EXIT_CODES["server"] == 14, done.stdout + done.stderr
+    *records, result = _lines(done.stdout)
+    assert [r["ok"] for r in records] == [True, False, True, False]
+    error = records[1]["error"]
+    assert error["class"] == "ProviderServerError"
+    assert error["code"] == "llm.server_error"
+    assert "boom" in error["message"]
+    assert error["hint"]
+    assert result["summary"] == {"success": 2, "llm.server_error": 2}
+    assert result["exit_code"] == 14
+    _no_key(done)
+
+
+def test_the_summary_table_and_the_out_file(place: Place) -> None:
+    place.model.script = _echo({"third prompt"})
+    done = run(place, "fluid batch prompts.txt --out results.jsonl")
+    assert done.returncode == 14, done.stdout + done.stderr
+    assert done.stdout == ""
+    records = _lines((place.cwd / "results.jsonl").read_text(encoding="utf-8"))
+    assert [r["line"] for r in records] == [1, 2, 3, 4]
+    assert records[2]["error"]["code"] == "llm.server_error"
+    assert "success" in done.stderr
+    assert "llm.server_error  1" in done.stderr or "llm.server_error 1" in done.stderr
+    assert "first failure, prompt 2:" in done.stderr
+    assert "fluid: ProviderServerError [llm.server_error]" in done.stderr
+    assert "hint:" in done.stderr
+
+
+def test_fail_fast_sends_nothing_after_the_first_failure(place: Place) -> None:
+    place.model.script = _echo({"first prompt"})
+    done = run(place, "fluid batch prompts.txt --json --fail-fast --concurrency 1")
+    assert done.returncode == 14, done.stdout + done.stderr
+    *records, result = _lines(done.stdout)
+    assert [r["error"]["code"] for r in records] == ["llm.server_error"] + ["llm.cancelled"] * 3
+    assert result["summary"] == {"llm.cancelled": 3, "llm.server_error": 1}
+    assert len(place.model.requests) == 1
+
+
+def test_prompts_from_stdin_skip_blank_lines(place: Place) -> None:
+    place.model.script = _echo()
+    done = run(place, "fluid batch - --json", stdin="one\n\n  \ntwo\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    *records, _ = _lines(done.stdout)
+    assert [(r["index"], r["line"], r["text"]) for r in records] == [
+        (0, 1, "echo: one"),
+        (1, 4, "echo: two"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("setup", "source", "says"),
+    [
+        ("", "missing.txt", "missing.txt cannot be read (No such file or directory)"),
+        ("mkdir adir", "adir", "adir is a directory, not a regular file"),
+        (": > empty.txt", "empty.txt", "empty.txt holds no prompt"),
+        ("mkfifo fifo", "fifo", "fifo is a FIFO (named pipe), not a regular file"),
+        ("printf '\\377\\n' > bin.txt", "bin.txt", "bin.txt is not UTF-8 text"),
+    ],
+)
+def test_an_unusable_prompts_file_is_a_typed_error(
+    place: Place, setup: str, source: str, says: str
+) -> None:
+    if setup:
+        assert run(place, setup).returncode == 0
+    done = run(place, f"fluid batch {source}")
+    assert done.returncode == EXIT_CODES["prompts"] == 5, done.stdout + done.stderr
+    assert f"fluid: PromptsFileError: {says}" in done.stderr
+    assert "hint: " in done.stderr
+    assert place.model.requests == []
+    as_json = run(place, f"fluid batch {source} --json")
+    assert json.loads(as_json.stdout)["exit_code"] == 5
+
+
+def test_empty_stdin_is_a_typed_error(place: Place) -> None:
+    done = run(place, "fluid batch -", stdin="")
+    assert done.returncode == 5
+    assert "fluid: PromptsFileError: standard input holds no prompt" in done.stderr
+
+
+def test_a_key_the_provider_echoes_is_in_no_output(place: Place) -> None:
+    place.model.script = _echo(set(PROMPTS), 401, f"Incorrect API key provided: {OPENAI_KEY}")
+    done = run(place, "fluid batch prompts.txt --json")
+    assert done.returncode == EXIT_CODES["auth"], done.stdout + done.stderr
+    *records, _ = _lines(done.stdout)
+    assert {r["error"]["class"] for r in records} == {"ProviderAuthError"}
+    _no_key(done)
+    done = run(place, "fluid batch prompts.txt --out out.jsonl")
+    _no_key(done)
+    assert OPENAI_KEY not in (place.cwd / "out.jsonl").read_text(encoding="utf-8")
+
+
+def test_no_provider_configured_exits_10_before_any_request(place: Place) -> None:
+    del place.env["OPENAI_API_KEY"]
+    done = run(place, "fluid batch prompts.txt")
+    assert done.returncode == EXIT_CODES["auth"]
+    assert "fluid: ProviderAuthError [llm.auth]" in done.stderr
+    assert place.model.requests == []
+
+
+def test_ctrl_c_mid_batch_exits_130_at_once(place: Place) -> None:
+    """The calls in flight are cancelled: the process does not wait for their answers."""
+    arrived, release = threading.Event(), threading.Event()
+
+    def stall(request: Request) -> None:
+        arrived.set()
+        release.wait(60)
+
+    place.model.script = stall
+    assert FLUID is not None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEFAULT_SIGINT, FLUID, "batch", "prompts.txt"],
+        cwd=place.cwd,
+        env=place.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert arrived.wait(60), "the batch never sent a request"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        release.set()
+        proc.kill()
+    assert proc.returncode == EXIT_CODES["interrupted"], stderr
+    assert stderr.strip().splitlines()[-1] == "fluid: interrupted"
+    assert "Traceback" not in stderr
+    assert stdout == ""
