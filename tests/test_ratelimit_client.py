@@ -112,6 +112,38 @@ def test_a_budget_nobody_announced_never_holds_a_call(mock: respx.MockRouter) ->
     assert events == []
 
 
+def test_a_call_without_an_announced_budget_writes_nothing_to_the_store(
+    mock: respx.MockRouter,
+) -> None:
+    """The usage of an answer (5 + 1 tokens, far from the estimate) settles nothing."""
+    mock.post(URL).respond(200, json=OK)
+    clock = FakeClock()
+    store = MemoryCooldownStore()
+    writes: list[str] = []
+    for name in ("take", "put", "extend", "incr", "acquire"):
+        original = getattr(store, name)
+
+        def spy(*args: Any, _name: str = name, _original: Any = original) -> Any:
+            writes.append(_name)
+            return _original(*args)
+
+        setattr(store, name, spy)
+    envelope = RetryEnvelope(
+        cooldown=store,
+        limiter=RateLimiter(store),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+        hook=lambda event: None,
+    )
+    with LLMClient("openai", "gpt-4o", api_key="sk-test", envelope=envelope, env={}) as client:
+        for _ in range(3):
+            client.complete("hi")
+    assert writes == []
+    assert store.entries(clock.now) == []
+
+
 def test_fluid_forge_says_why_it_waits_for_a_budget() -> None:
     from rich.console import Console
 

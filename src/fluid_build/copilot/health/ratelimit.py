@@ -402,7 +402,10 @@ class RateLimiter:
         names = [(TOKENS + skey, self._announced.get(skey, (None, None))[1])]
         if own is not None and own.tokens_per_minute:
             names.append((OWN_TOKENS + skey, own.tokens_per_minute))
-        for name, limit in names:
+        live = self.store.peek([name for name, _ in names], now)
+        for (name, limit), (ends_in, _) in zip(names, live, strict=True):
+            if ends_in <= 0:  # no budget kept there, or it has reset: nothing to correct
+                continue
             granted, _ = self.store.take(name, extra, None if extra > 0 else limit, WINDOW, now)
             if not granted:
                 ends = self.store.remaining(name, now)
