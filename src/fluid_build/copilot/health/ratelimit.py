@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import httpx
+
 from fluid_build._redact import redact, truncate
 from fluid_build.copilot.agents.error_answers import HeadersLike
 from fluid_build.copilot.agents.error_classification import parse_rate_limit_reset
@@ -124,10 +126,15 @@ class RateBudget:
         Never raises.
         """
         try:
+            if isinstance(headers, httpx.Headers) and not any(
+                name.startswith(_BUDGET_PREFIXES)
+                for name in headers.keys()  # noqa: SIM118 - lower-cased names, no values decoded
+            ):
+                return None  # the common answer, without a budget: no pairs built
             lowered = {
                 name.lower(): value
                 for name, value in _pairs(headers)
-                if name.lower().startswith(("x-ratelimit-", "anthropic-ratelimit-"))
+                if name.lower().startswith(_BUDGET_PREFIXES)
             }
             if not lowered:
                 return None
@@ -151,6 +158,10 @@ class RateBudget:
         reservation estimates what is sent, so input tokens come next.
         """
         return self.tokens or self.input_tokens
+
+
+#: The header names a provider announces its budget under (lower-cased).
+_BUDGET_PREFIXES: Final = ("x-ratelimit-", "anthropic-ratelimit-")
 
 
 def _pairs(headers: HeadersLike) -> list[tuple[str, str]]:
