@@ -10,10 +10,12 @@ in all, each retried after a 429 as the server asks, with and without the
 limiter. Reported: the 429 answers and the wall time against the least the
 limit allows (every window but the last full).
 
-The limiter is driven directly around httpx calls (reserve, observe, settle),
-as the client will once it is wired in; LLMClient does not use it yet.
+By default each process calls ``LLMClient.complete`` as a user would (the
+limiter is on by default; "without" sets ``FLUID_RATE_LIMITS=off``, leaving
+the envelope to wait out each 429's Retry-After); ``--direct`` drives the
+limiter around bare httpx calls instead (reserve, observe, settle).
 
-    python benchmarks/bench_ratelimit.py [--window 2] [--style openai|anthropic] [--json PATH]
+    python benchmarks/bench_ratelimit.py [--window 2] [--style openai|anthropic] [--direct]
 """
 
 from __future__ import annotations
@@ -40,6 +42,45 @@ CALLS = 200
 REQUESTS = 25
 TOKENS = 1_500
 BODY = json.dumps({"model": "gpt-4o-mini", "max_tokens": 16, "messages": [{"x": "y" * 160}]})
+PROMPT = "y" * 160
+
+
+def _client(url: str, limited: bool, **kwargs: Any) -> Any:
+    """An LLMClient as a user makes one: the environment's store (the default sqlite file)."""
+    from fluid_build.copilot import LLMClient
+
+    env = dict(os.environ)
+    if not limited:
+        env["FLUID_RATE_LIMITS"] = "off"
+    return LLMClient(
+        "openai", "gpt-4o-mini", api_key="sk-bench", base_url=f"{url}/v1", env=env, **kwargs
+    )
+
+
+def _client_body() -> bytes:
+    """The bytes LLMClient sends for the benchmark's call (the server's token cost is of them)."""
+    sent: list[bytes] = []
+
+    def capture(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    with (
+        httpx.Client(transport=httpx.MockTransport(capture)) as http,
+        _client("http://127.0.0.1:9", True, http_client=http) as client,
+    ):
+        client.complete(PROMPT, max_output_tokens=16)
+    return sent[0]
+
+
+def _client_worker(
+    url: str, calls: int, limited: bool, start: Any, results: multiprocessing.Queue[int]
+) -> None:
+    with _client(url, limited) as client:
+        start.wait()
+        for _ in range(calls):
+            client.complete(PROMPT, max_output_tokens=16)
+    results.put(0)  # the 429s are counted where they are sent: at the server
 
 
 def _worker(
@@ -77,9 +118,10 @@ def _worker(
     results.put(refused)
 
 
-def run(limited: bool, window: float, style: str) -> dict[str, Any]:
+def run(limited: bool, window: float, style: str, direct: bool) -> dict[str, Any]:
     provider = RateLimitedProvider(REQUESTS, TOKENS, window=window, style=style)  # type: ignore[arg-type]
-    per_window = min(REQUESTS, TOKENS // provider.cost(BODY.encode()))
+    body = BODY.encode() if direct else _client_body()
+    per_window = min(REQUESTS, TOKENS // provider.cost(body))
     least = (math.ceil(CALLS / per_window) - 1) * window
     spawn = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as cache, serving(provider) as url:
@@ -88,7 +130,10 @@ def run(limited: bool, window: float, style: str) -> dict[str, Any]:
         start = spawn.Event()
         results: multiprocessing.Queue[int] = spawn.Queue()
         workers = [
-            spawn.Process(target=_worker, args=(url, CALLS // PROCESSES, limited, start, results))
+            spawn.Process(
+                target=_worker if direct else _client_worker,
+                args=(url, CALLS // PROCESSES, limited, start, results),
+            )
             for _ in range(PROCESSES)
         ]
         for worker in workers:
@@ -96,15 +141,15 @@ def run(limited: bool, window: float, style: str) -> dict[str, Any]:
         time.sleep(3.0)  # noqa: real-sleep - let every process import before the clock starts
         began = time.perf_counter()
         start.set()
-        refused = sum(results.get(timeout=600) for _ in workers)
+        sum(results.get(timeout=600) for _ in workers)
         wall = time.perf_counter() - began
         for worker in workers:
             worker.join(timeout=30)
     return {
         "limiter": limited,
         "style": style,
-        "answers_429": refused,
-        "server_429": provider.refused,
+        "through": "bare httpx" if direct else "LLMClient",
+        "answers_429": provider.refused,
         "answered": provider.ok,
         "wall_s": round(wall, 3),
         "least_s": least,
@@ -116,12 +161,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=2.0)
     parser.add_argument("--style", choices=["openai", "anthropic"], default="openai")
+    parser.add_argument("--direct", action="store_true", help="bare httpx around the limiter")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [run(limited, args.window, args.style) for limited in (False, True)]
+    rows = [run(limited, args.window, args.style, args.direct) for limited in (False, True)]
     for row in rows:
         print(
-            f"{'with' if row['limiter'] else 'without'} limiter ({row['style']}): "
+            f"{'with' if row['limiter'] else 'without'} limiter ({row['style']}, "
+            f"{row['through']}): "
             f"{row['answers_429']} answers 429, {row['answered']} answered, wall "
             f"{row['wall_s']:.2f} s against a least of {row['least_s']:.2f} s "
             f"({row['ratio']:.2f}x)"
