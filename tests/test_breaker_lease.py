@@ -426,3 +426,38 @@ def test_a_reset_that_cannot_reach_the_store_says_so(tmp_path: Path) -> None:
     with pytest.raises(StoreResetError, match="ConnectionError") as down:
         reset_keys(ResilientCooldownStore(Down()), [COOLDOWN + KEY])
     assert "hunter2" not in str(down.value)
+
+
+def test_a_store_being_made_by_another_process_is_waited_for_not_skipped(tmp_path: Path) -> None:
+    """Two processes starting at once both make the file; the second waits, once."""
+    path = tmp_path / "shared.sqlite3"
+    maker = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    maker.execute("BEGIN EXCLUSIVE")  # mid-setup: nobody else may touch the file
+    release = threading.Timer(0.3, maker.commit)
+    release.start()
+    store = ResilientCooldownStore(SqliteCooldownStore(path))
+    try:
+        store.extend(COOLDOWN + KEY, 30.0, time.time())
+    finally:
+        release.join()
+        maker.close()
+    assert store.contended == 0
+    assert SqliteCooldownStore(path).remaining(COOLDOWN + KEY, time.time()) > 0  # shared
+
+
+def test_a_busy_read_does_not_keep_the_next_write_from_the_shared_store() -> None:
+    class BusyOnce(MemoryCooldownStore):
+        busy = True
+
+        def peek(self, keys: Any, now: float) -> list[tuple[float, int]]:
+            if self.busy:
+                self.busy = False
+                raise sqlite3.OperationalError("database is locked")
+            return super().peek(keys, now)
+
+    primary = BusyOnce()
+    store = ResilientCooldownStore(primary)
+    assert store.peek([COOLDOWN + KEY], 0.0) == [(0.0, 0)]  # answered by the mirror
+    assert store.contended == 1
+    store.extend(COOLDOWN + KEY, 30.0, 0.0)
+    assert primary.remaining(COOLDOWN + KEY, 0.0) == 30.0  # the write reached the store

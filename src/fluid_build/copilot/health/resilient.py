@@ -141,11 +141,12 @@ class ResilientCooldownStore:
     def _usable(self) -> bool:
         return self._down_since is None or self._clock() - self._down_since >= self._retry_every
 
-    def _contended(self) -> None:
+    def _contended(self, write: bool) -> None:
         with self._busy_lock:
             now = self._clock()
             self.contended += 1
-            self._busy_until = now + self._contention_pause
+            if write:  # a busy read says nothing about the next write's chances
+                self._busy_until = now + self._contention_pause
             if self._busy_warned is not None and now - self._busy_warned < self._retry_every:
                 return
             self._busy_warned = now
@@ -184,7 +185,7 @@ class ResilientCooldownStore:
             result = getattr(self.primary, op)(*args)
         except Exception as exc:  # noqa: BLE001 - a store must never fail a call
             if self.is_contention(exc):
-                self._contended()
+                self._contended(op in self.WRITES)
             else:
                 self._failed(exc)
             return False, None

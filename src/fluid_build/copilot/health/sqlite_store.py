@@ -113,6 +113,10 @@ def _map_stamp(path: Path) -> mmap.mmap:
         os.close(fd)
 
 
+#: Seconds a process waits for another to finish making the file, once per process.
+SETUP_WAIT: Final = 2.0
+
+
 class SqliteCooldownStore:
     """Entries in a sqlite file, shared by every process on the machine.
 
@@ -172,9 +176,13 @@ class SqliteCooldownStore:
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             timeout = max(self.busy_timeout, 0.0)
-            conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
+            # Making the file (WAL mode, the table) happens once per process and
+            # may meet another process doing the same: it waits up to SETUP_WAIT
+            # rather than failing into the advisory path with nothing shared.
+            setup = max(timeout, SETUP_WAIT)
+            conn = sqlite3.connect(self.path, timeout=setup, check_same_thread=False)
             try:
-                conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+                conn.execute(f"PRAGMA busy_timeout={int(setup * 1000)}")
                 conn.execute("PRAGMA journal_mode=WAL")
                 # Advisory state: a power cut may lose the last changes, never the file.
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -182,6 +190,7 @@ class SqliteCooldownStore:
                     conn.execute(_SCHEMA)
                     for table in _LEGACY_TABLES:
                         conn.execute(f"DROP TABLE IF EXISTS {table}")
+                conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             except BaseException:
                 conn.close()
                 raise
