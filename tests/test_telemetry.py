@@ -2,7 +2,8 @@
 
 Each test runs a call the way the client does: the call's plan inside
 ``CallTrace.run``, the retry envelope around the attempts wrapped by
-``CallTrace.attempts``, and the envelope's waits reported to ``CallTrace.waited``.
+``CallTrace.attempts``, and the envelope's waits reported to ``CallTrace.waited``;
+a stream's plan inside ``CallTrace.stream``.
 The SDK's in-memory span exporter and metric reader hold what was recorded.
 """
 
@@ -26,10 +27,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from fluid_build.copilot.agents.errors import ProviderError, RateLimitError
-from fluid_build.copilot.call.drive import Call, Plan, arun, run
+from fluid_build.copilot.call.drive import Call, Emit, Plan, arun, run, stream
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
-from fluid_build.copilot.llm.types import Completion, Usage
+from fluid_build.copilot.llm.types import Completion, StreamEvent, Usage
 from fluid_build.copilot.telemetry import Telemetry, telemetry_from
 from fluid_build.errors import FluidError
 from tests.fakes import FakeClock
@@ -463,3 +464,62 @@ def test_a_local_error_keeps_its_class_and_has_no_code(otel: Recorded) -> None:
     for span in otel.spans.get_finished_spans():
         assert (span.attributes or {})["error.type"] == "FluidError"
         assert "fluid.error.code" not in (span.attributes or {})
+
+
+def test_a_stream_stopped_early_ends_its_span_and_still_runs_the_plan_s_cleanup(
+    otel: Recorded,
+) -> None:
+    trace = otel.telemetry.call("openai", "gpt-4o", PROMPT, {}, secrets=(KEY,))
+    closed: list[str] = []
+
+    def plan() -> Plan[None]:
+        try:
+            yield Emit(StreamEvent(type="text", text="All "))
+            yield Emit(StreamEvent(type="text", text="fine."))
+        finally:  # as Entry.stream closes its response: an effect, during GeneratorExit
+            yield Call(lambda: closed.append("response"))
+
+    events = stream(trace.stream(plan()))
+    assert next(events).text == "All "
+    events.close()
+    assert closed == ["response"]
+    [whole] = otel.spans.get_finished_spans()
+    assert (whole.attributes or {})["fluid.stream.stopped_early"] is True
+    assert whole.status.status_code is StatusCode.UNSET
+
+
+def test_the_stream_span_re_raises_the_generator_exit_thrown_into_it(otel: Recorded) -> None:
+    trace = otel.telemetry.call("openai", "gpt-4o", PROMPT, {})
+
+    def plan() -> Plan[None]:
+        yield Emit(StreamEvent(type="text", text="All "))
+
+    traced = trace.stream(plan())
+    assert isinstance(next(traced), Emit)
+    with pytest.raises(GeneratorExit):
+        traced.throw(GeneratorExit())
+    [whole] = otel.spans.get_finished_spans()
+    assert (whole.attributes or {})["fluid.stream.stopped_early"] is True
+
+
+def test_a_stream_closed_after_its_done_event_is_answered_not_stopped(otel: Recorded) -> None:
+    trace = otel.telemetry.call("openai", "gpt-4o", PROMPT, {})
+    done = Completion(
+        text="All fine.",
+        provider="openai",
+        model="gpt-4o-2024-08-06",
+        finish_reason="stop",
+        usage=Usage(input_tokens=21, output_tokens=9),
+    )
+
+    def plan() -> Plan[None]:
+        yield Emit(StreamEvent(type="done", completion=done))
+
+    events = stream(trace.stream(plan()))
+    assert next(events).completion is done
+    events.close()
+    [whole] = otel.spans.get_finished_spans()
+    attributes = whole.attributes or {}
+    assert "fluid.stream.stopped_early" not in attributes
+    assert attributes["gen_ai.usage.output_tokens"] == 9
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)

@@ -334,13 +334,28 @@ class LLMClient:
         failure after raises the typed error with ``details["partial_text"]``
         and the tool calls that completed.
         """
-        return stream(self._entry.stream(messages, options, self._deadline))
+        return stream(self._streaming(messages, options))
 
     def astream(
         self, messages: Messages, **options: Unpack[CallOptions]
     ) -> AsyncIterator[StreamEvent]:
         """:meth:`stream`, as an async iterator."""
-        return astream(self._entry.stream(messages, options, self._deadline))
+        return astream(self._streaming(messages, options))
+
+    def _streaming(self, messages: Messages, options: CallOptions) -> Plan[None]:
+        """A stream's plan; with telemetry, inside its call span (see docs/telemetry.md)."""
+        if self.telemetry is None:
+            return self._entry.stream(messages, options, self._deadline)
+        trace = self.telemetry.call(
+            self.provider,
+            self.model,
+            messages,
+            options,
+            endpoint=self.adapter.endpoint,
+            secrets=self._entry.secrets,
+            clock=self.envelope.clock,
+        )
+        return trace.stream(self._entry.stream(messages, options, self._deadline, trace))
 
     def map(
         self,

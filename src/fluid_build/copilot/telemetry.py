@@ -1,4 +1,4 @@
-"""OpenTelemetry for LLM calls: a span per call, a child span per attempt, two metrics.
+"""OpenTelemetry for LLM calls and streams: a span per call, a child span per attempt, metrics.
 
 Optional (``pip install 'fluid-build[otel]'``) and off unless asked for:
 ``LLMClient(telemetry=True)``, a :class:`Telemetry` of your own, or
@@ -7,12 +7,14 @@ exactly as without it.
 
 Names follow OpenTelemetry's GenAI semantic conventions (the call span is
 ``chat {model}``, kind CLIENT, with ``gen_ai.*`` attributes; the metrics are
-``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``); what
-the conventions do not name is under ``fluid.*``: each attempt's span, the
+``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``, and
+for a stream ``gen_ai.client.operation.time_to_first_chunk``); what the
+conventions do not name is under ``fluid.*``: each attempt's span, the
 wait before it and its cause (``retry_after``, ``backoff``, ``cooldown``), the
-reason code of a failure. Prompts and answers are recorded only with
-``capture_content=True`` or ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``,
-and then redacted like every log line; error messages and URLs never are.
+reason code of a failure, a stream the caller stopped reading. Prompts and
+answers are recorded only with ``capture_content=True`` or
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``, and then redacted
+like every log line; error messages and URLs never are.
 See docs/telemetry.md.
 """
 
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from fluid_build.copilot.call.core import CallOptions
-    from fluid_build.copilot.call.drive import Plan
+    from fluid_build.copilot.call.drive import Effect, Plan
     from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.call.prepare import Messages
     from fluid_build.copilot.llm.types import Completion
@@ -109,6 +111,12 @@ class Telemetry:
             description="Tokens one answer cost, by gen_ai.token.type (input or output)",
             explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
         )
+        self.first_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk",
+            unit="s",
+            description="How long a stream took to its first event, from the call's start",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
 
     def __repr__(self) -> str:
         return f"Telemetry(capture_content={self.capture_content})"
@@ -160,7 +168,7 @@ def telemetry_from(
 
 
 class CallTrace:
-    """The spans of one call: opened by :meth:`run`, an attempt span per :meth:`attempts` call.
+    """The spans of one call: its span (:meth:`run`, a stream's :meth:`stream`), one per attempt.
 
     :meth:`waited` is the call's retry hook: each wait of the envelope is an
     event on the call span and is put on the next attempt's span.
@@ -186,6 +194,8 @@ class CallTrace:
         self.secrets = tuple(secrets)
         self.clock = clock
         self.span: Span | None = None
+        # A stream's answering attempt: its span stays open while the rest of the stream is read.
+        self.held: Span | None = None
         self.attempt_count = 0
         self.wait_seconds = 0.0
         self.wait_reason: str | None = None
@@ -228,23 +238,94 @@ class CallTrace:
         """``plan`` inside the call span, which opens when the plan starts and ends with it."""
         from opentelemetry.trace import SpanKind
 
-        telemetry = self.telemetry
-        self.span = telemetry.tracer.start_span(
+        self.span = self.telemetry.tracer.start_span(
             f"{OPERATION} {self.model}", kind=SpanKind.CLIENT, attributes=self._request_attributes()
         )
         started = self.clock()
         try:
             completion = yield from plan
         except BaseException as exc:
-            error_type, code, _ = self._typed(exc, self.provider, self.model)
-            self._failed(self.span, error_type, code)
-            self.span.set_attribute("fluid.attempts", self.attempt_count)
-            self.span.end()
-            metric = {**self._common(), "error.type": error_type}
-            telemetry.duration.record(max(self.clock() - started, 0.0), metric)
+            self._call_failed(exc, started)
             raise
         self._answered(completion, max(self.clock() - started, 0.0))
         return completion
+
+    def stream(self, plan: Plan[None]) -> Plan[None]:
+        """A stream's ``plan`` inside the call span, which ends when the stream does.
+
+        Answered: usage and finish reason from the ``done`` event. Stopped by
+        the caller before it: ``fluid.stream.stopped_early``, no error. The
+        plan is stepped by hand, not with ``yield from``: that would turn the
+        caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup
+        yields an effect (closing the response).
+        """
+        from opentelemetry.trace import SpanKind
+
+        from fluid_build.copilot.call.drive import Emit
+
+        self.span = span = self.telemetry.tracer.start_span(
+            f"{OPERATION} {self.model}", kind=SpanKind.CLIENT, attributes=self._request_attributes()
+        )
+        started = self.clock()
+        first = True
+        done: Completion | None = None
+        send: Callable[[Any], Effect | Emit[Any]] = plan.send
+        value: Any = None
+        try:
+            while True:
+                try:
+                    step = send(value)
+                except StopIteration:
+                    break
+                if isinstance(step, Emit):
+                    if first:
+                        first = False
+                        waited = max(self.clock() - started, 0.0)
+                        span.set_attribute("gen_ai.response.time_to_first_chunk", waited)
+                        self.telemetry.first_chunk.record(waited, self._common())
+                    if step.item.type == "done":
+                        done = step.item.completion
+                try:
+                    value = yield step
+                    send = plan.send
+                except BaseException as exc:  # noqa: BLE001 - the plan decides, as in the shells
+                    value, send = exc, plan.throw
+        except GeneratorExit:
+            if done is None:  # the caller stopped reading: not a failure
+                span.set_attribute("fluid.stream.stopped_early", True)
+                self._end()
+                self.telemetry.duration.record(max(self.clock() - started, 0.0), self._common())
+            else:
+                self._answered(done, max(self.clock() - started, 0.0))
+            raise
+        except BaseException as exc:
+            self._call_failed(exc, started)
+            raise
+        if done is None:  # typed so, but the plan's last event is always a done with one
+            self._end()
+        else:
+            self._answered(done, max(self.clock() - started, 0.0))
+
+    def _call_failed(self, exc: BaseException, started: float) -> None:
+        span = self.span
+        assert span is not None
+        error_type, code, typed = self._typed(exc, self.provider, self.model)
+        if self.held is not None:
+            self._attempt_failed(self.held, error_type, code, typed)
+        self._failed(span, error_type, code)
+        self._end()
+        metric = {**self._common(), "error.type": error_type}
+        self.telemetry.duration.record(max(self.clock() - started, 0.0), metric)
+
+    def _end(self) -> None:
+        """End the call span (and a stream's held attempt span), with the attempts made."""
+        span = self.span
+        assert span is not None
+        if self.held is not None:
+            self.held.end()
+            self.held = None
+        span.set_attribute("fluid.attempts", self.attempt_count)
+        span.end()
 
     def _answered(self, completion: Completion, seconds: float) -> None:
         span = self.span
@@ -255,7 +336,6 @@ class CallTrace:
                 "gen_ai.response.model": completion.model,
                 "gen_ai.usage.input_tokens": usage.input_tokens,
                 "gen_ai.usage.output_tokens": usage.output_tokens,
-                "fluid.attempts": self.attempt_count,
             }
         )
         if completion.finish_reason:
@@ -271,7 +351,7 @@ class CallTrace:
                 }
             ]
             span.set_attribute("gen_ai.output.messages", self._redacted(output))
-        span.end()
+        self._end()
         metric = {**self._common(), "gen_ai.response.model": completion.model}
         self.telemetry.duration.record(seconds, metric)
         for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
@@ -280,12 +360,18 @@ class CallTrace:
     # -- its attempts --------------------------------------------------------------
 
     def attempts(
-        self, attempt: Callable[[], Plan[R]], provider: str, model: str
+        self, attempt: Callable[[], Plan[R]], provider: str, model: str, *, holds: bool = False
     ) -> Callable[[], Plan[R]]:
-        """``attempt`` (the envelope's unit of retry) with a span around each run of it."""
-        return lambda: self._attempt(attempt, provider, model)
+        """``attempt`` (the envelope's unit of retry) with a span around each run of it.
 
-    def _attempt(self, attempt: Callable[[], Plan[R]], provider: str, model: str) -> Plan[R]:
+        ``holds``: a stream's attempt returns at its first event; the span of
+        the one that does stays open until the stream ends (see :meth:`stream`).
+        """
+        return lambda: self._attempt(attempt, provider, model, holds)
+
+    def _attempt(
+        self, attempt: Callable[[], Plan[R]], provider: str, model: str, holds: bool
+    ) -> Plan[R]:
         from opentelemetry.trace import set_span_in_context
 
         self.attempt_count += 1
@@ -303,19 +389,26 @@ class CallTrace:
         try:
             result = yield from attempt()
         except BaseException as exc:
-            error_type, code, typed = self._typed(exc, provider, model)
-            self._failed(span, error_type, code)
-            if typed is not None:
-                status = getattr(typed, "status_code", None)
-                if isinstance(status, int):
-                    span.set_attribute("http.response.status_code", status)
-                if typed.retry_after is not None:
-                    span.set_attribute("fluid.error.retry_after", typed.retry_after)
-                span.set_attribute("fluid.error.retryable", typed.retryable)
+            self._attempt_failed(span, *self._typed(exc, provider, model))
+            span.end()
             raise
-        finally:
+        if holds:
+            self.held = span
+        else:
             span.end()
         return result
+
+    def _attempt_failed(
+        self, span: Span, error_type: str, code: str | None, typed: AgentExecutionError | None
+    ) -> None:
+        self._failed(span, error_type, code)
+        if typed is not None:
+            status = getattr(typed, "status_code", None)
+            if isinstance(status, int):
+                span.set_attribute("http.response.status_code", status)
+            if typed.retry_after is not None:
+                span.set_attribute("fluid.error.retry_after", typed.retry_after)
+            span.set_attribute("fluid.error.retryable", typed.retryable)
 
     def waited(self, event: RetryEvent) -> None:
         """The retry hook of this call: the wait goes on the call span and the next attempt."""

@@ -321,14 +321,19 @@ class Entry:
         )
 
     def stream(
-        self, messages: Messages, options: CallOptions, start: Callable[[], Deadline]
+        self,
+        messages: Messages,
+        options: CallOptions,
+        start: Callable[[], Deadline],
+        trace: CallTrace | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
         The deadline ``start()`` s when the caller first asks for an event. A
         failure before anything was emitted is retried by the envelope; a
         failure after raises the typed error with ``details["partial_text"]``
-        and the tool calls that completed.
+        and the tool calls that completed. With a ``trace``, as in
+        :meth:`complete`; the answering attempt's span lasts until the stream ends.
         """
         deadline = start()
         prepared = yield from self.ready(messages, options, deadline)
@@ -370,9 +375,12 @@ class Entry:
                 yield Close(response)
                 raise
 
-        response, chunks, first, state = yield from self.envelope.plan(
-            opening, **self.bounds(deadline)
-        )
+        bounds = self.bounds(deadline)
+        attempting = opening
+        if trace is not None:
+            attempting = trace.attempts(opening, self.provider, self.model, holds=True)
+            bounds["hook"] = trace.waited
+        response, chunks, first, state = yield from self.envelope.plan(attempting, **bounds)
         try:
             for item in first:
                 yield Emit(item)
