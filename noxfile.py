@@ -115,6 +115,11 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
     )
     session.run("python", "benchmarks/plot_ratios.py", "--dir", str(out), "--check")
+    # Async at 100 and 1,000 in flight per transport (about 25 min; --quick: a few).
+    session.run("python", "benchmarks/bench_async.py", *session.posargs)
+    # 8 processes on one rate-limited provider, with and without the limiter (~1 min each).
+    for style in ("openai", "anthropic"):
+        session.run("python", "benchmarks/bench_ratelimit.py", "--style", style)
 
 
 @nox.session(python="3.11")
