@@ -12,12 +12,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from typing import TypeVar
 
 from fluid_build._redact import redact, truncate
 
 __all__ = ["env_float", "env_int"]
 
 LOG = logging.getLogger("fluid_build.config")
+
+_N = TypeVar("_N", int, float)
+# How a warning writes a number of each kind.
+_FLOAT = "%g"
+_INT = "%d"
 
 
 def _shown(raw: str) -> str:
@@ -48,30 +54,12 @@ def env_float(
     try:
         value = float(raw.strip())
     except ValueError:
-        LOG.warning(
-            "%s=%s is not a number; using %s%s",
-            name,
-            _shown(raw),
-            _default(default),
-            _expected(name, minimum, maximum, default),
-        )
+        _rejected(name, raw, "not a number", _default(default), minimum, maximum, default)
         return default
     if not math.isfinite(value):
-        LOG.warning(
-            "%s=%s is not a finite number; using %s%s",
-            name,
-            _shown(raw),
-            _default(default),
-            _expected(name, minimum, maximum, default),
-        )
+        _rejected(name, raw, "not a finite number", _default(default), minimum, maximum, default)
         return default
-    if value < minimum or value > maximum:
-        clamped = min(max(value, minimum), maximum)
-        LOG.warning(
-            "%s=%s is outside %g..%g; using %g", name, _shown(raw), minimum, maximum, clamped
-        )
-        return clamped
-    return value
+    return _clamped(name, raw, value, minimum, maximum, _FLOAT)
 
 
 def env_int(
@@ -89,18 +77,46 @@ def env_int(
     try:
         value = int(raw.strip())
     except ValueError:  # garbage, "1.5", or more digits than int() takes
-        LOG.warning(
-            "%s=%s is not a whole number; using %d%s",
-            name,
-            _shown(raw),
-            default,
-            _expected(name, minimum, maximum, default),
-        )
+        shown = _INT % default
+        _rejected(name, raw, "not a whole number", shown, minimum, maximum, default)
         return default
+    return _clamped(name, raw, value, minimum, maximum, _INT)
+
+
+def _rejected(
+    name: str,
+    raw: str,
+    problem: str,
+    shown_default: str,
+    minimum: float,
+    maximum: float,
+    default: float | None,
+) -> None:
+    """Warn that ``raw`` is not a value ``name`` takes and that ``shown_default`` stands."""
+    LOG.warning(
+        "%s=%s is %s; using %s%s",
+        name,
+        _shown(raw),
+        problem,
+        shown_default,
+        _expected(name, minimum, maximum, default),
+    )
+
+
+def _clamped(name: str, raw: str, value: _N, minimum: _N, maximum: _N, shown: str) -> _N:
+    """``value`` within ``[minimum, maximum]``; a value cut to fit is warned about.
+
+    ``shown`` is how the warning writes a number: :data:`_FLOAT` or :data:`_INT`.
+    """
     if value < minimum or value > maximum:
         clamped = min(max(value, minimum), maximum)
         LOG.warning(
-            "%s=%s is outside %d..%d; using %d", name, _shown(raw), minimum, maximum, clamped
+            "%s=%s is outside %s..%s; using %s",
+            name,
+            _shown(raw),
+            shown % minimum,
+            shown % maximum,
+            shown % clamped,
         )
         return clamped
     return value
