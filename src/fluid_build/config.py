@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from fluid_build._redact import redact, truncate
 
-__all__ = ["env_float", "env_int"]
+__all__ = ["env_float", "env_int", "yes_no"]
 
 LOG = logging.getLogger("fluid_build.config")
 
@@ -24,6 +24,9 @@ _N = TypeVar("_N", int, float)
 # How a warning writes a number of each kind.
 _FLOAT = "%g"
 _INT = "%d"
+
+_YES: Final = frozenset({"1", "true", "yes", "on"})
+_NO: Final = frozenset({"", "0", "false", "no", "off"})
 
 
 def _shown(raw: str) -> str:
@@ -37,6 +40,22 @@ def _default(value: float | None) -> str:
 def _expected(name: str, minimum: float, maximum: float, default: float | None) -> str:
     example = default if default is not None else minimum
     return f" (expected {minimum:g} to {maximum:g}, e.g. {name}={example:g})"
+
+
+def yes_no(raw: str | None) -> bool | None:
+    """An environment value as a yes/no flag; None when it is neither (the caller warns).
+
+    ``1``/``true``/``yes``/``on`` (any case, spaces around) are yes; unset (None),
+    empty or blank, ``0``/``false``/``no``/``off`` are no.
+    """
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in _YES:
+        return True
+    if value in _NO:
+        return False
+    return None
 
 
 def env_float(

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, TextIO
 
 from fluid_build._redact import redact, truncate
+from fluid_build.config import yes_no
 from fluid_build.copilot.agents.errors import ProviderError
 
 __all__ = [
@@ -688,20 +689,12 @@ def _can(flag: bool) -> str:
     return "with" if flag else "no"
 
 
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
-
-
 def _env_flag(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name)
-    if raw is None:
-        return False
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value not in _FALSE:
+    flag = yes_no(raw)
+    if flag is None:
         LOG.warning("%s=%r is not a yes/no value (1, 0, true, false); treating it as 0", name, raw)
-    return False
+    return bool(flag)
 
 
 def emit_run_start_banner(

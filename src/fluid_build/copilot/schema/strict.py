@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from fluid_build._redact import redact, truncate
+from fluid_build.config import yes_no
 from fluid_build.copilot.schema.check import is_strict_compliant
 from fluid_build.copilot.schema.codec import StrictSchema
 from fluid_build.copilot.schema.harden import harden_schema
@@ -43,9 +44,6 @@ STRICT_SCHEMA_ENV: Final = "FLUID_OPENAI_STRICT_SCHEMA"
 
 LOG = logging.getLogger("fluid_build.config")
 
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
-
 
 def strict_schema_enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``FLUID_OPENAI_STRICT_SCHEMA`` turns strict-schema mode on.
@@ -55,16 +53,12 @@ def strict_schema_enabled(env: Mapping[str, str] | None = None) -> bool:
     """
     source = os.environ if env is None else env
     raw = source.get(STRICT_SCHEMA_ENV)
-    if raw is None:
-        return False
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value not in _FALSE:
+    enabled = yes_no(raw)
+    if enabled is None:
         LOG.warning(
             "%s=%s is not a boolean (use 1/true/yes/on or 0/false/no/off); strict schema "
             "mode stays off",
             STRICT_SCHEMA_ENV,
-            repr(truncate(redact(raw), 60)),
+            repr(truncate(redact(str(raw)), 60)),
         )
-    return False
+    return bool(enabled)
