@@ -264,17 +264,26 @@ def _strip_param(match: re.Match[str]) -> str:
     return match.group(0)
 
 
+def _authority(url: str) -> tuple[int, int] | None:
+    """Where ``url``'s authority (userinfo, host, port) starts and ends; None without ``://``."""
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        return None
+    start = scheme_end + 3
+    end = len(url)
+    for mark in "/?#":
+        found = url.find(mark, start)
+        if found != -1:
+            end = min(end, found)
+    return start, end
+
+
 def _strip_url(url: str) -> str:
     """``url`` without userinfo, with key-like query (and fragment) values redacted."""
     head, rest = "", url
-    scheme_end = url.find("://")
-    if scheme_end >= 0:
-        start = scheme_end + 3
-        end = len(url)
-        for mark in "/?#":
-            found = url.find(mark, start)
-            if found != -1:
-                end = min(end, found)
+    span = _authority(url)
+    if span is not None:
+        start, end = span
         authority = url[start:end]
         head = url[:start] + authority[authority.rfind("@") + 1 :]
         rest = url[end:]
@@ -312,15 +321,9 @@ def request_secrets(headers: Iterable[tuple[str, str]], url: object) -> list[str
         if credential and scheme.lower() in {"bearer", "basic", "token", "key", "apikey"}:
             found.append(credential.strip())
     text = str(url)
-    scheme_end = text.find("://")
-    if scheme_end >= 0:
-        start = scheme_end + 3
-        end = len(text)
-        for mark in "/?#":
-            at = text.find(mark, start)
-            if at != -1:
-                end = min(end, at)
-        authority = text[start:end]
+    span = _authority(text)
+    if span is not None:
+        authority = text[span[0] : span[1]]
         if "@" in authority:
             userinfo = authority[: authority.rfind("@")]
             for part in (userinfo, *userinfo.split(":", 1)):
