@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -228,6 +228,10 @@ def _errors_of(error: SchemaValidationError) -> list[dict[str, str]]:
     ]
 
 
+#: What a stage asks the model for.
+_Answer = TypeVar("_Answer", bound=BaseModel)
+
+
 class _Pipeline:
     def __init__(
         self,
@@ -257,36 +261,10 @@ class _Pipeline:
             self.run.cost_usd = (self.run.cost_usd or 0.0) + spent
 
     def plan(self) -> Plan:
-        self.on_stage("plan")
-        stage = StageRecord("plan")
-        self.run.stages.append(stage)
         messages: list[dict[str, Any]] = [{"role": "user", "content": self.intent.summary()}]
-        last: SchemaValidationError | None = None
-        for _ in range(MAX_STAGE_ATTEMPTS):
-            stage.attempts += 1
-            completion = self.client.complete(
-                messages, system=PLAN_SYSTEM, response_model=Plan, validate=False
-            )
-            self._account(stage, completion)
-            try:
-                plan: Plan = self.client.validate(completion.text, Plan)
-                return plan
-            except SchemaValidationError as error:
-                errors = _errors_of(error)
-                stage.corrections.append(errors)
-                self.on_note(_describe("plan", errors))
-                last = error
-                messages += [
-                    {"role": "assistant", "content": completion.text},
-                    {"role": "user", "content": _feedback(errors)},
-                ]
-        assert last is not None
-        raise last.with_details(note=f"gave up after {MAX_STAGE_ATTEMPTS} attempts")
+        return self._stage("plan", PLAN_SYSTEM, Plan, messages)
 
     def generate(self, plan: Plan) -> ForgeOutput:
-        self.on_stage("generate")
-        stage = StageRecord("generate")
-        self.run.stages.append(stage)
         messages: list[dict[str, Any]] = [
             {
                 "role": "user",
@@ -294,30 +272,53 @@ class _Pipeline:
                 + json.dumps(plan.model_dump(), indent=2),
             }
         ]
+        return self._stage(
+            "generate",
+            GENERATE_SYSTEM,
+            ForgeOutput,
+            messages,
+            check=lambda output: validate_output(output, self.intent),
+        )
+
+    def _stage(
+        self,
+        name: str,
+        system: str,
+        response_model: type[_Answer],
+        messages: list[dict[str, Any]],
+        check: Callable[[_Answer], list[dict[str, str]]] = lambda answer: [],
+    ) -> _Answer:
+        """One stage: ask, validate and ``check`` the answer, feeding its errors back.
+
+        Up to :data:`MAX_STAGE_ATTEMPTS` answers; after that the last error is raised.
+        """
+        self.on_stage(name)
+        stage = StageRecord(name)
+        self.run.stages.append(stage)
         last: SchemaValidationError | None = None
         for _ in range(MAX_STAGE_ATTEMPTS):
             stage.attempts += 1
             completion = self.client.complete(
-                messages, system=GENERATE_SYSTEM, response_model=ForgeOutput, validate=False
+                messages, system=system, response_model=response_model, validate=False
             )
             self._account(stage, completion)
             try:
-                output: ForgeOutput = self.client.validate(completion.text, ForgeOutput)
-                errors = validate_output(output, self.intent)
+                answer: _Answer = self.client.validate(completion.text, response_model)
+                errors = check(answer)
             except SchemaValidationError as error:
                 errors, last = _errors_of(error), error
             else:
                 if not errors:
-                    return output
+                    return answer
                 last = SchemaValidationError(
                     f"the generated contract failed {len(errors)} check(s)",
-                    schema_name="ForgeOutput",
+                    schema_name=response_model.__name__,
                     validation_errors=errors,
                     raw_output=completion.text,
                     secrets=[key] if (key := self.client.config.api_key) else (),
                 )
             stage.corrections.append(errors)
-            self.on_note(_describe("generate", errors))
+            self.on_note(_describe(name, errors))
             messages += [
                 {"role": "assistant", "content": completion.text},
                 {"role": "user", "content": _feedback(errors)},
