@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 
+from fluid_build.cli._options import model_option, provider_option
 from fluid_build.cli.exit_codes import report_error
 from fluid_build.errors import FluidError
 
@@ -190,11 +191,8 @@ def _print_summary(batch: Batch[Completion]) -> None:
 
 @click.command("batch")
 @click.argument("prompts", metavar="PROMPTS")
-@click.option(
-    "--provider",
-    help="openai, azure, anthropic, gemini, ollama, ... (default: from the environment)",
-)
-@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@provider_option
+@model_option
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),

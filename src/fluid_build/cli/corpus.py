@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import click
 
+from fluid_build.cli._options import model_option
 from fluid_build.cli.exit_codes import EXIT_CODES, report_error
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _result_json(result: ReplayResult) -> dict[str, Any]:
 @corpus.command(name="record")
 @click.argument("prompt")
 @click.option("--provider", required=True, help="openai, azure, anthropic, gemini, ollama, ...")
-@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@model_option
 @click.option(
     "--out",
     "out",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fluid_build.cli._options import model_option, provider_option
 from fluid_build.cli.exit_codes import report_error
 
 if TYPE_CHECKING:
@@ -231,11 +232,8 @@ def _stored_env() -> dict[str, str]:
 
 @click.command("forge")
 @click.argument("intent_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--provider",
-    help="openai, azure, anthropic, gemini, ollama, ... (default: from the environment)",
-)
-@click.option("--model", help="The model (default: FLUID_LLM_MODEL or the provider's default).")
+@provider_option
+@model_option
 @click.option(
     "--out",
     "out_dir",
