@@ -315,13 +315,10 @@ def _note_cap(details: dict[str, object], requested: float | None) -> None:
 
 
 def _classify_answer(
-    status: int,
-    headers: httpx.Headers,
-    body: Body,
-    ctx: _Context,
-    now: float | datetime | None,
+    response: httpx.Response, ctx: _Context, now: float | datetime | None
 ) -> ProviderError:
-    error = _judge_answer(status, headers, body, ctx, now)
+    headers = response.headers
+    error = _judge_answer(Evidence(response.status_code, headers, read_body(response), now), ctx)
     # The server knows whether sending the same request again can work; its
     # SDKs obey this header before looking at the status, and so does the
     # envelope. "false" always stops. "true" overrides a verdict drawn from the
@@ -339,14 +336,8 @@ def _classify_answer(
     return error
 
 
-def _judge_answer(
-    status: int,
-    headers: httpx.Headers,
-    body: Body,
-    ctx: _Context,
-    now: float | datetime | None,
-) -> ProviderError:
-    evidence = Evidence(status, headers, body, now)
+def _judge_answer(evidence: Evidence, ctx: _Context) -> ProviderError:
+    status, headers, body = evidence.status, evidence.headers, evidence.body
     info = evidence.fields
     message = _describe(status, body, info, ctx)
     details: dict[str, object] = {"status_code": status, "body_kind": body.kind}
@@ -438,9 +429,7 @@ def classify_response(
         except RuntimeError:  # a Response built without a request
             request = None
         ctx = _context(None, request, provider, model)
-        return _classify_answer(
-            response.status_code, response.headers, read_body(response), ctx, now
-        )
+        return _classify_answer(response, ctx, now)
     except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
         return _unclassifiable("Response", failure, provider, model)
 
@@ -620,10 +609,7 @@ def classify_provider_error(
         ctx = _context(exc, _request_of(exc), provider, model, secrets)
         secrets = ctx.secrets
         if isinstance(exc, httpx.HTTPStatusError):
-            response = exc.response
-            return _classify_answer(
-                response.status_code, response.headers, read_body(response), ctx, now
-            )
+            return _classify_answer(exc.response, ctx, now)
         return _classify_exception(exc, ctx)
     except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
         return _unclassifiable(type(exc).__name__, failure, provider, model)
