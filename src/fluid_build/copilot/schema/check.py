@@ -119,13 +119,21 @@ def _check(
             _check(items, f"{loc}/items", doc, problems, tally)
         else:
             problems.append(f"{loc}: an array needs an 'items' schema ([errors] missing items)")
-    if "anyOf" in node:
-        branches = node["anyOf"]
-        if not isinstance(branches, list) or not branches:
-            problems.append(f"{loc}: anyOf must be a non-empty list of schemas")
-        else:
-            for i, branch in enumerate(branches):
-                _check(branch, f"{loc}/anyOf/{i}", doc, problems, tally)
+    for i, branch in enumerate(_listed(node, "anyOf", loc, problems, " of schemas")):
+        _check(branch, f"{loc}/anyOf/{i}", doc, problems, tally)
+
+
+def _listed(
+    node: Mapping[str, Any], key: str, loc: str, problems: list[str], of: str = ""
+) -> list[Any]:
+    """``node[key]`` when it is a non-empty list; else nothing, and a problem when it is there."""
+    if key not in node:
+        return []
+    values = node[key]
+    if not isinstance(values, list) or not values:
+        problems.append(f"{loc}: {key} must be a non-empty list{of}")
+        return []
+    return values
 
 
 def _check_ref(
@@ -165,20 +173,17 @@ def _check_values(node: Mapping[str, Any], loc: str, problems: list[str], tally:
     for key in ("minItems", "maxItems"):
         if key in node and not is_count(node[key]):
             problems.append(f"{loc}: {key} must be a non-negative integer")
-    if "enum" in node:
-        values = node["enum"]
-        if not isinstance(values, list) or not values:
-            problems.append(f"{loc}: enum must be a non-empty list")
-        else:
-            tally.enum_values += len(values)
-            chars = sum(len(v) for v in values if isinstance(v, str))
-            tally.chars += chars
-            strings = all(isinstance(v, str) for v in values)
-            if strings and len(values) > LARGE_ENUM and chars > MAX_LARGE_ENUM_CHARS:
-                problems.append(
-                    f"{loc}: {len(values)} enum values hold {chars} characters; over "
-                    f"{LARGE_ENUM} values the limit is {MAX_LARGE_ENUM_CHARS}"
-                )
+    values = _listed(node, "enum", loc, problems)
+    if values:
+        tally.enum_values += len(values)
+        chars = sum(len(v) for v in values if isinstance(v, str))
+        tally.chars += chars
+        strings = all(isinstance(v, str) for v in values)
+        if strings and len(values) > LARGE_ENUM and chars > MAX_LARGE_ENUM_CHARS:
+            problems.append(
+                f"{loc}: {len(values)} enum values hold {chars} characters; over "
+                f"{LARGE_ENUM} values the limit is {MAX_LARGE_ENUM_CHARS}"
+            )
     if isinstance(node.get("const"), str):
         tally.chars += len(node["const"])
 
