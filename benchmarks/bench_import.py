@@ -39,6 +39,34 @@ HTTPX_TARGET = 1.5  # and at most 1.5x `import httpx` (which it includes)
 HTTPX = "httpx"
 JUDGED = ("fluid-llmclient", "fluid-root-llmclient")
 
+# Import, a client and its first answer over an in-process transport: what a
+# short-lived process pays before its first result (the client's call path,
+# pydantic among it, loads with the first client, not with the import).
+_ANSWER = (
+    '{"id":"x","model":"m","choices":[{"index":0,"finish_reason":"stop",'
+    '"message":{"role":"assistant","content":"hi"}}],'
+    '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
+_MOCK = (
+    "import httpx; "
+    f"mock = httpx.MockTransport(lambda request: httpx.Response(200, text={_ANSWER!r}))\n"
+)
+FIRST_HTTPX = (
+    _MOCK + "httpx.Client(transport=mock).post('http://127.0.0.1:9/v1/chat/completions', "
+    "json={'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]}).json()"
+)
+FIRST_FLUID = (
+    _MOCK + "from fluid_build.copilot import LLMClient\n"
+    "LLMClient('vllm', 'm', base_url='http://127.0.0.1:9/v1', "
+    "http_client=httpx.Client(transport=mock), "
+    "capability_matrix={'context_window': 32768}).complete('hi')"
+)
+
+LABELS = {
+    "first-httpx": "`import httpx`, a client, its first answer (MockTransport)",
+    "first-fluid": "`from fluid_build.copilot import LLMClient`, a client, its first answer",
+}
+
 # (key, statement, distribution whose version is shown, module that must be importable)
 TARGETS: tuple[tuple[str, str, str, str], ...] = (
     ("httpx", "import httpx", "httpx", "httpx"),
@@ -56,11 +84,13 @@ TARGETS: tuple[tuple[str, str, str, str], ...] = (
         "fluid-build",
         "fluid_build",
     ),
+    ("first-httpx", FIRST_HTTPX, "httpx", "httpx"),
+    ("first-fluid", FIRST_FLUID, "fluid-build", "fluid_build"),
     ("openai", "import openai", "openai", "openai"),
     ("openai-client", "from openai import OpenAI; OpenAI.chat", "openai", "openai"),
     ("litellm", "import litellm", "litellm", "litellm"),
 )
-CONTEXT = {"httpx", "pydantic"}  # shown for scale, not judged
+CONTEXT = {"httpx", "pydantic", "first-httpx", "first-fluid"}  # shown for scale, not judged
 
 # Runs in the fresh interpreter: time the statement, count the modules it loaded.
 PROBE = """
@@ -234,7 +264,7 @@ def main() -> int:
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     missed: list[str] = []
     for row in rows:
-        statement = f"`{row['statement']}`"
+        statement = LABELS.get(row["key"], f"`{row['statement']}`")
         if "skipped" in row:
             print(f"| {statement} | {row['skipped']} here | | | | | |")
             continue
@@ -273,6 +303,16 @@ def main() -> int:
             "Where `from fluid_build.copilot import LLMClient` spends it (-X importtime, "
             "self time by package, one run): "
             + ", ".join(f"{name} {ms:.1f} ms" for name, ms in top)
+        )
+    first = {r["key"]: r for r in timed if r["key"] in {"first-httpx", "first-fluid"}}
+    if len(first) == 2:
+        pairs = zip(first["first-fluid"]["ms_runs"], first["first-httpx"]["ms_runs"], strict=True)
+        first["first-fluid"]["ratio_first"] = statistics.median(f / h for f, h in pairs)
+        print()
+        print(
+            "Import, a client and its first answer over httpx.MockTransport: "
+            f"httpx {first['first-httpx']['ms']:.1f} ms, LLMClient {first['first-fluid']['ms']:.1f}"
+            f" ms ({first['first-fluid']['ratio_first']:.2f}x; reported, not judged)"
         )
     print()
     if args.json:

@@ -1,4 +1,7 @@
-"""Importing the client loads httpx and pydantic, not what only some calls or the CLI use.
+"""Importing the client loads httpx and the client's module; the call path loads with a client.
+
+The first client loads pydantic and the call path, but not what only some
+calls or the CLI use; the classification tables load with the first failure.
 
 Checked by module set in a fresh interpreter, never by time: a busy machine
 moves timings, not ``sys.modules``.
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,9 +58,45 @@ def loaded_after(statement: str) -> tuple[set[str], set[str]]:
 def test_the_client_import_loads_nothing_it_uses_only_later(statement: str) -> None:
     with_httpx, added = loaded_after(statement)
     # httpx 0.28 imports rich and click itself (its CLI) when they are installed.
-    assert not added & set(LAZY), sorted(added & set(LAZY))
-    assert {"pydantic", "fluid_build"} <= added
+    assert added <= {"fluid_build", "typing_extensions"}, sorted(added)
     assert "httpx" in with_httpx
+
+
+ANSWER = (
+    '{"id": "x", "model": "m", "choices": [{"index": 0, "finish_reason": "stop", '
+    '"message": {"role": "assistant", "content": "hi"}}], '
+    '"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}'
+)
+
+
+def test_a_client_and_its_first_answer_load_the_call_path_but_not_the_failure_tables(
+    tmp_path: Path,
+) -> None:
+    statement = (
+        "from fluid_build.copilot import LLMClient\n"
+        "answer = lambda request: httpx.Response(200, text=ANSWER)\n"
+        "client = LLMClient('vllm', 'm', base_url='http://127.0.0.1:9/v1',\n"
+        "    http_client=httpx.Client(transport=httpx.MockTransport(answer)),\n"
+        "    capability_matrix={'context_window': 32768})\n"
+        "assert client.complete('hi').text == 'hi'\n"
+        "tables = ('error_classification', 'classification_rules', 'error_answers')\n"
+        "loaded = [m for m in sys.modules if m.rpartition('.')[2] in tables]\n"
+        "assert not loaded, loaded\n"
+        "# the anthropic adapter is not this client's: it is not loaded either\n"
+        "assert 'fluid_build.copilot.llm.anthropic' not in sys.modules\n"
+    )
+    _, added = loaded_after(
+        f"ANSWER = {ANSWER!r}\nimport os\nos.environ['XDG_CACHE_HOME'] = {str(tmp_path)!r}\n"
+        + statement
+    )
+    assert {"pydantic", "fluid_build"} <= added
+    assert not added & {"tiktoken", "redis", "yaml", "tenacity", "opentelemetry"}
+
+
+def test_the_client_default_concurrency_is_the_batch_one() -> None:
+    from fluid_build.copilot import batch, client
+
+    assert client.DEFAULT_CONCURRENCY == batch.DEFAULT_CONCURRENCY
 
 
 def test_a_store_loads_sqlite_only_when_it_is_used() -> None:

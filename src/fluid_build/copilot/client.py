@@ -14,31 +14,23 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
-from pydantic import BaseModel
 from typing_extensions import Unpack
 
-from fluid_build._redact import redact, truncate
-from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.batch import DEFAULT_CONCURRENCY, Batch, Progress, amap_calls, map_calls
-from fluid_build.copilot.call.core import CallOptions, Entry, completing
-from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
-from fluid_build.copilot.call.envelope import RetryEnvelope
-from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
-from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
-from fluid_build.copilot.health.cooldown import CooldownKey
-from fluid_build.copilot.llm.anthropic import AnthropicAdapter
-from fluid_build.copilot.llm.azure import AzureOpenAIAdapter
-from fluid_build.copilot.llm.base import Adapter, ProviderConfig
-from fluid_build.copilot.llm.gemini import GeminiAdapter
-from fluid_build.copilot.llm.ollama import OllamaAdapter
-from fluid_build.copilot.llm.openai import OpenAIAdapter
-from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter
-from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
-from fluid_build.copilot.llm.types import Completion, StreamEvent
-from fluid_build.copilot.telemetry import Telemetry, telemetry_from
-
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from fluid_build.copilot.batch import Batch, Progress
     from fluid_build.copilot.call.capabilities import ModelCapabilities
+    from fluid_build.copilot.call.core import CallOptions, Entry, completing
+    from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
+    from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
+    from fluid_build.copilot.health.cooldown import CooldownKey
+    from fluid_build.copilot.llm.base import Adapter, ProviderConfig
+    from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+    from fluid_build.copilot.llm.types import Completion, StreamEvent
+    from fluid_build.copilot.telemetry import Telemetry, telemetry_from
 
 __all__ = ["LLMClient"]
 
@@ -50,6 +42,9 @@ def _fallback_specs(
     fallbacks: Sequence[tuple[str, str] | str] | None, env: Mapping[str, str] | None
 ) -> list[str]:
     """The ``provider:model`` fallbacks, each checked; a bad one names where it came from."""
+    from fluid_build._redact import redact, truncate
+    from fluid_build.copilot.agents.errors import ProviderError
+
     if fallbacks is None:
         raw = (os.environ if env is None else env).get(_FALLBACKS_ENV, "")
         items: list[str] = [part.strip() for part in raw.split(",") if part.strip()]
@@ -77,14 +72,65 @@ def _fallback_specs(
     return items
 
 
-_ADAPTERS: dict[str, type[Adapter]] = {
-    "openai": OpenAIAdapter,
-    "azure": AzureOpenAIAdapter,
-    "anthropic": AnthropicAdapter,
-    "gemini": GeminiAdapter,
-    "ollama": OllamaAdapter,
-    "openai_compatible": OpenAICompatibleAdapter,
+#: Each adapter's module and class; only the provider's own adapter is imported.
+_ADAPTERS: dict[str, tuple[str, str]] = {
+    "openai": ("openai", "OpenAIAdapter"),
+    "azure": ("azure", "AzureOpenAIAdapter"),
+    "anthropic": ("anthropic", "AnthropicAdapter"),
+    "gemini": ("gemini", "GeminiAdapter"),
+    "ollama": ("ollama", "OllamaAdapter"),
+    "openai_compatible": ("openai_compatible", "OpenAICompatibleAdapter"),
 }
+
+#: ``batch.DEFAULT_CONCURRENCY`` (the same figure, kept here so that importing this
+#: module does not import the batch module; a test checks that they agree).
+DEFAULT_CONCURRENCY = 8
+
+_loaded = False
+
+
+def _load() -> None:
+    """Bind the call path: it loads with the first client, not with this module.
+
+    ``from fluid_build.copilot import LLMClient`` costs httpx and this module
+    (see docs/benchmarks.md, cold import); pydantic, the envelope, the stores
+    and the adapters load when the first client is made.
+    """
+    global _loaded
+    if _loaded:
+        return
+    from fluid_build.copilot.call import core, drive, envelope, prepare, wire
+    from fluid_build.copilot.llm import settings
+    from fluid_build.copilot.telemetry import telemetry_from
+
+    globals().update(
+        Entry=core.Entry,
+        completing=core.completing,
+        Pools=drive.Pools,
+        run=drive.run,
+        arun=drive.arun,
+        stream=drive.stream,
+        astream=drive.astream,
+        RetryEnvelope=envelope.RetryEnvelope,
+        prepare=prepare.prepare,
+        Deadline=wire.Deadline,
+        Limits=wire.Limits,
+        deadline_from_env=wire.deadline_from_env,
+        PROVIDERS=settings.PROVIDERS,
+        resolve_provider_config=settings.resolve_provider_config,
+        telemetry_from=telemetry_from,
+    )
+    _loaded = True
+
+
+def _adapter(name: str, config: ProviderConfig) -> Adapter:
+    import importlib
+
+    module, cls = _ADAPTERS[name]
+    adapter: type[Adapter] = getattr(
+        importlib.import_module(f"fluid_build.copilot.llm.{module}"), cls
+    )
+    return adapter(config)
 
 
 class LLMClient:
@@ -118,6 +164,7 @@ class LLMClient:
         limits: Limits | None = None,
         telemetry: Telemetry | bool | None = None,
     ) -> None:
+        _load()
         config = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
         )
@@ -148,7 +195,7 @@ class LLMClient:
         self._env = env
         self._entry = Entry(
             config,
-            _ADAPTERS[info.adapter](config),
+            _adapter(info.adapter, config),
             self.envelope,
             limits if limits is not None else Limits.from_env(source),
             matrix,
@@ -206,6 +253,7 @@ class LLMClient:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:
         """A client, its retry policy and its cooldown store, all from the environment."""
+        _load()
         kwargs.setdefault("envelope", RetryEnvelope.from_env(env))
         return cls(env=env, **kwargs)
 
@@ -371,6 +419,8 @@ class LLMClient:
         Each outcome, in input order, is a Completion or its typed error;
         ``Batch.summary()`` counts them by reason code (see docs/batch.md).
         """
+        from fluid_build.copilot.batch import map_calls
+
         return map_calls(
             self.complete,
             prompts,
@@ -390,6 +440,8 @@ class LLMClient:
         **options: Unpack[CallOptions],
     ) -> Batch[Completion]:
         """:meth:`map` with tasks; cancelling it cancels the calls in flight."""
+        from fluid_build.copilot.batch import amap_calls
+
         return await amap_calls(
             self.acomplete,
             prompts,

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluid_build import __version__
 from fluid_build._redact import one_line, redact, truncate
-from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.errors import FluidError
 
@@ -437,6 +436,8 @@ class CallTrace:
         """
         if not isinstance(exc, Exception):  # cancelled, interrupted
             return type(exc).__name__, "llm.cancelled", None
+        from fluid_build.copilot.agents.error_classification import classify_provider_error
+
         typed: FluidError = (
             exc
             if isinstance(exc, FluidError)

@@ -15,10 +15,6 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from fluid_build.copilot.agents.error_classification import (
-    classify_provider_error,
-    classify_response,
-)
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ProviderError,
@@ -99,6 +95,8 @@ class Decoder:
                 retryable=True,
             )
         if "error" in data and not data.get("choices") and not data.get("candidates"):
+            from fluid_build.copilot.agents.error_classification import classify_response
+
             raise classify_response(response, provider=self.provider, model=self.model)
         try:
             return self.adapter.parse(data, prepared.spec)
@@ -151,6 +149,8 @@ class Decoder:
                 request=response.request,
                 headers={"content-type": "application/json"},
             )
+            from fluid_build.copilot.agents.error_classification import classify_response
+
             error = classify_response(body, provider=self.provider, model=self.model)
             raise error.with_details(interrupted=True, **state.partial()) if started else error
         try:
@@ -171,6 +171,8 @@ class Decoder:
         if isinstance(exc, httpx.TimeoutException):
             error = timed_out(exc, deadline, "the rest of the stream")
         if error is None:
+            from fluid_build.copilot.agents.error_classification import classify_provider_error
+
             error = classify_provider_error(
                 exc, provider=self.provider, model=self.model, secrets=self.secrets
             )

@@ -44,7 +44,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Unpack
 
 from fluid_build.config import env_int
-from fluid_build.copilot.agents.error_classification import classify_provider_error
 from fluid_build.copilot.agents.errors import (
     MAX_RETRY_AFTER,
     AgentExecutionError,
@@ -313,6 +312,9 @@ class _Run:
         if isinstance(exc, FluidError) and not isinstance(exc, AgentExecutionError):
             raise exc
         env = self.env
+        # The classification tables load with the first failure, not with the client.
+        from fluid_build.copilot.agents.error_classification import classify_provider_error
+
         error = classify_provider_error(
             exc, provider=self.provider, model=self.model, now=env.wall(), secrets=self.secrets
         )

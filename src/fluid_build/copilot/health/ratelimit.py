@@ -22,17 +22,18 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import httpx
 
 from fluid_build._redact import redact, truncate
-from fluid_build.copilot.agents.error_answers import HeadersLike
-from fluid_build.copilot.agents.error_classification import parse_rate_limit_reset
 from fluid_build.copilot.agents.errors import MAX_RETRY_AFTER, ProviderError, RateLimitError
 from fluid_build.copilot.health.keys import CooldownKey
 from fluid_build.copilot.health.resilient import reset_keys
 from fluid_build.copilot.health.store import MAX_ENTRIES, CooldownStore, trusted
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.agents.error_answers import HeadersLike
 
 __all__ = [
     "KINDS",
@@ -92,6 +93,8 @@ def _limit(headers: Mapping[str, str], names: tuple[str, str, str], now: float) 
     raw_reset = headers.get(reset_name)
     reset = None
     if raw_reset is not None:  # the one parser of reset values, capped as Retry-After is
+        from fluid_build.copilot.agents.error_classification import parse_rate_limit_reset
+
         reset = parse_rate_limit_reset({reset_name: raw_reset}, now=now)
     found = Limit(_count(headers.get(size)), _count(headers.get(left)), reset)
     return None if found == Limit(None, None, None) else found
