@@ -185,6 +185,18 @@ def _mock_transport() -> Any:
     return httpx.MockTransport(answer)
 
 
+def _mock_pool(name: str) -> Any:
+    """The pool LLMClient makes for itself (call/transport.py), on the in-process transport;
+    for ``llmclient-callers-pool``, a plain ``httpx.Client`` a caller passes in instead."""
+    import httpx
+
+    from fluid_build.copilot.call.transport import PooledClient
+
+    if name == "llmclient-callers-pool":
+        return httpx.Client(timeout=TIMEOUT, transport=_mock_transport())
+    return PooledClient(timeout=TIMEOUT, transport=_mock_transport())
+
+
 def sync_variant(name: str, url: str, tmp: Path, *, mock: bool = False) -> Sync:
     """One call of variant ``name`` and its close; ``mock``: on the in-process transport."""
     if name == "httpx":
@@ -219,9 +231,7 @@ def sync_variant(name: str, url: str, tmp: Path, *, mock: bool = False) -> Sync:
             envelope=envelope,
             capability_matrix=MATRIX,
             env={},
-            http_client=httpx.Client(timeout=TIMEOUT, transport=_mock_transport())
-            if mock
-            else None,
+            http_client=_mock_pool(name) if mock else None,
         )
 
         def complete() -> object:
@@ -283,6 +293,11 @@ SYNC_ROWS = (
     ("llmclient", "LLMClient.complete, no cooldown"),
     ("llmclient-sqlite", "LLMClient.complete, sqlite cooldown (default)"),
     ("openai", "openai SDK chat.completions.create"),
+)
+#: CPU only: LLMClient on a pool the caller made, which keeps httpx's whole send path.
+CALLERS_POOL = (
+    "llmclient-callers-pool",
+    "LLMClient.complete, no cooldown, a caller's httpx.Client",
 )
 ASYNC_ROWS = (
     ("httpx", "bare httpx.AsyncClient.post + .json()"),
@@ -395,7 +410,7 @@ def cpu_only(batches: int = 12, number: int = 1_000) -> dict[str, float]:
     best of ``batches`` interleaved batches of ``number`` calls, as
     ``time.process_time`` sees it.
     """
-    names = [name for name, _ in SYNC_ROWS if name != "openai"]
+    names = [name for name, _ in SYNC_ROWS if name != "openai"] + [CALLERS_POOL[0]]
     best = dict.fromkeys(names, float("inf"))
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
@@ -518,7 +533,7 @@ def main() -> int:
         print()
         print("| variant | CPU per call (us) | over bare httpx (us) |")
         print("| --- | ---: | ---: |")
-        for name, label in SYNC_ROWS:
+        for name, label in (*SYNC_ROWS, CALLERS_POOL):
             if name in best:
                 print(f"| {label} | {best[name]:.1f} | {best[name] - best['httpx']:+.1f} |")
         return 0

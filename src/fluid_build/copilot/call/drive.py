@@ -71,6 +71,23 @@ class Pools:
         self.async_ = async_
 
 
+def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
+    """The answer's head, its body left to stream: straight to the transport on a pool of
+    ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool."""
+    direct = getattr(pool, "fluid_send", None)
+    if direct is not None:
+        return cast(httpx.Response, direct(request))
+    return pool.send(request, stream=True)
+
+
+async def asend(pool: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """:func:`send`, awaited."""
+    direct = getattr(pool, "fluid_send", None)
+    if direct is not None:
+        return cast(httpx.Response, await direct(request))
+    return await pool.send(request, stream=True)
+
+
 class Effect(ABC):
     """One piece of I/O a plan asks for; each shell performs it its own way."""
 
@@ -147,10 +164,10 @@ class Send(Effect):
         self.request = request
 
     def run(self) -> httpx.Response:
-        return self.pools.sync().send(self.request, stream=True)
+        return send(self.pools.sync(), self.request)
 
     async def arun(self) -> httpx.Response:
-        return await self.pools.async_().send(self.request, stream=True)
+        return await asend(self.pools.async_(), self.request)
 
 
 class ReadBody(Effect):
@@ -193,7 +210,7 @@ class Exchange(Effect):
         self.where = "the response headers"
 
     def run(self) -> httpx.Response:
-        response = cast(httpx.Client, self.pool).send(self.request, stream=True)
+        response = send(cast(httpx.Client, self.pool), self.request)
         try:
             self.where = "the body"
             return read_body(response, self.deadline, self.limits)
@@ -201,7 +218,7 @@ class Exchange(Effect):
             response.close()
 
     async def arun(self) -> httpx.Response:
-        response = await cast(httpx.AsyncClient, self.pool).send(self.request, stream=True)
+        response = await asend(cast(httpx.AsyncClient, self.pool), self.request)
         try:
             self.where = "the body"
             return await aread_body(response, self.deadline, self.limits)

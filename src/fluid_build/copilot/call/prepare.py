@@ -10,12 +10,12 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 from pydantic import BaseModel
 
-from fluid_build.copilot.call.wire import Deadline
+from fluid_build.copilot.call.wire import ACCEPT_ENCODING, Deadline
 from fluid_build.copilot.llm.base import Request
 from fluid_build.copilot.llm.types import CallSpec, ToolSpec
 
@@ -32,8 +32,6 @@ __all__ = [
     "tool_spec",
 ]
 
-#: The encodings asked for: those the size limit counts as they inflate (see call/wire.py).
-ACCEPT_ENCODING: Final = "gzip, deflate"
 
 Messages = str | Sequence[Mapping[str, Any]]
 Tools = Sequence[ToolSpec | Mapping[str, Any]] | None
@@ -160,6 +158,18 @@ def http_request(
     neither brotli nor zstandard is installed), so that httpx need not swap
     its own header out on every request.
     """
+    direct = getattr(client, "fluid_json_request", None)
+    if direct is not None:  # a pool of ours (call/transport.py): no build_request needed
+        return cast(
+            httpx.Request,
+            direct(
+                request.method,
+                request.url,
+                request.headers,
+                request.json,
+                deadline.timeout(per_attempt),
+            ),
+        )
     headers = request.headers
     if client.headers.get("accept-encoding") != ACCEPT_ENCODING:
         headers = {"accept-encoding": ACCEPT_ENCODING, **headers}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections import deque
@@ -30,6 +31,7 @@ import httpx
 
 from fluid_build._redact import one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -39,6 +41,7 @@ __all__ = [
     "AdmissionGate",
     "GatedTransport",
     "PooledAsyncClient",
+    "PooledClient",
     "Transport",
     "build_async_client",
     "build_client",
@@ -282,7 +285,91 @@ def _gated(inner: httpx.AsyncBaseTransport, limits: httpx.Limits) -> httpx.Async
     return inner if slots is None else GatedTransport(inner, AdmissionGate(slots))
 
 
-class PooledAsyncClient(httpx.AsyncClient):
+#: Parsed URLs a pool keeps (one or two endpoints a client, in practice).
+_URLS_KEPT: Final = 64
+
+
+class _Direct:
+    """The call path's requests on a pool of ours, without the client layers it never uses.
+
+    ``httpx.Client.send`` runs an auth flow, a redirect loop, the cookie jar
+    (a ``urllib`` request per answer) and event hooks around the transport:
+    about 60 us a call, more than all of fluid_build's own work
+    (docs/benchmarks.md). A pool made by :func:`build_client` or
+    :func:`build_async_client` has no auth, hooks or cookies and follows no
+    redirect, so its requests go straight to the transport httpx would pick
+    (the direct pool, or a proxy's from the environment) and are otherwise the
+    same: the pool's default headers, the body httpx 0.28 would encode, the
+    timeouts. A pool a caller passes in (``http_client=``) keeps httpx's whole
+    path, its auth, hooks and cookies with it.
+    """
+
+    headers: httpx.Headers
+    _fluid_urls: dict[str, httpx.URL]
+    _fluid_defaults: dict[str, str]
+
+    def _direct_init(self) -> None:
+        self._fluid_urls = {}
+        self._fluid_defaults = {
+            **{name.lower(): value for name, value in self.headers.items()},
+            "accept-encoding": ACCEPT_ENCODING,
+            "content-type": "application/json",
+        }
+
+    def fluid_json_request(
+        self, method: str, url: str, headers: Mapping[str, str], payload: Any, timeout: float
+    ) -> httpx.Request:
+        """The request ``build_request(..., json=payload)`` would make, in a third of its time.
+
+        The body is encoded as httpx 0.28 encodes ``json=``; only encodings the
+        size limit can count as they inflate are accepted (call/wire.py).
+        """
+        parsed = self._fluid_urls.get(url)
+        if parsed is None:
+            if len(self._fluid_urls) >= _URLS_KEPT:
+                self._fluid_urls.clear()
+            parsed = self._fluid_urls[url] = httpx.URL(url)
+        merged = self._fluid_defaults.copy()
+        for name, value in headers.items():
+            merged[name.lower()] = value
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return httpx.Request(
+            method,
+            parsed,
+            headers=merged,
+            content=body.encode(),
+            extensions={
+                "timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+            },
+        )
+
+
+def _closed() -> RuntimeError:
+    return RuntimeError("Cannot send a request, as the client has been closed.")
+
+
+class PooledClient(_Direct, httpx.Client):
+    """The sync pool: ``httpx.Client`` whose call-path requests go straight to the transport."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._direct_init()
+
+    def fluid_send(self, request: httpx.Request) -> httpx.Response:
+        """The answer's head, its body left to stream; as ``send(request, stream=True)``."""
+        if self.is_closed:
+            raise _closed()
+        transport = self._transport_for_url(request.url)
+        try:
+            response = transport.handle_request(request)
+        except httpx.RequestError as exc:
+            exc.request = request
+            raise
+        response.request = request
+        return response
+
+
+class PooledAsyncClient(_Direct, httpx.AsyncClient):
     """``httpx.AsyncClient`` with a gate before each pool, the direct one and each proxy's.
 
     It hooks the two methods httpx uses to make pools, as httpx-aiohttp does,
@@ -292,6 +379,20 @@ class PooledAsyncClient(httpx.AsyncClient):
     def __init__(self, *, transport_name: Transport = "httpx", **kwargs: Any) -> None:
         self.transport_name: Transport = transport_name
         super().__init__(**kwargs)
+        self._direct_init()
+
+    async def fluid_send(self, request: httpx.Request) -> httpx.Response:
+        """:meth:`PooledClient.fluid_send`, awaited."""
+        if self.is_closed:
+            raise _closed()
+        transport = self._transport_for_url(request.url)
+        try:
+            response = await transport.handle_async_request(request)
+        except httpx.RequestError as exc:
+            exc.request = request
+            raise
+        response.request = request
+        return response
 
     def _init_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
         if kwargs.get("transport") is not None:
@@ -353,7 +454,7 @@ def build_client(
     transport variable concerns async calls only.
     """
     del env
-    return _made(lambda: httpx.Client(timeout=httpx.Timeout(timeout), limits=POOL_LIMITS), provider)
+    return _made(lambda: PooledClient(timeout=httpx.Timeout(timeout), limits=POOL_LIMITS), provider)
 
 
 def build_async_client(

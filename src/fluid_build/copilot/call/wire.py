@@ -26,6 +26,7 @@ from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
 
 __all__ = [
+    "ACCEPT_ENCODING",
     "DEFAULT_DEADLINE",
     "Deadline",
     "Limits",
@@ -35,6 +36,9 @@ __all__ = [
     "decode_json",
     "read_body",
 ]
+
+#: The encodings a request accepts: those the size limit can count as they inflate.
+ACCEPT_ENCODING: Final = "gzip, deflate"
 
 #: The bound on one whole call when neither ``deadline=`` nor
 #: ``FLUID_LLM_DEADLINE_SECONDS`` says otherwise: three attempts of the
