@@ -1,0 +1,172 @@
+"""The pools LLMClient makes send straight to the transport; a caller's pool keeps httpx's path.
+
+call/transport.py ``PooledClient``/``PooledAsyncClient`` skip ``Client.send``'s
+auth flow, redirect loop, cookie jar and hooks (none of which a pool of ours
+has) but must stay what httpx would send: the same request, the proxy from
+the environment, the same errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from fluid_build.copilot import LLMClient
+from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.call.transport import (
+    POOL_LIMITS,
+    PooledAsyncClient,
+    PooledClient,
+    build_client,
+)
+from tests import loopback
+
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \u2603"}], "n": 1}
+URL = "https://api.example.test/v1/chat/completions"
+
+
+def quiet_envelope() -> RetryEnvelope:
+    return RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None)
+
+
+def test_a_direct_request_is_the_one_build_request_makes() -> None:
+    pool = PooledClient(timeout=httpx.Timeout(30.0), limits=POOL_LIMITS)
+    plain = httpx.Client()
+    headers = {"Authorization": "Bearer sk-test", "x-extra": "1"}
+    direct = pool.fluid_json_request("POST", URL, headers, PAYLOAD, 12.5)
+    built = plain.build_request(
+        "POST",
+        URL,
+        headers={**headers, "accept-encoding": "gzip, deflate"},
+        json=PAYLOAD,
+        timeout=12.5,
+    )
+    assert direct.method == built.method
+    assert direct.url == built.url
+    assert sorted(direct.headers.multi_items()) == sorted(built.headers.multi_items())
+    assert direct.read() == built.read()
+    assert direct.extensions["timeout"] == built.extensions["timeout"]
+    # the parsed URL is kept, not parsed again
+    pool.fluid_json_request("POST", URL, headers, PAYLOAD, 1.0)
+    assert list(pool._fluid_urls) == [URL]
+    pool.close()
+    plain.close()
+
+
+def test_a_payload_json_cannot_carry_is_refused_as_httpx_refuses_it() -> None:
+    pool = PooledClient()
+    with pytest.raises(ValueError, match="JSON compliant"):
+        pool.fluid_json_request("POST", URL, {}, {"x": float("nan")}, 1.0)
+    pool.close()
+
+
+def test_the_proxy_from_the_environment_carries_our_pools_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with loopback.http_server(
+        lambda seen: (200, {"content-type": "application/json"}, ANSWER)
+    ) as proxy:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", loopback.base_url(proxy))
+        client = LLMClient(
+            "vllm",
+            "m",
+            base_url="http://provider.invalid/v1",
+            envelope=quiet_envelope(),
+            capability_matrix={"context_window": 32_768},
+            env={},
+        )
+        assert isinstance(client._client(), PooledClient)
+        assert client.complete("hi").text == "Hi"
+
+        async def once() -> str:
+            try:
+                return (await client.acomplete("hi")).text
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(once()) == "Hi"
+        # Both went through the proxy, in the absolute form a proxy is asked in.
+        assert [seen.path for seen in proxy.seen] == [
+            "http://provider.invalid/v1/chat/completions"
+        ] * 2
+
+
+def test_a_closed_pool_refuses_as_httpx_does() -> None:
+    pool = build_client(5.0, "vllm")
+    request = pool.fluid_json_request("POST", URL, {}, PAYLOAD, 1.0)
+    pool.close()
+    with pytest.raises(RuntimeError, match="client has been closed"):
+        pool.fluid_send(request)
+
+    async def closed_async() -> None:
+        apool = PooledAsyncClient()
+        await apool.aclose()
+        with pytest.raises(RuntimeError, match="client has been closed"):
+            await apool.fluid_send(request)
+
+    asyncio.run(closed_async())
+
+
+def test_a_refused_connection_carries_its_request_and_is_typed() -> None:
+    port = loopback.closed_port()
+    pool = build_client(5.0, "vllm")
+    request = pool.fluid_json_request(
+        "POST", f"http://127.0.0.1:{port}/v1/chat/completions", {}, PAYLOAD, 1.0
+    )
+    with pytest.raises(httpx.ConnectError) as raised:
+        pool.fluid_send(request)
+    assert raised.value.request is request
+    pool.close()
+    client = LLMClient(
+        "vllm",
+        "m",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        envelope=quiet_envelope(),
+        capability_matrix={"context_window": 32_768},
+        env={},
+    )
+    with pytest.raises(ProviderError) as failed:
+        client.complete("hi")
+    assert failed.value.code == "llm.network_error"
+    client.close()
+
+
+def test_a_callers_own_pool_keeps_its_hooks_and_auth() -> None:
+    seen_by_hook: list[str] = []
+    with loopback.http_server(
+        lambda seen: (200, {"content-type": "application/json"}, ANSWER)
+    ) as server:
+        own = httpx.Client(
+            event_hooks={"request": [lambda request: seen_by_hook.append(str(request.url))]},
+            headers={"x-team": "blue"},
+        )
+        client = LLMClient(
+            "vllm",
+            "m",
+            base_url=f"{loopback.base_url(server)}/v1",
+            envelope=quiet_envelope(),
+            capability_matrix={"context_window": 32_768},
+            http_client=own,
+            env={},
+        )
+        assert client.complete("hi").text == "Hi"
+        client.close()
+        own.close()
+        assert seen_by_hook == [f"{loopback.base_url(server)}/v1/chat/completions"]
+        assert server.seen[0].headers["x-team"] == "blue"
