@@ -514,42 +514,15 @@ class LLMClient:
 
     def health(self) -> list[dict[str, Any]]:
         """Per configured entry: breaker state, cooldown remaining, the last error (sticky)."""
-        from fluid_build.copilot.call.envelope import COOLDOWN
-        from fluid_build.copilot.health.cooldown import trusted
+        from fluid_build.copilot.health.report import entry_reports
 
-        now = self.envelope.wall()
-        out: list[dict[str, Any]] = []
-        for entry in self._entries():
-            key = str(entry.key)
-            report: dict[str, Any] = {
-                "entry": entry.label,
-                "key": key,
-                "breaker": None,
-                "failures": 0,
-                "cooldown_remaining": 0.0,
-                "last_error": entry.last_error,
-            }
-            breaker = self.envelope.breaker
-            if breaker is not None:
-                state = breaker.state(key)
-                report.update(
-                    breaker=state.state,
-                    failures=state.failures,
-                    opens_in=round(state.opens_for, 3),
-                    since=state.since,
-                    until=state.until,
-                    reason=state.reason,
-                    trial_owner=state.trial_owner,
-                )
-            store = self.envelope.cooldown
-            if store is not None:
-                cap = self.envelope.policy.retry_after_cap
-                left = store.remaining(COOLDOWN + key, now)
-                report["cooldown_remaining"] = round(
-                    trusted(store, COOLDOWN + key, left, cap, now), 3
-                )
-            out.append(report)
-        return out
+        return entry_reports(
+            [(entry.label, str(entry.key), entry.last_error) for entry in self._entries()],
+            self.envelope.breaker,
+            self.envelope.cooldown,
+            self.envelope.policy.retry_after_cap,
+            self.envelope.wall(),
+        )
 
     def reset_health(self) -> None:
         """Clear the breaker and cooldown of every entry, for every process sharing the store.

@@ -10,15 +10,19 @@ clears them, for every process that shares the store.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fluid_build.copilot.health.breaker import FAILS, HALF, OPEN, TRIAL
 from fluid_build.copilot.health.keys import COOLDOWN, CooldownKey
 from fluid_build.copilot.health.ratelimit import OWN_REQUESTS, OWN_TOKENS, REQUESTS, TOKENS
-from fluid_build.copilot.health.store import CooldownStore, StoreEntry
+from fluid_build.copilot.health.store import CooldownStore, StoreEntry, trusted
 
-__all__ = ["KeyHealth", "read_health", "reset_health"]
+if TYPE_CHECKING:
+    from fluid_build.copilot.health.breaker import CircuitBreaker
+
+__all__ = ["KeyHealth", "entry_reports", "read_health", "reset_health"]
 
 # The budget's entries, by the name doctor gives them.
 _BUDGETS = {
@@ -108,6 +112,46 @@ def read_health(store: CooldownStore, now: float) -> list[KeyHealth]:
                 key, parsed.provider, parsed.endpoint, parsed.fingerprint, parsed.model, **fields
             )
         )
+    return out
+
+
+def entry_reports(
+    entries: Iterable[tuple[str, str, Any]],
+    breaker: CircuitBreaker | None,
+    store: CooldownStore | None,
+    cap: float,
+    now: float,
+) -> list[dict[str, Any]]:
+    """``LLMClient.health()``: per entry (label, key, sticky last error), its breaker and cooldown.
+
+    The cooldown left is read as every process trusts it: a window read back
+    from the store is capped at ``cap`` (the Retry-After cap).
+    """
+    out: list[dict[str, Any]] = []
+    for label, key, last_error in entries:
+        report: dict[str, Any] = {
+            "entry": label,
+            "key": key,
+            "breaker": None,
+            "failures": 0,
+            "cooldown_remaining": 0.0,
+            "last_error": last_error,
+        }
+        if breaker is not None:
+            state = breaker.state(key)
+            report.update(
+                breaker=state.state,
+                failures=state.failures,
+                opens_in=round(state.opens_for, 3),
+                since=state.since,
+                until=state.until,
+                reason=state.reason,
+                trial_owner=state.trial_owner,
+            )
+        if store is not None:
+            left = store.remaining(COOLDOWN + key, now)
+            report["cooldown_remaining"] = round(trusted(store, COOLDOWN + key, left, cap, now), 3)
+        out.append(report)
     return out
 
 
