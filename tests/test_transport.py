@@ -22,6 +22,7 @@ from fluid_build.copilot.call.transport import (
     TRANSPORT_ENV,
     AdmissionGate,
     GatedTransport,
+    PooledAsyncClient,
     build_async_client,
     build_client,
     transport_choice,
@@ -100,7 +101,12 @@ def vllm(base: str, pool: httpx.AsyncClient, deadline: float = 10.0) -> LLMClien
 
 
 def test_pools_keep_every_connection_alive() -> None:
-    client = build_async_client(30.0, "openai", {})
+    for name in ("aiohttp", "httpx"):
+        other = build_async_client(30.0, "openai", {TRANSPORT_ENV: name})
+        assert other.transport_name == name
+        assert gate_of(other).slots == MAX_CONNECTIONS
+        asyncio.run(other.aclose())
+    client = build_async_client(30.0, "openai", {TRANSPORT_ENV: "httpx"})
     gate = gate_of(client)
     pool = client._transport.inner._pool  # type: ignore[attr-defined]
     assert gate.slots == MAX_CONNECTIONS == 100
@@ -227,7 +233,7 @@ def test_an_unknown_transport_names_the_variable(value: str) -> None:
     assert caught.value.code == "llm.not_configured"
     assert caught.value.retryable is False
     assert caught.value.details["variable"] == TRANSPORT_ENV
-    assert caught.value.details["example"] == "aiohttp"
+    assert caught.value.details["example"] == "httpx"
     assert TRANSPORT_ENV in str(caught.value)
     assert "aiohttp" in str(caught.value)
 
@@ -245,13 +251,17 @@ def test_aiohttp_asked_for_but_not_installed_says_how_to_install(
         "example": "httpx",
         "missing": missing,
     }
-    assert "fluid-build[aiohttp]" in str(caught.value)
+    assert "pip install aiohttp httpx-aiohttp" in str(caught.value)
+    # Left to choose, a client installed without them still has httpx.
+    assert transport_choice({}) == transport_choice({TRANSPORT_ENV: "auto"}) == "httpx"
 
 
 @pytest.mark.parametrize(
     ("env", "argument", "chosen"),
     [
-        ({}, None, "httpx"),
+        ({}, None, "aiohttp"),
+        ({TRANSPORT_ENV: "auto"}, None, "aiohttp"),
+        ({TRANSPORT_ENV: "httpx"}, None, "httpx"),
         ({TRANSPORT_ENV: " AIOHTTP "}, None, "aiohttp"),
         ({}, "aiohttp", "aiohttp"),
         ({TRANSPORT_ENV: "aiohttp"}, "httpx", "httpx"),
@@ -261,6 +271,79 @@ def test_the_transport_comes_from_the_argument_else_the_variable(
     env: dict[str, str], argument: str | None, chosen: str
 ) -> None:
     assert transport_choice(env, argument) == chosen
+
+
+def test_auto_is_httpx_while_a_test_double_stands_in_for_httpx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import respx
+
+    assert transport_choice({}) == "aiohttp"
+    with respx.mock:  # replaces httpcore's pool methods
+        assert transport_choice({}) == "httpx"
+        # asked for by name, aiohttp it is: the caller chose to go round the double
+        assert transport_choice({TRANSPORT_ENV: "aiohttp"}) == "aiohttp"
+    assert transport_choice({}) == "aiohttp"
+
+    async def answered(self: object, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=ANSWER)
+
+    # as pytest-httpx does: httpx's own async transport replaced
+    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", answered)
+    assert transport_choice({}) == "httpx"
+
+
+def test_a_respx_mock_sees_the_default_clients_async_calls() -> None:
+    import respx
+
+    with respx.mock:
+        route = respx.post("http://provider.invalid/v1/chat/completions").mock(
+            return_value=httpx.Response(200, content=ANSWER)
+        )
+        client = LLMClient(
+            "vllm",
+            "m",
+            base_url="http://provider.invalid/v1",
+            envelope=RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None),
+            capability_matrix={"context_window": 32_768},
+            env={},
+        )
+
+        async def main() -> str:
+            try:
+                return (await client.acomplete("hi")).text
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(main()) == "Hi"
+        assert route.call_count == 1
+
+
+def test_the_default_client_sends_async_calls_over_aiohttp() -> None:
+    async def main(base: str) -> tuple[str, str]:
+        client = LLMClient(
+            "vllm",
+            "m",
+            base_url=f"{base}/v1",
+            envelope=RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None),
+            capability_matrix={"context_window": 32_768},
+            env={},
+        )
+        try:
+            text = (await client.acomplete("hi")).text
+            return text, cast_pool(client._aclient()).transport_name
+        finally:
+            await client.aclose()
+
+    with loopback.http_server(
+        lambda seen: (200, {"content-type": "application/json"}, ANSWER)
+    ) as server:
+        assert asyncio.run(main(loopback.base_url(server))) == ("Hi", "aiohttp")
+
+
+def cast_pool(pool: httpx.AsyncClient) -> PooledAsyncClient:
+    assert isinstance(pool, PooledAsyncClient)
+    return pool
 
 
 def test_the_aiohttp_transport_carries_a_call_and_frees_its_slot() -> None:

@@ -11,9 +11,12 @@ deadline). The pool itself then never queues, and 1,000 calls at once wait
 their turn in order instead of ending in thousands of ``PoolTimeout``.
 
 ``FLUID_LLM_TRANSPORT`` (or ``transport=``) picks what sends the bytes of an
-async call: ``httpx`` (the default, chosen by docs/benchmarks.md "Async at
-1,000 concurrent calls") or ``aiohttp`` (``pip install 'fluid-build[aiohttp]'``,
-through httpx-aiohttp). Sync calls always use httpx.
+async call: ``auto`` (the default), ``aiohttp`` (aiohttp's pool through
+httpx-aiohttp: 6x httpx 0.28's calls per second at 1,000 in flight, see
+docs/benchmarks.md "Async at 1,000 concurrent calls") or ``httpx``. ``auto``
+is aiohttp, except while a test double stands in for httpx's async transport
+(respx, pytest-httpx, ``mock.patch``): then httpx, so that the double sees the
+calls. Sync calls always use httpx.
 """
 
 from __future__ import annotations
@@ -45,11 +48,13 @@ __all__ = [
     "Transport",
     "build_async_client",
     "build_client",
+    "httpx_mocked",
     "transport_choice",
 ]
 
 Transport = Literal["httpx", "aiohttp"]
-TRANSPORTS: Final[tuple[Transport, ...]] = ("httpx", "aiohttp")
+#: What FLUID_LLM_TRANSPORT may say; ``auto`` (or nothing) is resolved by :func:`transport_choice`.
+TRANSPORTS: Final[tuple[str, ...]] = ("auto", "aiohttp", "httpx")
 TRANSPORT_ENV: Final = "FLUID_LLM_TRANSPORT"
 
 #: Connections per pool (per proxy, per client). More gave no more calls/s
@@ -71,7 +76,7 @@ _POOL_VARS: Final = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
 )
-_AIOHTTP_EXTRA: Final = "pip install 'fluid-build[aiohttp]'"
+_AIOHTTP_INSTALL: Final = "pip install aiohttp httpx-aiohttp (fluid-build depends on both)"
 
 
 def _not_configured(message: str, provider: str | None, **details: Any) -> ProviderError:
@@ -92,37 +97,66 @@ def transport_choice(
 ) -> Transport:
     """The async transport asked for (the argument, else ``FLUID_LLM_TRANSPORT``), checked.
 
-    A bad value, or ``aiohttp`` without the extra installed, is a typed
+    ``auto`` (or nothing) is aiohttp when it is importable and httpx's async
+    transport is not being mocked (:func:`httpx_mocked`), else httpx. A bad
+    value, or ``aiohttp`` asked for by name but not importable, is a typed
     ``llm.not_configured`` error naming where the value came from.
     """
     source = "transport=" if transport is not None else TRANSPORT_ENV
     if transport is None:
         transport = (os.environ if env is None else env).get(TRANSPORT_ENV, "")
-    value = transport.strip().lower() or "httpx"
+    value = transport.strip().lower() or "auto"
     if value not in TRANSPORTS:
         raise _not_configured(
             f"{source} {truncate(redact(transport), 40)!r} is not a transport; "
-            f"one of {', '.join(TRANSPORTS)} (e.g. {TRANSPORT_ENV}=aiohttp)",
+            f"one of {', '.join(TRANSPORTS)} (e.g. {TRANSPORT_ENV}=httpx)",
             provider,
             variable=TRANSPORT_ENV,
-            example="aiohttp",
+            example="httpx",
             choices=list(TRANSPORTS),
         )
-    if value == "aiohttp":
-        try:
-            import aiohttp  # noqa: F401
-            import httpx_aiohttp  # noqa: F401
-        except ImportError as exc:
-            raise _not_configured(
-                f"{source} asks for the aiohttp transport, but {exc.name or 'aiohttp'} is not "
-                f"installed: {_AIOHTTP_EXTRA}, or choose another "
-                f"(e.g. {TRANSPORT_ENV}=httpx)",
-                provider,
-                variable=TRANSPORT_ENV,
-                example="httpx",
-                missing=exc.name,
-            ) from None
-    return value
+    if value == "httpx":
+        return "httpx"
+    if value == "auto" and httpx_mocked():
+        return "httpx"
+    try:
+        import aiohttp  # noqa: F401
+        import httpx_aiohttp  # noqa: F401
+    except ImportError as exc:
+        if value == "auto":  # installed without its dependencies: httpx still works
+            return "httpx"
+        raise _not_configured(
+            f"{source} asks for the aiohttp transport, but {exc.name or 'aiohttp'} is not "
+            f"installed: {_AIOHTTP_INSTALL}, or choose another "
+            f"(e.g. {TRANSPORT_ENV}=httpx)",
+            provider,
+            variable=TRANSPORT_ENV,
+            example="httpx",
+            missing=exc.name,
+        ) from None
+    return "aiohttp"
+
+
+def httpx_mocked() -> bool:
+    """Whether a test double stands in for httpx's async transport.
+
+    respx (its default mocker) and ``mock.patch`` replace httpcore's
+    ``AsyncConnectionPool.handle_async_request``; pytest-httpx replaces
+    ``httpx.AsyncHTTPTransport.handle_async_request``. An aiohttp pool would go
+    round either, so ``auto`` picks httpx while one is in place. (respx's
+    ``using="httpx"`` mocker hooks the client's choice of transport instead,
+    which an aiohttp pool honours too.)
+    """
+    import httpcore
+
+    for owner, home in (
+        (httpcore.AsyncConnectionPool, "httpcore."),
+        (httpx.AsyncHTTPTransport, "httpx."),
+    ):
+        method = owner.__dict__.get("handle_async_request")
+        if not (getattr(method, "__module__", None) or "").startswith(home):
+            return True
+    return False
 
 
 class AdmissionGate:
