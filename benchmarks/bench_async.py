@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections import Counter
@@ -65,7 +66,7 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (  # (variant, label, module it 
     ("httpx-aiohttp", "bare httpx over aiohttp (httpx-aiohttp), 100 conns", "httpx_aiohttp"),
     ("pool-httpx", "bare transport.py pool, httpx + FIFO gate", None),
     ("pool-aiohttp", "bare transport.py pool, aiohttp + FIFO gate", "httpx_aiohttp"),
-    ("llm-today", "LLMClient.acomplete, today's pool (100, 20 kept alive)", None),
+    ("llm-default", "LLMClient.acomplete, out of the box (default transport and store)", None),
     ("llm-httpx", "LLMClient.acomplete, transport.py httpx", None),
     ("llm-aiohttp", "LLMClient.acomplete, transport.py aiohttp", "httpx_aiohttp"),
     ("openai", "openai SDK AsyncOpenAI", "openai"),
@@ -163,15 +164,19 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
 
         pool = (
             None
-            if name == "llm-today"
+            if name == "llm-default"
             else build_async_client(TIMEOUT, "vllm", {}, transport=name[4:])
         )
+        # out of the box: the default store (a sqlite file, here in a scratch cache) and breaker
+        scratch = {"XDG_CACHE_HOME": tempfile.mkdtemp(prefix="fluid-bench-")}
         llm = LLMClient(
             "vllm",
             MODEL,
             API_KEY,
             url,
-            envelope=RetryEnvelope(cooldown=None),
+            envelope=RetryEnvelope.from_env(scratch)
+            if name == "llm-default"
+            else RetryEnvelope(cooldown=None),
             capability_matrix=MATRIX,
             env={},
             async_http_client=pool,

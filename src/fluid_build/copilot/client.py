@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar, cast, overload
 
 import httpx
 from typing_extensions import Unpack
@@ -72,6 +72,8 @@ def _fallback_specs(
     return items
 
 
+T = TypeVar("T")
+
 #: Each adapter's module and class; only the provider's own adapter is imported.
 _ADAPTERS: dict[str, tuple[str, str]] = {
     "openai": ("openai", "OpenAIAdapter"),
@@ -131,6 +133,33 @@ def _adapter(name: str, config: ProviderConfig) -> Adapter:
         importlib.import_module(f"fluid_build.copilot.llm.{module}"), cls
     )
     return adapter(config)
+
+
+class _Held(Generic[T]):
+    """An attribute the client's :class:`~fluid_build.copilot.call.core.Entry` holds, read
+    through (``writable``: and set through), so that the facade keeps no copy of its own."""
+
+    def __init__(self, name: str | None = None, *, writable: bool = False) -> None:
+        self.name = name
+        self.writable = writable
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    @overload
+    def __get__(self, client: None, owner: type) -> _Held[T]: ...
+    @overload
+    def __get__(self, client: LLMClient, owner: type) -> T: ...
+    def __get__(self, client: LLMClient | None, owner: type) -> _Held[T] | T:
+        if client is None:
+            return self
+        value: T = getattr(client._entry, cast(str, self.name))
+        return value
+
+    def __set__(self, client: LLMClient, value: T) -> None:
+        if not self.writable:
+            raise AttributeError(f"LLMClient.{self.name} cannot be set")
+        setattr(client._entry, cast(str, self.name), value)
 
 
 class LLMClient:
@@ -223,32 +252,19 @@ class LLMClient:
                 )
             )
 
-    # -- what the entry holds ---------------------------------------------------------
+    # -- what the entry holds (see _Held) ---------------------------------------------
 
-    @property
-    def config(self) -> ProviderConfig:
-        return self._entry.config
-
-    @property
-    def adapter(self) -> Adapter:
-        return self._entry.adapter
-
-    @property
-    def limits(self) -> Limits:
-        return self._entry.limits
-
-    @property
-    def strict_schema(self) -> bool:
-        return self._entry.strict_schema
-
-    @property
-    def capability_matrix(self) -> dict[str, Any]:
-        """This model's capability overrides (FLUID_CAPABILITY_MATRIX, then the argument)."""
-        return self._entry.capability_matrix
-
-    @capability_matrix.setter
-    def capability_matrix(self, matrix: dict[str, Any]) -> None:
-        self._entry.capability_matrix = matrix
+    config: _Held[ProviderConfig] = _Held()
+    adapter: _Held[Adapter] = _Held()
+    limits: _Held[Limits] = _Held()
+    strict_schema: _Held[bool] = _Held()
+    provider: _Held[str] = _Held()
+    model: _Held[str] = _Held()
+    label: _Held[str] = _Held()
+    #: The key of this client's cooldown and breaker: provider, endpoint, key, model.
+    health_key: _Held[CooldownKey] = _Held("key")
+    #: This model's capability overrides (FLUID_CAPABILITY_MATRIX, then the argument).
+    capability_matrix: _Held[dict[str, Any]] = _Held(writable=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:
@@ -257,20 +273,8 @@ class LLMClient:
         kwargs.setdefault("envelope", RetryEnvelope.from_env(env))
         return cls(env=env, **kwargs)
 
-    @property
-    def provider(self) -> str:
-        return self.config.provider
-
-    @property
-    def model(self) -> str:
-        return self.config.model
-
     def __repr__(self) -> str:
         return f"LLMClient(provider={self.provider!r}, model={self.model!r})"
-
-    @property
-    def label(self) -> str:
-        return self._entry.label
 
     @property
     def capabilities(self) -> ModelCapabilities:
@@ -503,11 +507,6 @@ class LLMClient:
         )
 
     # -- health ------------------------------------------------------------------------
-
-    @property
-    def health_key(self) -> CooldownKey:
-        """The key of this client's cooldown and breaker: provider, endpoint, key, model."""
-        return self._entry.key
 
     def _entries(self) -> list[Entry]:
         return [self._entry, *(fallback._entry for fallback in self.fallbacks)]

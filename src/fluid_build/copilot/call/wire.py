@@ -290,38 +290,40 @@ def _finish(
     )
 
 
+def _body_reader(response: httpx.Response, deadline: Deadline, limits: Limits) -> _Reader:
+    """The bounded reader of a whole body: an error answer's only up to 64 KiB."""
+    error = response.is_error
+    return _Reader(
+        response,
+        deadline,
+        ERROR_BODY_LIMIT if error else limits.max_response_bytes,
+        "the error body" if error else "the body",
+        truncate=error,
+    )
+
+
 def read_body(response: httpx.Response, deadline: Deadline, limits: Limits) -> httpx.Response:
     """Read a streamed response within the deadline and the size limit; raise for an error status.
 
     An error answer is read only up to 64 KiB (enough for any provider's
     JSON) and raised as :class:`httpx.HTTPStatusError` for classification.
     """
-    error = response.is_error
-    reader = _Reader(
-        response,
-        deadline,
-        ERROR_BODY_LIMIT if error else limits.max_response_bytes,
-        "the error body" if error else "the body",
-        truncate=error,
-    )
+    reader = _body_reader(response, deadline, limits)
     body = b"".join(_chunks(response, reader))
-    return _finish(response, body, error=error, reader_inflated=reader.inflate is not None)
+    return _finish(
+        response, body, error=reader.truncate, reader_inflated=reader.inflate is not None
+    )
 
 
 async def aread_body(
     response: httpx.Response, deadline: Deadline, limits: Limits
 ) -> httpx.Response:
-    """The async twin of :func:`read_body`."""
-    error = response.is_error
-    reader = _Reader(
-        response,
-        deadline,
-        ERROR_BODY_LIMIT if error else limits.max_response_bytes,
-        "the error body" if error else "the body",
-        truncate=error,
-    )
+    """:func:`read_body`, awaited."""
+    reader = _body_reader(response, deadline, limits)
     body = b"".join([chunk async for chunk in _achunks(response, reader)])
-    return _finish(response, body, error=error, reader_inflated=reader.inflate is not None)
+    return _finish(
+        response, body, error=reader.truncate, reader_inflated=reader.inflate is not None
+    )
 
 
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
