@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluid_build import __version__
 from fluid_build._redact import one_line, redact, truncate
+from fluid_build.config import yes_no
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.errors import FluidError
 
@@ -53,8 +54,6 @@ R = TypeVar("R")
 ENABLE_ENV = "FLUID_OTEL"
 #: OpenTelemetry's own opt-in for prompt and answer content in GenAI spans.
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 OPERATION = "chat"
 # The conventions' well-known provider names; any other provider keeps fluid's own name.
@@ -125,8 +124,9 @@ class Telemetry:
         """A Telemetry if ``FLUID_OTEL`` is true; None (and a warning) without the extra."""
         env = os.environ if env is None else env
         raw = env.get(ENABLE_ENV, "")
-        if raw.strip().lower() not in _TRUE:
-            if raw.strip().lower() not in _FALSE:
+        enabled = yes_no(raw)
+        if not enabled:
+            if enabled is None:
                 LOG.warning(
                     "%s=%r is not 1 or 0; telemetry stays off (e.g. %s=1)",
                     ENABLE_ENV,
@@ -135,7 +135,7 @@ class Telemetry:
                 )
             return None
         try:
-            return cls(capture_content=env.get(CONTENT_ENV, "").strip().lower() in _TRUE)
+            return cls(capture_content=bool(yes_no(env.get(CONTENT_ENV))))
         except FluidError as error:
             LOG.warning("%s is set but %s; calls are not traced", ENABLE_ENV, error)
             return None
