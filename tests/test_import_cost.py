@@ -84,6 +84,9 @@ def test_a_client_and_its_first_answer_load_the_call_path_but_not_the_failure_ta
         "assert not loaded, loaded\n"
         "# the anthropic adapter is not this client's: it is not loaded either\n"
         "assert 'fluid_build.copilot.llm.anthropic' not in sys.modules\n"
+        "# nor the strict-schema walker, which only a response_model needs\n"
+        "walker = [m for m in sys.modules if m.rpartition('.')[2] in ('harden', 'codec')]\n"
+        "assert not walker, walker\n"
     )
     _, added = loaded_after(
         f"ANSWER = {ANSWER!r}\nimport os\nos.environ['XDG_CACHE_HOME'] = {str(tmp_path)!r}\n"

@@ -15,7 +15,8 @@ work in one module per role:
 
 This module reads the ``FLUID_OPENAI_STRICT_SCHEMA`` flag (:func:`strict_schema_enabled`)
 and re-exports ``StrictSchema``, ``harden_schema`` and ``is_strict_compliant`` from
-their modules: docs/openai-strict-schema.md shows them imported from here.
+their modules: docs/openai-strict-schema.md shows them imported from here. They load
+when first asked for, so that a client reading the flag does not load the walker.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build._redact import redact, truncate
 from fluid_build.config import yes_no
-from fluid_build.copilot.schema.check import is_strict_compliant
-from fluid_build.copilot.schema.codec import StrictSchema
-from fluid_build.copilot.schema.harden import harden_schema
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.schema.check import is_strict_compliant
+    from fluid_build.copilot.schema.codec import StrictSchema
+    from fluid_build.copilot.schema.harden import harden_schema
 
 __all__ = [
     "STRICT_SCHEMA_ENV",
@@ -43,6 +46,22 @@ __all__ = [
 STRICT_SCHEMA_ENV: Final = "FLUID_OPENAI_STRICT_SCHEMA"
 
 LOG = logging.getLogger("fluid_build.config")
+
+#: The re-exported names and their modules.
+_ELSEWHERE: Final = {
+    "StrictSchema": "codec",
+    "harden_schema": "harden",
+    "is_strict_compliant": "check",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"fluid_build.copilot.schema.{module}"), name)
 
 
 def strict_schema_enabled(env: Mapping[str, str] | None = None) -> bool:
