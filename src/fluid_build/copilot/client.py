@@ -206,30 +206,20 @@ class LLMClient:
             if deadline is not None
             else self.envelope.policy.deadline or deadline_from_env(source)
         )
-        from fluid_build.copilot.call.capabilities import capability_matrix_from_env
-
-        # FLUID_CAPABILITY_MATRIX's overrides for this model; the argument's win.
-        matrix = {
-            **capability_matrix_from_env(source, config.provider, config.model),
-            **dict(capability_matrix or {}),
-        }
-        if strict_schema is None:
-            from fluid_build.copilot.schema.strict import strict_schema_enabled
-
-            strict_schema = strict_schema_enabled(env)
         self._http = http_client
         self._owns_http = http_client is None
         self._ahttp = async_http_client
         self._owns_ahttp = async_http_client is None
         self._env = env
-        self._entry = Entry(
+        self._entry = Entry.configured(
             config,
             _adapter(info.adapter, config),
             self.envelope,
-            limits if limits is not None else Limits.from_env(source),
-            matrix,
-            bool(strict_schema) and info.adapter in {"openai", "azure"},
             Pools(self._client, self._aclient),
+            env=env,
+            capability_matrix=capability_matrix,
+            strict_schema=strict_schema,
+            limits=limits,
         )
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
@@ -295,28 +285,16 @@ class LLMClient:
         ``FLUID_QUIET=1`` / ``FLUID_NONINTERACTIVE=1`` hide the banner but the
         count is still logged (see docs/capability-warnings.md).
         """
-        from fluid_build.copilot.call.capabilities import (
-            capabilities_for,
-            emit_run_start_banner,
-            run_start_warnings,
+        return self._entry.start_warnings(
+            self._deadline(),
+            uses_tools=uses_tools,
+            wants_strict_schema=self.strict_schema
+            if wants_strict_schema is None
+            else wants_strict_schema,
+            banner=banner,
+            env=self._env,
+            stream=stream,
         )
-        from fluid_build.copilot.call.preflight import unknown_model_reported
-
-        wants = self.strict_schema if wants_strict_schema is None else wants_strict_schema
-        caps = self.capabilities
-        if not caps.known and self._entry.probe_urls:
-            # A local server says its own window: ask now (once per client, as the
-            # first call would), so the warning judges the window the run will use.
-            window = run(self._entry.window(self._deadline(), None))
-            if window is not None:
-                matrix = {**self.capability_matrix, "context_window": window}
-                caps = capabilities_for(self.provider, self.model, matrix)
-        warnings = run_start_warnings(caps, uses_tools=uses_tools, wants_strict_schema=wants)
-        if banner:
-            emit_run_start_banner(warnings, env=self._env, stream=stream)
-            if not caps.known:
-                unknown_model_reported(caps.provider, caps.model)
-        return warnings
 
     # -- lifecycle --------------------------------------------------------------
 

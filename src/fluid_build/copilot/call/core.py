@@ -15,10 +15,11 @@ the sync or async shell does the I/O it asks for.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -46,6 +47,7 @@ from fluid_build.copilot.call.drive import (
     ReadBody,
     Send,
     Sleep,
+    run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
@@ -93,6 +95,10 @@ class CallOptions(TypedDict, total=False):
     validate: bool
 
 
+#: The providers whose API has OpenAI's strict-schema mode.
+STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure"})
+
+
 class Entry:
     """One provider:model of a call's fallback chain: its adapter, key, pools and state.
 
@@ -129,6 +135,44 @@ class Entry:
         self.server_window: int | None = None
         self.window_lock = threading.Lock()
 
+    @classmethod
+    def configured(
+        cls,
+        config: ProviderConfig,
+        adapter: Adapter,
+        envelope: RetryEnvelope,
+        pools: Pools,
+        *,
+        env: Mapping[str, str] | None,
+        capability_matrix: Mapping[str, Any] | None,
+        strict_schema: bool | None,
+        limits: Limits | None,
+    ) -> Entry:
+        """An entry from a client's arguments; what they leave out comes from ``env``
+        (``os.environ`` when None): FLUID_CAPABILITY_MATRIX's overrides for this model
+        (the argument's win), FLUID_OPENAI_STRICT_SCHEMA (OpenAI and Azure only) and
+        the size limits."""
+        from fluid_build.copilot.call.capabilities import capability_matrix_from_env
+
+        source = os.environ if env is None else env
+        matrix = {
+            **capability_matrix_from_env(source, config.provider, config.model),
+            **dict(capability_matrix or {}),
+        }
+        if strict_schema is None:
+            from fluid_build.copilot.schema.strict import strict_schema_enabled
+
+            strict_schema = strict_schema_enabled(env)
+        return cls(
+            config,
+            adapter,
+            envelope,
+            limits if limits is not None else Limits.from_env(source),
+            matrix,
+            strict_schema and adapter.provider in STRICT_SCHEMA_PROVIDERS,
+            pools,
+        )
+
     @property
     def provider(self) -> str:
         return self.config.provider
@@ -140,6 +184,41 @@ class Entry:
     @property
     def label(self) -> str:
         return f"{self.provider}:{self.model}"
+
+    def start_warnings(
+        self,
+        deadline: Deadline,
+        *,
+        uses_tools: bool,
+        wants_strict_schema: bool,
+        banner: bool,
+        env: Mapping[str, str] | None,
+        stream: TextIO | None,
+    ) -> list[str]:
+        """``LLMClient.run_start_warnings``: this entry's capability warnings for a run."""
+        from fluid_build.copilot.call.capabilities import (
+            capabilities_for,
+            emit_run_start_banner,
+            run_start_warnings,
+        )
+        from fluid_build.copilot.call.preflight import unknown_model_reported
+
+        caps = capabilities_for(self.provider, self.model, self.capability_matrix)
+        if not caps.known and self.probe_urls:
+            # A local server says its own window: ask now (once per client, as the
+            # first call would), so the warning judges the window the run will use.
+            window = run(self.window(deadline, None))
+            if window is not None:
+                matrix = {**self.capability_matrix, "context_window": window}
+                caps = capabilities_for(self.provider, self.model, matrix)
+        warnings = run_start_warnings(
+            caps, uses_tools=uses_tools, wants_strict_schema=wants_strict_schema
+        )
+        if banner:
+            emit_run_start_banner(warnings, env=env, stream=stream)
+            if not caps.known:
+                unknown_model_reported(caps.provider, caps.model)
+        return warnings
 
     def remember(self, error: AgentExecutionError) -> None:
         """Keep ``error`` as the sticky last error, unless it is the caller's own doing."""
