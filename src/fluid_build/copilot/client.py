@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.llm.base import Adapter, ProviderConfig
     from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
     from fluid_build.copilot.llm.types import Completion, StreamEvent
-    from fluid_build.copilot.telemetry import Telemetry, telemetry_from
+    from fluid_build.copilot.telemetry import CallTrace, Telemetry, telemetry_from
 
 __all__ = ["LLMClient"]
 
@@ -374,18 +374,25 @@ class LLMClient:
 
     def _streaming(self, messages: Messages, options: CallOptions) -> Plan[None]:
         """A stream's plan; with telemetry, inside its call span (see docs/telemetry.md)."""
+        trace = self._trace(messages, options, [self._entry])
+        plan = self._entry.stream(messages, options, self._deadline, trace)
+        return plan if trace is None else trace.stream(plan)
+
+    def _trace(
+        self, messages: Messages, options: CallOptions, entries: list[Entry]
+    ) -> CallTrace | None:
+        """The call's span, when telemetry is on; the request keys of ``entries`` are redacted."""
         if self.telemetry is None:
-            return self._entry.stream(messages, options, self._deadline)
-        trace = self.telemetry.call(
+            return None
+        return self.telemetry.call(
             self.provider,
             self.model,
             messages,
             options,
             endpoint=self.adapter.endpoint,
-            secrets=self._entry.secrets,
+            secrets=[secret for entry in entries for secret in entry.secrets],
             clock=self.envelope.clock,
         )
-        return trace.stream(self._entry.stream(messages, options, self._deadline, trace))
 
     def map(
         self,
@@ -443,29 +450,16 @@ class LLMClient:
 
     def _completing(self, messages: Messages, options: CallOptions) -> Plan[Completion]:
         entries = self._entries()
-        if self.telemetry is None:
-            return completing(
-                entries, messages, options, self._deadline(), fallback_on_auth=self.fallback_on_auth
-            )
-        trace = self.telemetry.call(
-            self.provider,
-            self.model,
+        trace = self._trace(messages, options, entries)
+        plan = completing(
+            entries,
             messages,
             options,
-            endpoint=self.adapter.endpoint,
-            secrets=[secret for entry in entries for secret in entry.secrets],
-            clock=self.envelope.clock,
+            self._deadline(),
+            fallback_on_auth=self.fallback_on_auth,
+            trace=trace,
         )
-        return trace.run(
-            completing(
-                entries,
-                messages,
-                options,
-                self._deadline(),
-                fallback_on_auth=self.fallback_on_auth,
-                trace=trace,
-            )
-        )
+        return plan if trace is None else trace.run(plan)
 
     def _prepare(self, messages: Messages, **options: Any) -> Prepared:
         """The pre-flight and the prepared call, without asking a server for its window."""
