@@ -250,21 +250,26 @@ def _decode(data: str) -> Any:
         return {"_unparsed": data}
 
 
-class _SSE:
-    """Server-sent events, line by line: (event, data) per dispatched event."""
+class _ChunkReader:
+    """An SSE or NDJSON body, line by line: ``feed(line)`` gives the decoded chunk it completes.
 
-    def __init__(self) -> None:
+    ``done`` turns true at SSE's ``[DONE]``: nothing after it is to be read.
+    ``rest()`` gives the event a body ended in without a blank line.
+    """
+
+    __slots__ = ("data", "done", "event", "ndjson")
+
+    def __init__(self, fmt: str) -> None:
+        self.ndjson = fmt == "ndjson"
         self.event = ""
         self.data: list[str] = []
+        self.done = False
 
     def feed(self, line: str) -> Chunk | None:
+        if self.ndjson:
+            return ("", _decode(line)) if line.strip() else None
         if line == "":
-            if not self.data:
-                self.event = ""
-                return None
-            chunk = (self.event, "\n".join(self.data))
-            self.event, self.data = "", []
-            return chunk[0], chunk[1]
+            return self._dispatch()
         if line.startswith(":"):
             return None
         name, _, value = line.partition(":")
@@ -275,47 +280,43 @@ class _SSE:
             self.data.append(value)
         return None
 
-    def flush(self) -> Chunk | None:
-        return self.feed("")
+    def _dispatch(self) -> Chunk | None:
+        """The SSE event the lines so far make (None for none, or ``[DONE]``)."""
+        if not self.data:
+            self.event = ""
+            return None
+        event, data = self.event, "\n".join(self.data)
+        self.event, self.data = "", []
+        if data == "[DONE]":
+            self.done = True
+            return None
+        return event, _decode(data)
 
-
-def _chunks_from_lines(fmt: str, lines: Iterator[str]) -> Iterator[Chunk]:
-    if fmt == "ndjson":
-        for line in lines:
-            if line.strip():
-                yield "", _decode(line)
-        return
-    sse = _SSE()
-    for line in lines:
-        chunk = sse.feed(line)
-        if chunk is not None:
-            if chunk[1] == "[DONE]":
-                return
-            yield chunk[0], _decode(chunk[1])
-    chunk = sse.flush()
-    if chunk is not None and chunk[1] != "[DONE]":
-        yield chunk[0], _decode(chunk[1])
+    def rest(self) -> tuple[Chunk, ...]:
+        chunk = None if self.ndjson else self._dispatch()
+        return () if chunk is None else (chunk,)
 
 
 def iter_stream(fmt: str, lines: Iterator[str]) -> Iterator[Chunk]:
     """Decoded chunks of an SSE or NDJSON body."""
-    return _chunks_from_lines(fmt, lines)
+    reader = _ChunkReader(fmt)
+    for line in lines:
+        chunk = reader.feed(line)
+        if chunk is not None:
+            yield chunk
+        elif reader.done:
+            return
+    yield from reader.rest()
 
 
 async def aiter_stream(fmt: str, lines: AsyncIterator[str]) -> AsyncIterator[Chunk]:
-    """The async twin of :func:`iter_stream`."""
-    if fmt == "ndjson":
-        async for line in lines:
-            if line.strip():
-                yield "", _decode(line)
-        return
-    sse = _SSE()
+    """The async twin of :func:`iter_stream`: the same reader, over ``async for``."""
+    reader = _ChunkReader(fmt)
     async for line in lines:
-        chunk = sse.feed(line)
+        chunk = reader.feed(line)
         if chunk is not None:
-            if chunk[1] == "[DONE]":
-                return
-            yield chunk[0], _decode(chunk[1])
-    chunk = sse.flush()
-    if chunk is not None and chunk[1] != "[DONE]":
-        yield chunk[0], _decode(chunk[1])
+            yield chunk
+        elif reader.done:
+            return
+    for chunk in reader.rest():
+        yield chunk
