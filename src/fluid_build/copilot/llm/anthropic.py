@@ -187,11 +187,9 @@ class AnthropicAdapter(Adapter):
             data.get("model"),
         )
 
-    def parse_chunk(
-        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
     ) -> list[StreamEvent]:
-        if not isinstance(data, dict):
-            return []
         kind = data.get("type") or event
         blocks = state.block_kinds
         events: list[StreamEvent] = []

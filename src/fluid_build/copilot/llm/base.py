@@ -174,6 +174,15 @@ class Adapter:
     def parse_chunk(
         self, data: Any, event: str, state: StreamState, spec: CallSpec
     ) -> list[StreamEvent]:
+        """One decoded stream chunk's events; a chunk that is not an object has none."""
+        if not isinstance(data, dict):
+            return []
+        return self.chunk_events(data, event, state, spec)
+
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        """The events of one stream chunk that is a JSON object: each adapter's own reading."""
         raise NotImplementedError
 
     def is_error_chunk(self, data: Any, event: str) -> bool:

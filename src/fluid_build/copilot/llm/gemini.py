@@ -181,11 +181,9 @@ class GeminiAdapter(Adapter):
             data.get("modelVersion"),
         )
 
-    def parse_chunk(
-        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
     ) -> list[StreamEvent]:
-        if not isinstance(data, dict):
-            return []
         self._check_blocked(data, spec)
         events: list[StreamEvent] = []
         if data.get("usageMetadata"):

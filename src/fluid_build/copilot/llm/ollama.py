@@ -109,11 +109,9 @@ class OllamaAdapter(Adapter):
             data.get("model"),
         )
 
-    def parse_chunk(
-        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
     ) -> list[StreamEvent]:
-        if not isinstance(data, dict):
-            return []
         events: list[StreamEvent] = []
         state.model = data.get("model") or state.model
         message = data.get("message") or {}

@@ -220,12 +220,10 @@ class OpenAIAdapter(Adapter):
             data.get("model"),
         )
 
-    def parse_chunk(
-        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
     ) -> list[StreamEvent]:
         events: list[StreamEvent] = []
-        if not isinstance(data, dict):
-            return events
         state.model = data.get("model") or state.model
         usage = _usage_of(data)
         if usage is not None:
