@@ -22,6 +22,7 @@ __all__ = [
     "Request",
     "StreamState",
     "aiter_stream",
+    "function_calls",
     "iter_stream",
     "loads_arguments",
     "text_of",
@@ -69,6 +70,18 @@ def loads_arguments(raw: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {"_raw": str(raw)}
     return value if isinstance(value, dict) else {"_value": value}
+
+
+def function_calls(message: dict[str, Any]) -> list[ToolCall]:
+    """A message's ``tool_calls`` as OpenAI and Ollama send them: ``{id, function}`` each."""
+    return [
+        ToolCall(
+            id=str(call.get("id") or f"call_{i}"),
+            name=str((call.get("function") or {}).get("name") or ""),
+            arguments=loads_arguments((call.get("function") or {}).get("arguments")),
+        )
+        for i, call in enumerate(message.get("tool_calls") or [])
+    ]
 
 
 @dataclass(slots=True)

@@ -13,10 +13,10 @@ from fluid_build.copilot.llm.base import (
     Parsed,
     Request,
     StreamState,
-    loads_arguments,
+    function_calls,
     text_of,
 )
-from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
 __all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
 
@@ -48,17 +48,6 @@ def _usage(data: dict[str, Any]) -> Usage:
         input_tokens=int(data.get("prompt_eval_count") or 0),
         output_tokens=int(data.get("eval_count") or 0),
     )
-
-
-def _calls(message: dict[str, Any]) -> list[ToolCall]:
-    return [
-        ToolCall(
-            id=str(call.get("id") or f"call_{i}"),
-            name=str((call.get("function") or {}).get("name") or ""),
-            arguments=loads_arguments((call.get("function") or {}).get("arguments")),
-        )
-        for i, call in enumerate(message.get("tool_calls") or [])
-    ]
 
 
 _SHAPE = {
@@ -103,7 +92,7 @@ class OllamaAdapter(Adapter):
         message = data.get("message") or {}
         return Parsed(
             text_of(message.get("content")),
-            _calls(message),
+            function_calls(message),
             _usage(data),
             data.get("done_reason"),
             data.get("model"),
@@ -118,7 +107,7 @@ class OllamaAdapter(Adapter):
         text_event = state.add_text(text_of(message.get("content")))
         if text_event:
             events.append(text_event)
-        for call in _calls(message):
+        for call in function_calls(message):
             index = len(state.calls)
             events.append(
                 state.add_call(

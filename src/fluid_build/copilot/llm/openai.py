@@ -15,9 +15,9 @@ from fluid_build.copilot.llm.base import (
     Parsed,
     Request,
     StreamState,
-    loads_arguments,
+    function_calls,
 )
-from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
 __all__ = ["OpenAIAdapter", "openai_messages"]
 
@@ -198,14 +198,7 @@ class OpenAIAdapter(Adapter):
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         choice = (data.get("choices") or [{}])[0]
         message = choice.get("message") or {}
-        calls = [
-            ToolCall(
-                id=str(call.get("id") or f"call_{i}"),
-                name=str((call.get("function") or {}).get("name") or ""),
-                arguments=loads_arguments((call.get("function") or {}).get("arguments")),
-            )
-            for i, call in enumerate(message.get("tool_calls") or [])
-        ]
+        calls = function_calls(message)
         text = _text(message.get("content"))
         if not text and message.get("refusal"):
             if spec.response_schema is not None and not calls:
