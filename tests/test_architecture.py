@@ -25,7 +25,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fluid_build.copilot.call", "fluid_build.copilot.telemetry"),
     ("fluid_build.copilot.health", "fluid_build.copilot.schema", "fluid_build.copilot.llm"),
     ("fluid_build.copilot.agents",),
-    ("fluid_build.config", "fluid_build.errors", "fluid_build._files", "fluid_build._redact"),
+    (
+        "fluid_build.config",
+        "fluid_build.errors",
+        "fluid_build._files",
+        "fluid_build._redact",
+        "fluid_build._lazy",
+    ),
 )
 #: Entry points that sit above everything by design.
 ABOVE_ALL = {"fluid_build", "fluid_build.__main__"}

@@ -25,9 +25,9 @@ modules raise. ``import fluid_build`` stays cheap: a name loads its module
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
+from fluid_build._lazy import lazy_attributes
 from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
@@ -98,13 +98,7 @@ _HOMES: Final = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'fluid_build' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
+__getattr__ = lazy_attributes(__name__, _HOMES)
 
 
 def __dir__() -> list[str]:

@@ -6,7 +6,9 @@ heavy parts (pydantic models, adapters) load on first use, not at import.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fluid_build._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient
@@ -15,13 +17,11 @@ if TYPE_CHECKING:
 __all__ = ["Completion", "LLMClient", "StreamEvent", "ToolCall", "ToolSpec", "Usage"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "LLMClient":
-        from fluid_build.copilot.client import LLMClient
-
-        return LLMClient
-    if name in {"Completion", "StreamEvent", "ToolCall", "ToolSpec", "Usage"}:
-        from fluid_build.copilot.llm import types
-
-        return getattr(types, name)
-    raise AttributeError(f"module 'fluid_build.copilot' has no attribute {name!r}")
+_TYPES = "fluid_build.copilot.llm.types"
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "LLMClient": "fluid_build.copilot.client",
+        **dict.fromkeys(("Completion", "StreamEvent", "ToolCall", "ToolSpec", "Usage"), _TYPES),
+    },
+)

@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
+from fluid_build._lazy import lazy_attributes
 from fluid_build._redact import redact, truncate
 from fluid_build.config import yes_no
 
@@ -47,21 +48,15 @@ STRICT_SCHEMA_ENV: Final = "FLUID_OPENAI_STRICT_SCHEMA"
 
 LOG = logging.getLogger("fluid_build.config")
 
-#: The re-exported names and their modules.
-_ELSEWHERE: Final = {
-    "StrictSchema": "codec",
-    "harden_schema": "harden",
-    "is_strict_compliant": "check",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _ELSEWHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"fluid_build.copilot.schema.{module}"), name)
+#: The re-exported names load from their modules when first read.
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "StrictSchema": "fluid_build.copilot.schema.codec",
+        "harden_schema": "fluid_build.copilot.schema.harden",
+        "is_strict_compliant": "fluid_build.copilot.schema.check",
+    },
+)
 
 
 def strict_schema_enabled(env: Mapping[str, str] | None = None) -> bool:
