@@ -9,7 +9,7 @@ the environment, the same errors.
 from __future__ import annotations
 
 import asyncio
-import json
+from typing import Any
 
 import httpx
 import pytest
@@ -24,23 +24,23 @@ from fluid_build.copilot.call.transport import (
     build_client,
 )
 from tests import loopback
+from tests.test_transport import ANSWER
 
-ANSWER = json.dumps(
-    {
-        "id": "chatcmpl-1",
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    }
-).encode()
 PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \u2603"}], "n": 1}
 URL = "https://api.example.test/v1/chat/completions"
 
 
-def quiet_envelope() -> RetryEnvelope:
-    return RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None)
+def vllm(base_url: str, **kwargs: Any) -> LLMClient:
+    """A client on ``base_url`` with no store, no real sleeps and no environment."""
+    return LLMClient(
+        "vllm",
+        "m",
+        base_url=base_url,
+        envelope=RetryEnvelope(cooldown=None, sleep=lambda s: None, hook=lambda e: None),
+        capability_matrix={"context_window": 32_768},
+        env={},
+        **kwargs,
+    )
 
 
 def test_a_direct_request_is_the_one_build_request_makes() -> None:
@@ -83,14 +83,7 @@ def test_the_proxy_from_the_environment_carries_our_pools_requests(
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HTTP_PROXY", loopback.base_url(proxy))
-        client = LLMClient(
-            "vllm",
-            "m",
-            base_url="http://provider.invalid/v1",
-            envelope=quiet_envelope(),
-            capability_matrix={"context_window": 32_768},
-            env={},
-        )
+        client = vllm("http://provider.invalid/v1")
         assert isinstance(client._client(), PooledClient)
         assert client.complete("hi").text == "Hi"
 
@@ -133,14 +126,7 @@ def test_a_refused_connection_carries_its_request_and_is_typed() -> None:
         pool.fluid_send(request)
     assert raised.value.request is request
     pool.close()
-    client = LLMClient(
-        "vllm",
-        "m",
-        base_url=f"http://127.0.0.1:{port}/v1",
-        envelope=quiet_envelope(),
-        capability_matrix={"context_window": 32_768},
-        env={},
-    )
+    client = vllm(f"http://127.0.0.1:{port}/v1")
     with pytest.raises(ProviderError) as failed:
         client.complete("hi")
     assert failed.value.code == "llm.network_error"
@@ -156,15 +142,7 @@ def test_a_callers_own_pool_keeps_its_hooks_and_auth() -> None:
             event_hooks={"request": [lambda request: seen_by_hook.append(str(request.url))]},
             headers={"x-team": "blue"},
         )
-        client = LLMClient(
-            "vllm",
-            "m",
-            base_url=f"{loopback.base_url(server)}/v1",
-            envelope=quiet_envelope(),
-            capability_matrix={"context_window": 32_768},
-            http_client=own,
-            env={},
-        )
+        client = vllm(f"{loopback.base_url(server)}/v1", http_client=own)
         assert client.complete("hi").text == "Hi"
         client.close()
         own.close()
