@@ -319,6 +319,24 @@ def test_a_respx_mock_sees_the_default_clients_async_calls() -> None:
         assert route.call_count == 1
 
 
+def test_respx_using_httpx_sees_an_aiohttp_pools_calls_too() -> None:
+    import respx
+
+    async def main() -> str:
+        pool = build_async_client(10.0, "vllm", {TRANSPORT_ENV: "aiohttp"})
+        try:
+            return (await vllm("http://provider.invalid", pool).acomplete("hi")).text
+        finally:
+            await pool.aclose()
+
+    with respx.mock(using="httpx") as router:  # hooks the client's choice of transport
+        route = router.post("http://provider.invalid/v1/chat/completions").mock(
+            return_value=httpx.Response(200, content=ANSWER)
+        )
+        assert asyncio.run(main()) == "Hi"
+        assert route.call_count == 1
+
+
 def test_the_default_client_sends_async_calls_over_aiohttp() -> None:
     async def main(base: str) -> tuple[str, str]:
         client = LLMClient(
