@@ -113,7 +113,7 @@ def test_pools_keep_every_connection_alive() -> None:
     assert pool._max_connections == pool._max_keepalive_connections == MAX_CONNECTIONS
     assert client.timeout == httpx.Timeout(30.0)
     sync = build_client(30.0, "openai", {})
-    sync_pool = sync._transport._pool  # type: ignore[attr-defined]
+    sync_pool = sync._transport.pool  # type: ignore[attr-defined]
     assert sync_pool._max_connections == sync_pool._max_keepalive_connections == MAX_CONNECTIONS
     sync.close()
     asyncio.run(client.aclose())

@@ -16,20 +16,33 @@ httpx-aiohttp: 6x httpx 0.28's calls per second at 1,000 in flight, see
 docs/benchmarks.md "Async at 1,000 concurrent calls") or ``httpx``. ``auto``
 is aiohttp, except while a test double stands in for httpx's async transport
 (respx, pytest-httpx, ``mock.patch``): then httpx, so that the double sees the
-calls. Sync calls always use httpx.
+calls. Sync calls always use httpx, over :class:`CoreTransport`: httpcore's
+pool on a network backend whose every socket wait ends by the call's deadline.
+
+Every pool here is made from httpx's and httpcore's public API: the
+transports (the direct one and one per proxy of the environment) are made
+here and routed here (:class:`Routes`), so nothing depends on how a given
+httpx release builds a client. docs/transports.md states the contract that
+every pool keeps, and tests/test_conformance.py proves it on each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import ipaddress
 import json
 import os
+import ssl
 import time
+import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final, Literal, TypeVar, cast
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from typing import Any, Final, Generic, Literal, TypeVar, cast
 
+import httpcore
 import httpx
 
 from fluid_build._redact import one_line, redact, redact_url, truncate
@@ -37,17 +50,24 @@ from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 
 __all__ = [
+    "CALL_ENDS",
+    "HEAD_LIMIT",
     "MAX_CONNECTIONS",
     "POOL_LIMITS",
     "TRANSPORTS",
     "TRANSPORT_ENV",
     "AdmissionGate",
+    "AiohttpFaults",
+    "CoreTransport",
     "GatedTransport",
     "PooledAsyncClient",
     "PooledClient",
+    "Routes",
     "Transport",
     "build_async_client",
     "build_client",
+    "env_mounts",
+    "env_proxies",
     "httpx_mocked",
     "transport_choice",
 ]
@@ -284,34 +304,347 @@ class GatedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-class _AiohttpFaults(httpx.AsyncBaseTransport):
-    """httpx-aiohttp's faults as httpx names them: its map calls every aiohttp connection
-    error a ``ConnectTimeout``, a refused connection and a reset one alike; the error
-    classes (and so the reason codes) must not depend on the transport."""
+# -- the sync pool: httpcore under httpx's types, every socket wait inside the call's deadline --
+
+#: When (on ``time.monotonic``) the call running in this context must end; None between calls.
+#: Set by the call's effects (call/drive.py) around each piece of I/O of the sync shell.
+CALL_ENDS: Final[ContextVar[float | None]] = ContextVar("fluid_call_ends", default=None)
+
+
+def _narrowed(timeout: float | None) -> float | None:
+    """A socket wait of ``timeout`` seconds, cut to what the call's deadline leaves.
+
+    Never 0 (a socket with timeout 0 is non-blocking, not timed): a wait past the
+    deadline lasts a millisecond and then times out.
+    """
+    ends = CALL_ENDS.get()
+    if ends is None:
+        return timeout
+    left = max(ends - time.monotonic(), 0.001)
+    return left if timeout is None or left < timeout else timeout
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most what the deadline leaves.
+
+    httpx's timeouts are per read: a server that drips the status line and the
+    headers one byte at a time never trips them. Here each wait is narrowed.
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _narrowed(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _narrowed(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        inner = self._inner.start_tls(ssl_context, server_hostname, _narrowed(timeout))
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's sync backend, its connections wrapped in :class:`_DeadlineStream`."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(
+            host, port, _narrowed(timeout), local_address, socket_options
+        )
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._inner.connect_unix_socket(path, _narrowed(timeout), socket_options)
+        return _DeadlineStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+#: httpcore's exceptions as httpx names them, the most specific first (httpx's own table).
+_CORE_FAULTS: Final[tuple[tuple[type[Exception], type[httpx.TransportError]], ...]] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+def _as_httpx(exc: Exception) -> httpx.TransportError | None:
+    for core, ours in _CORE_FAULTS:
+        if isinstance(exc, core):
+            return ours(str(exc))
+    return None
+
+
+class _CoreBody(httpx.SyncByteStream):
+    """An httpcore response body, its faults as httpx names them."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Iterable[bytes]) -> None:
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._inner
+        except Exception as exc:
+            mapped = _as_httpx(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _core_url(url: httpx.URL) -> httpcore.URL:
+    return httpcore.URL(
+        scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+    )
+
+
+class CoreTransport(httpx.BaseTransport):
+    """httpx's ``HTTPTransport`` made from public parts: an httpcore pool (direct or
+    through a proxy) on a network backend whose every wait ends by the call's deadline."""
+
+    def __init__(
+        self,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        limits: httpx.Limits = POOL_LIMITS,
+        proxy: httpx.Proxy | None = None,
+    ) -> None:
+        common: dict[str, Any] = {
+            "ssl_context": httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+            "network_backend": _DeadlineBackend(),
+        }
+        self.pool: httpcore.ConnectionPool
+        if proxy is None:
+            self.pool = httpcore.ConnectionPool(**common)
+        elif proxy.url.scheme in ("http", "https"):
+            self.pool = httpcore.HTTPProxy(
+                proxy_url=_core_url(proxy.url),
+                proxy_auth=proxy.raw_auth,
+                proxy_headers=proxy.headers.raw,
+                proxy_ssl_context=proxy.ssl_context,
+                **common,
+            )
+        elif proxy.url.scheme in ("socks5", "socks5h"):
+            try:
+                import socksio  # type: ignore[import-not-found]  # noqa: F401
+            except ImportError:
+                raise ImportError(
+                    "a SOCKS proxy needs the 'socksio' package: pip install 'httpx[socks]'"
+                ) from None
+            self.pool = httpcore.SOCKSProxy(
+                proxy_url=_core_url(proxy.url), proxy_auth=proxy.raw_auth, **common
+            )
+        else:
+            raise ValueError(
+                f"a proxy's scheme must be http, https, socks5 or socks5h, not {proxy.url.scheme!r}"
+            )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        core = httpcore.Request(
+            method=request.method,
+            url=_core_url(request.url),
+            headers=request.headers.raw,
+            content=cast(Iterable[bytes], request.stream),
+            extensions=request.extensions,
+        )
+        try:
+            answer = self.pool.handle_request(core)
+        except Exception as exc:
+            mapped = _as_httpx(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=_CoreBody(cast(Iterable[bytes], answer.stream)),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# -- the async pools: httpx's or aiohttp's, their faults named alike -----------------------
+
+#: The most an answer's head may hold, on every transport: h11 (under httpx) reads a
+#: head of up to 100 KiB; aiohttp is told the same for a line and a header field.
+HEAD_LIMIT: Final = 100 * 1024
+#: Header fields in one head: aiohttp's own default is 128; h11 counts only bytes.
+_MAX_HEADERS: Final = 1024
+
+
+def _aiohttp_fault(exc: BaseException) -> type[httpx.TransportError] | None:
+    """What httpx raises for what aiohttp raised (None: not aiohttp's, let it through)."""
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return httpx.ConnectError  # its text names the certificate failure
+    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return httpx.ProxyError
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout
+    if isinstance(exc, aiohttp.ServerTimeoutError | aiohttp.SocketTimeoutError):
+        return httpx.ReadTimeout
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol
+    if isinstance(
+        exc,
+        aiohttp.ClientResponseError  # a head it cannot parse: a bad status line, a long field
+        | aiohttp.ServerDisconnectedError
+        | aiohttp.ClientPayloadError,
+    ):
+        return httpx.RemoteProtocolError  # as h11 names the same faults under httpx
+    if isinstance(exc, aiohttp.ClientError):
+        return httpx.ReadError
+    return None
+
+
+def _from_aiohttp(exc: BaseException, request: httpx.Request) -> BaseException:
+    """httpx's error for ``exc``, raised by aiohttp or mapped by httpx-aiohttp (whose map
+    calls every connection error a ``ConnectTimeout``): named by the aiohttp error
+    itself, never chained to it (its ``request_info`` holds the request's headers)."""
+    origin = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
+    fault = _aiohttp_fault(origin)
+    if fault is None:
+        return exc
+    error = fault(f"{type(origin).__name__}: {origin}")
+    error.request = request
+    return error
+
+
+class _AiohttpBody(httpx.AsyncByteStream):
+    """An aiohttp response body, its faults as httpx names them."""
+
+    __slots__ = ("_inner", "_request")
+
+    def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request) -> None:
+        self._inner = inner
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except Exception as exc:  # mapped, or raised as it is
+            mapped = _from_aiohttp(exc, self._request)
+            if mapped is exc:
+                raise
+            raise mapped from None
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        except Exception as exc:  # mapped, or raised as it is
+            mapped = _from_aiohttp(exc, self._request)
+            if mapped is exc:
+                raise
+            raise mapped from None
+
+
+class AiohttpFaults(httpx.AsyncBaseTransport):
+    """httpx-aiohttp's transport, its faults named as on every other transport."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self.inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
-            return await self.inner.handle_async_request(request)
-        except httpx.ConnectTimeout as exc:
-            cause = exc.__cause__
-            if cause is None or isinstance(cause, TimeoutError):
+            response = await self.inner.handle_async_request(request)
+        except Exception as exc:  # mapped, or raised as it is
+            mapped = _from_aiohttp(exc, request)
+            if mapped is exc:
                 raise
-            import aiohttp
-
-            refused = isinstance(cause, aiohttp.ClientConnectorError)
-            fault = httpx.ConnectError if refused else httpx.ReadError
-            raise fault(str(exc), request=request) from cause
+            raise mapped from None
+        response.stream = _AiohttpBody(cast(httpx.AsyncByteStream, response.stream), request)
+        return response
 
     async def aclose(self) -> None:
         await self.inner.aclose()
 
 
-def _limits(kwargs: Mapping[str, Any]) -> httpx.Limits:
-    limits = kwargs.get("limits")
-    return limits if isinstance(limits, httpx.Limits) else POOL_LIMITS
+def _aiohttp_transport(
+    verify: ssl.SSLContext | str | bool,
+    cert: Any,
+    trust_env: bool,
+    limits: httpx.Limits,
+    proxy: httpx.Proxy | None,
+) -> httpx.AsyncBaseTransport:
+    """aiohttp's pool under httpx's types: no cookie jar, heads as large as httpx reads,
+    the certificates of the environment, proxies chosen by us (see :func:`env_proxies`)."""
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+    sizes: dict[str, Any] = {"max_line_size": HEAD_LIMIT, "max_field_size": HEAD_LIMIT}
+    if "max_headers" in inspect.signature(aiohttp.ClientSession).parameters:
+        sizes["max_headers"] = _MAX_HEADERS
+
+    def session() -> aiohttp.ClientSession:  # made on first use, inside the pool's loop
+        connector = aiohttp.TCPConnector(
+            limit=limits.max_connections or 0,
+            keepalive_timeout=limits.keepalive_expiry or 5.0,
+            ssl=context,
+        )
+        return aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, **sizes
+        )
+
+    return AiohttpFaults(AiohttpTransport(client=session, proxy=proxy, limits=limits))
 
 
 def _gated(inner: httpx.AsyncBaseTransport, limits: httpx.Limits) -> httpx.AsyncBaseTransport:
@@ -319,7 +652,125 @@ def _gated(inner: httpx.AsyncBaseTransport, limits: httpx.Limits) -> httpx.Async
     return inner if slots is None else GatedTransport(inner, AdmissionGate(slots))
 
 
-#: Parsed URLs a pool keeps (one or two endpoints a client, in practice).
+# -- proxies from the environment, routed without httpx's private API ----------------------
+
+
+def env_proxies() -> dict[str, str | None]:
+    """The proxy of each URL pattern, as httpx reads the environment for a client it makes:
+    ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` (any case) and ``NO_PROXY`` (None:
+    no proxy for that pattern; ``NO_PROXY=*``: none at all)."""
+    found = urllib.request.getproxies()
+    mounts: dict[str, str | None] = {}
+    for scheme in ("http", "https", "all"):
+        if found.get(scheme):
+            url = found[scheme]
+            mounts[f"{scheme}://"] = url if "://" in url else f"http://{url}"
+    for host in (h.strip() for h in found.get("no", "").split(",")):
+        if host == "*":
+            return {}
+        if not host:
+            continue
+        if "://" in host:
+            mounts[host] = None
+        elif _is_ip(host):
+            mounts[f"all://[{host}]" if ":" in host else f"all://{host}"] = None
+        elif host.lower() == "localhost":
+            mounts[f"all://{host}"] = None
+        else:
+            mounts[f"all://*{host}"] = None
+    return mounts
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("/")[0])
+    except ValueError:
+        return False
+    return True
+
+
+class _Pattern:
+    """One mount pattern (``all://``, ``https://``, ``all://*example.com``, ``http://h:8080``),
+    matched as httpx matches its own."""
+
+    __slots__ = ("host", "port", "rank", "scheme")
+
+    def __init__(self, pattern: str) -> None:
+        scheme, _, rest = pattern.partition("://")
+        self.scheme = "" if scheme == "all" else scheme.lower()
+        host, port = rest, None
+        if host.startswith("["):
+            inner, _, tail = host[1:].partition("]")
+            host = inner
+            if tail.startswith(":") and tail[1:].isdigit():
+                port = int(tail[1:])
+        elif host.count(":") == 1:
+            name, _, digits = host.partition(":")
+            if digits.isdigit():
+                host, port = name, int(digits)
+        self.host = host.lower().rstrip("/")
+        self.port = port
+        # httpx's order: a port first, then the longer host, then the longer scheme
+        self.rank = (port is not None, len(self.host), len(self.scheme))
+
+    def matches(self, url: httpx.URL) -> bool:
+        if self.scheme and url.scheme != self.scheme:
+            return False
+        host = url.host.lower()
+        if self.host.startswith("*."):
+            if not host.endswith(self.host[1:]):
+                return False
+        elif self.host.startswith("*"):
+            suffix = self.host[1:]
+            if host != suffix and not host.endswith("." + suffix):
+                return False
+        elif self.host and host != self.host:
+            return False
+        return self.port is None or url.port == self.port
+
+
+_Routed = TypeVar("_Routed")
+
+
+class Routes(Generic[_Routed]):
+    """Which transport carries a URL: the first matching mount's, else the default one."""
+
+    __slots__ = ("_cache", "default", "mounts")
+
+    def __init__(self, default: _Routed, mounts: Mapping[str, _Routed | None]) -> None:
+        self.default = default
+        patterns = [(_Pattern(p), t) for p, t in mounts.items()]
+        self.mounts = sorted(patterns, key=lambda item: item[0].rank, reverse=True)
+        self._cache: dict[tuple[str, str, int | None], _Routed] = {}
+
+    def __call__(self, url: httpx.URL) -> _Routed:
+        key = (url.scheme, url.host, url.port)
+        found = self._cache.get(key)
+        if found is None:
+            found = self.default
+            for pattern, transport in self.mounts:
+                if pattern.matches(url):
+                    found = self.default if transport is None else transport
+                    break
+            if len(self._cache) >= _URLS_KEPT:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
+
+
+def env_mounts(
+    make: Callable[[httpx.Proxy | None], _Routed], trust_env: bool = True
+) -> tuple[_Routed, dict[str, _Routed | None]]:
+    """A default transport and one per proxy of the environment, each made by ``make``:
+    what ``httpx.Client(transport=..., mounts=...)`` takes, from httpx's public API only."""
+    mounts: dict[str, _Routed | None] = {}
+    if trust_env:
+        for pattern, url in env_proxies().items():
+            mounts[pattern] = None if url is None else make(httpx.Proxy(url))
+    return make(None), mounts
+
+
+#: Parsed URLs (and routes) a pool keeps (one or two endpoints a client, in practice).
 _URLS_KEPT: Final = 64
 
 
@@ -329,21 +780,23 @@ class _Direct:
     ``httpx.Client.send`` runs an auth flow, a redirect loop, the cookie jar
     (a ``urllib`` request per answer) and event hooks around the transport:
     about 60 us a call, more than all of fluid_build's own work
-    (docs/benchmarks.md). A pool made by :func:`build_client` or
-    :func:`build_async_client` has no auth, hooks or cookies and follows no
-    redirect, so its requests go straight to the transport httpx would pick
-    (the direct pool, or a proxy's from the environment) and are otherwise the
-    same: the pool's default headers, the body httpx 0.28 would encode, the
-    timeouts. A pool a caller passes in (``http_client=``) keeps httpx's whole
-    path, its auth, hooks and cookies with it.
+    (docs/benchmarks.md). A pool made here has no auth, hooks or cookies and
+    follows no redirect, and it made its transports itself (the direct one and
+    one per proxy of the environment), so its requests go straight to the one
+    :class:`Routes` picks and are otherwise the same: the pool's default headers,
+    the body httpx 0.28 would encode, the timeouts. Only httpx's public API is
+    used. A pool a caller passes in (``http_client=``) keeps httpx's whole
+    path, its auth, hooks and cookies with it (never its redirects).
     """
 
     headers: httpx.Headers
     _fluid_urls: dict[str, httpx.URL]
     _fluid_defaults: dict[str, str]
+    _fluid_route: Routes[Any]
 
-    def _direct_init(self) -> None:
+    def _direct_init(self, route: Routes[Any]) -> None:
         self._fluid_urls = {}
+        self._fluid_route = route
         self._fluid_defaults = {
             **{name.lower(): value for name, value in self.headers.items()},
             "accept-encoding": ACCEPT_ENCODING,
@@ -378,22 +831,57 @@ class _Direct:
         )
 
 
+def _routing_mocked(cls: type[Any]) -> bool:
+    """Whether a test double (respx's ``using="httpx"`` mocker) stands in for httpx's own
+    choice of transport: then a pool of ours sends through ``send``, so the double sees
+    the request. Only looked at, never relied on: without the name, nothing is mocked."""
+    method = cls.__dict__.get("_transport_for_url")
+    return method is not None and not (getattr(method, "__module__", "") or "").startswith(
+        "httpx."
+    )
+
+
 def _closed() -> RuntimeError:
     return RuntimeError("Cannot send a request, as the client has been closed.")
 
 
 class PooledClient(_Direct, httpx.Client):
-    """The sync pool: ``httpx.Client`` whose call-path requests go straight to the transport."""
+    """The sync pool: ``httpx.Client`` over :class:`CoreTransport` (one per proxy of the
+    environment too), whose call-path requests go straight to the transport."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._direct_init()
+    def __init__(
+        self,
+        *,
+        timeout: httpx.Timeout | float = 5.0,
+        limits: httpx.Limits = POOL_LIMITS,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
+            return CoreTransport(
+                verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
+            )
+
+        default, mounts = env_mounts(make, trust_env)
+        super().__init__(
+            timeout=timeout,
+            headers=headers,
+            transport=default,
+            mounts=mounts,
+            trust_env=trust_env,
+            follow_redirects=False,
+        )
+        self._direct_init(Routes(default, mounts))
 
     def fluid_send(self, request: httpx.Request) -> httpx.Response:
         """The answer's head, its body left to stream; as ``send(request, stream=True)``."""
         if self.is_closed:
             raise _closed()
-        transport = self._transport_for_url(request.url)
+        if _routing_mocked(httpx.Client):
+            return self.send(request, stream=True)
+        transport: httpx.BaseTransport = self._fluid_route(request.url)
         try:
             response = transport.handle_request(request)
         except httpx.RequestError as exc:
@@ -404,22 +892,50 @@ class PooledClient(_Direct, httpx.Client):
 
 
 class PooledAsyncClient(_Direct, httpx.AsyncClient):
-    """``httpx.AsyncClient`` with a gate before each pool, the direct one and each proxy's.
+    """``httpx.AsyncClient`` over httpx's or aiohttp's pool (one per proxy of the
+    environment too), with a gate before each; made from httpx's public API."""
 
-    It hooks the two methods httpx uses to make pools, as httpx-aiohttp does,
-    so that proxies from the environment are honoured just as by httpx.
-    """
-
-    def __init__(self, *, transport_name: Transport = "httpx", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        transport_name: Transport = "httpx",
+        timeout: httpx.Timeout | float = 5.0,
+        limits: httpx.Limits = POOL_LIMITS,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.transport_name: Transport = transport_name
-        super().__init__(**kwargs)
-        self._direct_init()
+
+        def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
+            inner: httpx.AsyncBaseTransport
+            if transport_name == "aiohttp":
+                inner = _aiohttp_transport(verify, cert, trust_env, limits, proxy)
+            else:
+                inner = httpx.AsyncHTTPTransport(
+                    verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
+                )
+            return _gated(inner, limits)
+
+        default, mounts = env_mounts(make, trust_env)
+        super().__init__(
+            timeout=timeout,
+            headers=headers,
+            transport=default,
+            mounts=mounts,
+            trust_env=trust_env,
+            follow_redirects=False,
+        )
+        self._direct_init(Routes(default, mounts))
 
     async def fluid_send(self, request: httpx.Request) -> httpx.Response:
         """:meth:`PooledClient.fluid_send`, awaited."""
         if self.is_closed:
             raise _closed()
-        transport = self._transport_for_url(request.url)
+        if _routing_mocked(httpx.AsyncClient):
+            return await self.send(request, stream=True)
+        transport: httpx.AsyncBaseTransport = self._fluid_route(request.url)
         try:
             response = await transport.handle_async_request(request)
         except httpx.RequestError as exc:
@@ -427,28 +943,6 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
             raise
         response.request = request
         return response
-
-    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
-        if kwargs.get("transport") is not None:
-            return cast(httpx.AsyncBaseTransport, kwargs["transport"])
-        limits = _limits(kwargs)
-        if self.transport_name == "aiohttp":
-            from httpx_aiohttp import AiohttpTransport
-
-            inner: httpx.AsyncBaseTransport = _AiohttpFaults(
-                AiohttpTransport(
-                    verify=kwargs.get("verify", True),
-                    cert=kwargs.get("cert"),
-                    trust_env=kwargs.get("trust_env", True),
-                    limits=limits,
-                )
-            )
-        else:
-            inner = super()._init_transport(*args, **kwargs)
-        return _gated(inner, limits)
-
-    def _init_proxy_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
-        return _gated(super()._init_proxy_transport(*args, **kwargs), _limits(kwargs))
 
 
 _Pool = TypeVar("_Pool", httpx.Client, httpx.AsyncClient)
