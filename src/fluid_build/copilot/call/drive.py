@@ -14,18 +14,27 @@ shells hand it over and resume the plan; a caller that stops early has its
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from contextvars import ContextVar
 from typing import Any, Final, Generic, TypeVar, cast
 
 import httpx
 
+from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
+from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
 from fluid_build.copilot.llm.base import aiter_stream, iter_stream
 from fluid_build.copilot.llm.types import StreamEvent
+from fluid_build.errors import FluidError
 
 __all__ = [
+    "CALL_ENDS",
+    "DEADLINE_EXTENSION",
     "END",
     "Bytes",
     "Call",
@@ -45,6 +54,7 @@ __all__ = [
     "arun",
     "astream",
     "run",
+    "sever",
     "stream",
 ]
 
@@ -71,21 +81,171 @@ class Pools:
         self.async_ = async_
 
 
+#: The request extension that carries the call's :class:`Deadline` (call/prepare.py sets it).
+DEADLINE_EXTENSION: Final = "fluid.deadline"
+
+#: When (on ``time.monotonic``) the call running in this context must end; None between
+#: calls. The sync shell sets it around each piece of I/O, and the sync pool's sockets
+#: wait no longer (call/transport.py). The async shell bounds its awaits instead.
+CALL_ENDS: Final[ContextVar[float | None]] = ContextVar("fluid_call_ends", default=None)
+
+
+def _deadline(request: httpx.Request) -> Deadline | None:
+    found = request.extensions.get(DEADLINE_EXTENSION)
+    return found if isinstance(found, Deadline) else None
+
+
+@contextlib.contextmanager
+def _until(deadline: Deadline | None) -> Iterator[None]:
+    """Every socket wait of the sync pool inside here ends by ``deadline``."""
+    if deadline is None:
+        yield
+        return
+    token = CALL_ENDS.set(time.monotonic() + deadline.left())
+    try:
+        yield
+    finally:
+        CALL_ENDS.reset(token)
+
+
+def _past(request: httpx.Request | None) -> httpx.ReadTimeout:
+    error = httpx.ReadTimeout("the call's deadline passed")
+    if request is not None:
+        error.request = request
+    return error
+
+
+_GRACE: Final = 0.05
+
+
+async def _within(deadline: Deadline | None, awaitable: Awaitable[T]) -> T:
+    """``await awaitable``, cancelled when ``deadline`` passes (then httpx's ReadTimeout,
+    which the plan names after the deadline). Whatever the transport, a server that
+    drips its head or its body cannot hold an async call past its deadline."""
+    if deadline is None:
+        return await awaitable
+    # A moment's grace: where the transport's own timeouts (cut to the deadline) end the
+    # wait, their error says what was being waited for (a connection, a slot, the head).
+    timer = asyncio.timeout(max(deadline.left(), 0.0) + _GRACE)
+    try:
+        async with timer:
+            return await awaitable
+    except TimeoutError:
+        if timer.expired():
+            raise _past(None) from None
+        raise
+
+
+def _origin(location: str, base: httpx.URL) -> str:
+    try:
+        url = base.join(location)
+        return redact_url(f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}")
+    except Exception:  # noqa: BLE001 - a Location that is no URL at all
+        return truncate(one_line(redact(location)), 80)
+
+
+def refuse_redirect(response: httpx.Response) -> None:
+    """A 3xx is its own error: no pool follows a redirect (the key would go with it)."""
+    status = response.status_code
+    if not 300 <= status < 400:
+        return
+    deadline = _deadline(response.request)
+    provider = deadline.provider if deadline is not None else None
+    model = deadline.model if deadline is not None else None
+    location = response.headers.get("location")
+    where = f"to {_origin(location, response.request.url)}" if location else "with no Location"
+    response.close()
+    raise ProviderError(
+        f"{provider or 'the provider'} answered HTTP {status}, a redirect {where}; fluid_build "
+        "never follows one (the key would go with it): set the base URL to the endpoint "
+        "that answers",
+        provider=provider,
+        model=model,
+        status_code=status,
+        code="llm.bad_endpoint",
+        retryable=False,
+        details={"location_origin": _origin(location, response.request.url)} if location else {},
+    )
+
+
+async def _arefuse_redirect(response: httpx.Response) -> None:
+    if 300 <= response.status_code < 400:
+        await response.aclose()
+        refuse_redirect(response)
+
+
 def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
     """The answer's head, its body left to stream: straight to the transport on a pool of
-    ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool."""
+    ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool,
+    never following a redirect."""
     direct = getattr(pool, "fluid_send", None)
-    if direct is not None:
-        return cast(httpx.Response, direct(request))
-    return pool.send(request, stream=True)
+    with _until(_deadline(request)):
+        if direct is not None:
+            response = cast(httpx.Response, direct(request))
+        else:
+            response = pool.send(request, stream=True, follow_redirects=False)
+    refuse_redirect(response)
+    return response
 
 
 async def asend(pool: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """:func:`send`, awaited."""
+    """:func:`send`, awaited, within the call's deadline."""
     direct = getattr(pool, "fluid_send", None)
     if direct is not None:
-        return cast(httpx.Response, await direct(request))
-    return await pool.send(request, stream=True)
+        sending = cast(Awaitable[httpx.Response], direct(request))
+    else:
+        sending = pool.send(request, stream=True, follow_redirects=False)
+    response = await _within(_deadline(request), sending)
+    await _arefuse_redirect(response)
+    return response
+
+
+# -- what leaves the shells: no credential chained to it --------------------------------------
+
+
+def _safe_request(request: httpx.Request) -> httpx.Request:
+    """The request without its credentials: headers by name, the URL's userinfo and keys."""
+    headers = [(k, v) for k, v in request.headers.items() if not is_credential_header(k)]
+    return httpx.Request(request.method, redact_url(str(request.url)), headers=headers)
+
+
+def _stand_in(exc: BaseException, depth: int = 0) -> BaseException | None:
+    """What a fluid error may carry as its cause in place of ``exc``: the same class and
+    (already redacted) text, without what a foreign exception holds (the request and
+    its headers, aiohttp's ``request_info``, the raw head) and without a chain."""
+    if isinstance(exc, FluidError):
+        if depth < 3:
+            sever(exc, depth + 1)
+        return exc
+    try:
+        text = truncate(one_line(redact(str(exc))), 500)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        text = ""
+    request = getattr(exc, "_request", None)  # httpx's own slot: reading it never raises
+    safe = _safe_request(request) if isinstance(request, httpx.Request) else None
+    if isinstance(exc, httpx.HTTPStatusError):
+        asked = safe or httpx.Request("GET", "http://unknown.invalid")
+        answer = httpx.Response(exc.response.status_code, request=asked)
+        return httpx.HTTPStatusError(text, request=asked, response=answer)
+    try:
+        stand_in = type(exc)(text)
+    except Exception:  # noqa: BLE001 - a class that wants other arguments
+        stand_in = RuntimeError(f"{type(exc).__name__}: {text}")
+    if safe is not None and isinstance(stand_in, httpx.RequestError):
+        stand_in.request = safe
+    return stand_in
+
+
+def sever(error: FluidError, depth: int = 0) -> FluidError:
+    """``error`` as it leaves the shells: its cause a stand-in (:func:`_stand_in`), its
+    context dropped, so that nothing chained to it carries the key, whatever the
+    transport put there (a request's headers, a head echoed in a message)."""
+    cause = error.__cause__
+    if cause is not None:
+        error.__cause__ = _stand_in(cause, depth)
+    error.__context__ = None
+    error.__suppress_context__ = True
+    return error
 
 
 class Effect(ABC):
@@ -181,10 +341,11 @@ class ReadBody(Effect):
         self.limits = limits
 
     def run(self) -> httpx.Response:
-        return read_body(self.response, self.deadline, self.limits)
+        with _until(self.deadline):
+            return read_body(self.response, self.deadline, self.limits)
 
     async def arun(self) -> httpx.Response:
-        return await aread_body(self.response, self.deadline, self.limits)
+        return await _within(self.deadline, aread_body(self.response, self.deadline, self.limits))
 
 
 class Exchange(Effect):
@@ -213,7 +374,8 @@ class Exchange(Effect):
         response = send(cast(httpx.Client, self.pool), self.request)
         try:
             self.where = "the body"
-            return read_body(response, self.deadline, self.limits)
+            with _until(self.deadline):
+                return read_body(response, self.deadline, self.limits)
         finally:
             response.close()
 
@@ -221,7 +383,7 @@ class Exchange(Effect):
         response = await asend(cast(httpx.AsyncClient, self.pool), self.request)
         try:
             self.where = "the body"
-            return await aread_body(response, self.deadline, self.limits)
+            return await _within(self.deadline, aread_body(response, self.deadline, self.limits))
         finally:
             await response.aclose()
 
@@ -249,10 +411,31 @@ class Events(Effect):
         self.stream_format = stream_format
 
     def run(self) -> Iterator[tuple[str, Any]]:
-        return self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
+        events = self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
+        return _until_each(events, self.reader.reader.deadline)
 
     async def arun(self) -> AsyncIterator[tuple[str, Any]]:
-        return self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
+        events = self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
+        return _awithin_each(events, self.reader.reader.deadline)
+
+
+def _until_each(items: Iterator[T], deadline: Deadline) -> Iterator[T]:
+    """``items``, each read within ``deadline`` (the sync pool's sockets wait no longer)."""
+    while True:
+        with _until(deadline):
+            item = next(items, END)
+        if item is END:
+            return
+        yield cast(T, item)
+
+
+async def _awithin_each(items: AsyncIterator[T], deadline: Deadline) -> AsyncIterator[T]:
+    """``items``, each awaited within ``deadline``."""
+    while True:
+        item = await _within(deadline, anext(items, END))
+        if item is END:
+            return
+        yield cast(T, item)
 
 
 class Next(Effect):
@@ -335,6 +518,9 @@ def _stream(
             step = send(value)
         except StopIteration as done:
             return done.value
+        except FluidError as error:
+            sever(error)
+            raise
         try:
             value = (yield step.item) if isinstance(step, Emit) else step.run()
             send = plan.send
@@ -356,6 +542,9 @@ def run(plan: Plan[T]) -> T:
         except StopIteration as done:
             result: T = done.value
             return result
+        except FluidError as error:
+            sever(error)
+            raise
         if isinstance(step, Emit):
             # As when stream()'s caller stops: the plan's cleanup still runs its effects.
             steps = _stream(plan, GeneratorExit(), plan.throw)
@@ -384,6 +573,9 @@ async def _steps(plan: Plan[Any], emits: bool) -> AsyncGenerator[Any, Any]:
             if not emits:
                 yield done.value
             return
+        except FluidError as error:
+            sever(error)
+            raise
         try:
             value = (yield step.item) if isinstance(step, Emit) else await step.arun()
             send = plan.send

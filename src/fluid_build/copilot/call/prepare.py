@@ -10,11 +10,12 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import BaseModel
 
+from fluid_build.copilot.call.drive import DEADLINE_EXTENSION
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING, Deadline
 from fluid_build.copilot.llm.base import Request
 from fluid_build.copilot.llm.types import CallSpec, ToolSpec
@@ -159,24 +160,26 @@ def http_request(
     its own header out on every request.
     """
     direct = getattr(client, "fluid_json_request", None)
+    built: httpx.Request
     if direct is not None:  # a pool of ours (call/transport.py): no build_request needed
-        return cast(
-            httpx.Request,
-            direct(
-                request.method,
-                request.url,
-                request.headers,
-                request.json,
-                deadline.timeout(per_attempt),
-            ),
+        built = direct(
+            request.method,
+            request.url,
+            request.headers,
+            request.json,
+            deadline.timeout(per_attempt),
         )
-    headers = request.headers
-    if client.headers.get("accept-encoding") != ACCEPT_ENCODING:
-        headers = {"accept-encoding": ACCEPT_ENCODING, **headers}
-    return client.build_request(
-        request.method,
-        request.url,
-        headers=headers,
-        json=request.json,
-        timeout=deadline.timeout(per_attempt),
-    )
+    else:
+        headers = request.headers
+        if client.headers.get("accept-encoding") != ACCEPT_ENCODING:
+            headers = {"accept-encoding": ACCEPT_ENCODING, **headers}
+        built = client.build_request(
+            request.method,
+            request.url,
+            headers=headers,
+            json=request.json,
+            timeout=deadline.timeout(per_attempt),
+        )
+    # The shells bound every wait of this request by it (call/drive.py).
+    built.extensions[DEADLINE_EXTENSION] = deadline
+    return built

@@ -39,7 +39,6 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from contextvars import ContextVar
 from typing import Any, Final, Generic, Literal, TypeVar, cast
 
 import httpcore
@@ -47,6 +46,7 @@ import httpx
 
 from fluid_build._redact import one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.call.drive import CALL_ENDS
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 
 __all__ = [
@@ -305,10 +305,6 @@ class GatedTransport(httpx.AsyncBaseTransport):
 
 
 # -- the sync pool: httpcore under httpx's types, every socket wait inside the call's deadline --
-
-#: When (on ``time.monotonic``) the call running in this context must end; None between calls.
-#: Set by the call's effects (call/drive.py) around each piece of I/O of the sync shell.
-CALL_ENDS: Final[ContextVar[float | None]] = ContextVar("fluid_call_ends", default=None)
 
 
 def _narrowed(timeout: float | None) -> float | None:
@@ -836,9 +832,7 @@ def _routing_mocked(cls: type[Any]) -> bool:
     choice of transport: then a pool of ours sends through ``send``, so the double sees
     the request. Only looked at, never relied on: without the name, nothing is mocked."""
     method = cls.__dict__.get("_transport_for_url")
-    return method is not None and not (getattr(method, "__module__", "") or "").startswith(
-        "httpx."
-    )
+    return method is not None and not (getattr(method, "__module__", "") or "").startswith("httpx.")
 
 
 def _closed() -> RuntimeError:
