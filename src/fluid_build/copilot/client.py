@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
+    from fluid_build.copilot.call.transport import LoopPools
     from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
     from fluid_build.copilot.health.cooldown import CooldownKey
     from fluid_build.copilot.llm.base import Adapter, ProviderConfig
@@ -208,8 +209,8 @@ class LLMClient:
         )
         self._http = http_client
         self._owns_http = http_client is None
-        self._ahttp = async_http_client
-        self._owns_ahttp = async_http_client is None
+        self._ahttp = async_http_client  # the caller's own, used in whatever loop they use it
+        self._apools: LoopPools | None = None  # ours: one pool per event loop
         self._env = env
         self._entry = Entry.configured(
             config,
@@ -307,24 +308,35 @@ class LLMClient:
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
-        if self._ahttp is None:
-            from fluid_build.copilot.call.transport import build_async_client
+        """The async pool for the running event loop: the caller's, else one of ours per
+        loop (closed when that loop shuts down, as at the end of ``asyncio.run``)."""
+        if self._ahttp is not None:
+            return self._ahttp
+        pools = self._apools
+        if pools is None:
+            from fluid_build.copilot.call.transport import LoopPools, build_async_client
 
-            self._ahttp = build_async_client(self.config.timeout, self.provider, self._env)
-        return self._ahttp
+            def make() -> httpx.AsyncClient:
+                return build_async_client(self.config.timeout, self.provider, self._env)
+
+            pools = self._apools = LoopPools(make)
+        return pools.get()
 
     def close(self) -> None:
-        """Close the connection pools this client (and its fallbacks) opened."""
+        """Close the connection pools this client (and its fallbacks) opened, from any
+        thread or loop; a pool of a running loop closes there, as a task."""
         if self._owns_http and self._http is not None:
             self._http.close()
             self._http = None
+        if self._apools is not None:
+            self._apools.close()
         for fallback in self.fallbacks:
             fallback.close()
 
     async def aclose(self) -> None:
-        if self._owns_ahttp and self._ahttp is not None:
-            await self._ahttp.aclose()
-            self._ahttp = None
+        """Close this loop's pool now (and every other, as :meth:`close` does)."""
+        if self._apools is not None:
+            await self._apools.aclose()
         for fallback in self.fallbacks:
             await fallback.aclose()
         self.close()

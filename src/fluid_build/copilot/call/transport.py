@@ -35,6 +35,7 @@ import ipaddress
 import json
 import os
 import ssl
+import threading
 import time
 import urllib.request
 from collections import deque
@@ -60,6 +61,7 @@ __all__ = [
     "AiohttpFaults",
     "CoreTransport",
     "GatedTransport",
+    "LoopPools",
     "PooledAsyncClient",
     "PooledClient",
     "Routes",
@@ -999,3 +1001,118 @@ def build_async_client(
         ),
         provider,
     )
+
+
+# -- one async pool per event loop -----------------------------------------------------------
+
+
+async def _closer(pool: httpx.AsyncClient, forget: Callable[[], None]) -> AsyncIterator[None]:
+    """Started and left waiting in its loop; the loop closes it as it shuts down (asyncio
+    shuts down every async generator it started at the end of ``asyncio.run``), which
+    closes ``pool`` while the loop can still run its cleanup."""
+    try:
+        yield
+    finally:
+        forget()
+        with contextlib.suppress(Exception):
+            await pool.aclose()
+
+
+def _started(closer: AsyncIterator[None]) -> None:
+    """Run ``closer`` to its ``yield`` without awaiting: it awaits nothing before it, and
+    asking for its first item is what registers it with the running loop."""
+    step = closer.__anext__()
+    try:
+        step.send(None)  # type: ignore[attr-defined]
+    except StopIteration:
+        return
+    raise AssertionError("a closer awaited before its yield")
+
+
+class LoopPools:
+    """An async pool for each event loop a client is used in, made there on first use.
+
+    An ``httpx.AsyncClient`` (and the aiohttp session under it) belongs to the loop
+    it first ran in; used from another it fails ("Event loop is closed") for good.
+    Here each loop gets its own, closed when that loop shuts down (the end of
+    ``asyncio.run``), by :meth:`aclose` in it, or by :meth:`close` from anywhere,
+    with no "Unclosed client session" left behind. Threads each running their own
+    loop share the client safely.
+    """
+
+    def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
+        self._make = make
+        self._pools: dict[
+            asyncio.AbstractEventLoop | None, tuple[httpx.AsyncClient, AsyncIterator[None] | None]
+        ] = {}
+        self._lock = threading.Lock()
+        self._closing: set[asyncio.Future[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    def get(self) -> httpx.AsyncClient:
+        """The running loop's pool (made now if it has none)."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # made outside any loop: the caller closes it
+        found = self._pools.get(loop)
+        if found is not None:
+            return found[0]
+        with self._lock:
+            found = self._pools.get(loop)
+            if found is not None:
+                return found[0]
+            for other in [o for o in self._pools if o is not None and o.is_closed()]:
+                del self._pools[other]  # its loop ended without shutting down: nothing to run
+            pool = self._make()
+            closer = None
+            if loop is not None:
+                closer = _closer(pool, lambda: self._forget(loop, pool))
+                _started(closer)
+            self._pools[loop] = (pool, closer)
+        return pool
+
+    def _forget(self, loop: asyncio.AbstractEventLoop | None, pool: httpx.AsyncClient) -> None:
+        with self._lock:
+            found = self._pools.get(loop)
+            if found is not None and found[0] is pool:
+                del self._pools[loop]
+
+    async def aclose(self) -> None:
+        """Close the running loop's pool now, and the others as :meth:`close` does."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            found = self._pools.pop(loop, None)
+        if found is not None:
+            pool, closer = found
+            if closer is not None:
+                await closer.aclose()  # type: ignore[attr-defined]
+            else:
+                await pool.aclose()
+        self.close()
+
+    def close(self) -> None:
+        """Close every pool, each in its own loop: now if that loop is not running, else
+        as a task there (this loop's), or from this thread (another thread's loop)."""
+        with self._lock:
+            found = list(self._pools.items())
+            self._pools.clear()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, (pool, closer) in found:
+            ending = closer.aclose() if closer is not None else pool.aclose()  # type: ignore[attr-defined]
+            if loop is None or loop.is_closed():
+                ending.close()  # nothing can run it; its loop's shutdown closed the pool
+            elif loop is running:
+                task = loop.create_task(ending)
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(ending, loop)
+            else:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(ending)
