@@ -222,16 +222,20 @@ class Recorder:
     def client(self, inner: httpx.BaseTransport | None = None, **kwargs: Any) -> httpx.Client:
         """An ``httpx.Client`` (``kwargs`` as for it) whose every exchange is recorded.
 
-        Without ``inner`` the client is made as httpx makes any client, so the
-        proxies of the environment (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``)
-        and its certificate settings apply as they would to a call that is not
-        recorded; then each of its transports is wrapped.
+        Without ``inner`` the client's transports are made as fluid's own pools make
+        theirs (call/transport.py ``env_mounts``), so the proxies of the environment
+        (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``) and its certificate settings
+        apply as they would to a call that is not recorded; each is recorded.
         """
         if inner is not None:
             return httpx.Client(transport=self.transport(inner), **kwargs)
-        http = httpx.Client(**kwargs)
-        self._wrap(http)
-        return http
+        from fluid_build.copilot.call.transport import env_mounts
+
+        def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
+            return self.transport(httpx.HTTPTransport(proxy=proxy))
+
+        default, mounts = env_mounts(make)
+        return httpx.Client(transport=default, mounts=mounts, **kwargs)
 
     def async_client(
         self, inner: httpx.AsyncBaseTransport | None = None, **kwargs: Any
@@ -239,22 +243,13 @@ class Recorder:
         """An ``httpx.AsyncClient`` recording every exchange; proxies as in :meth:`client`."""
         if inner is not None:
             return httpx.AsyncClient(transport=self.async_transport(inner), **kwargs)
-        http = httpx.AsyncClient(**kwargs)
-        self._wrap(http)
-        return http
+        from fluid_build.copilot.call.transport import env_mounts
 
-    def _wrap(self, http: httpx.Client | httpx.AsyncClient) -> None:
-        """Record through every transport ``http`` chose: its default one and its proxy mounts.
+        def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
+            return self.async_transport(httpx.AsyncHTTPTransport(proxy=proxy))
 
-        httpx picks the proxy transports only when it makes the transport
-        itself, so they are wrapped after the fact (``_transport`` and
-        ``_mounts`` have held them since httpx 0.18).
-        """
-        http._transport = RecordingTransport(http._transport, recorder=self)
-        http._mounts = {  # type: ignore[assignment]
-            pattern: None if transport is None else RecordingTransport(transport, recorder=self)
-            for pattern, transport in http._mounts.items()
-        }
+        default, mounts = env_mounts(make)
+        return httpx.AsyncClient(transport=default, mounts=mounts, **kwargs)
 
     def _begin(self, request: httpx.Request) -> str:
         self._learn(request)
