@@ -179,13 +179,52 @@ def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
     ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool,
     never following a redirect."""
     direct = getattr(pool, "fluid_send", None)
-    with _until(_deadline(request)):
-        if direct is not None:
+    deadline = _deadline(request)
+    if direct is not None:
+        with _until(deadline):
             response = cast(httpx.Response, direct(request))
-        else:
-            response = pool.send(request, stream=True, follow_redirects=False)
+    elif deadline is None:
+        response = pool.send(request, stream=True, follow_redirects=False)
+    else:
+        response = _head_within(pool, request, deadline)
     refuse_redirect(response)
     return response
+
+
+#: Threads that wait for the heads of answers on callers' own sync pools.
+_HEADS: Final = 32
+_head_pool: Any = None
+_head_lock = threading.Lock()
+
+
+def _head_within(pool: httpx.Client, request: httpx.Request, deadline: Deadline) -> httpx.Response:
+    """``pool.send(...)`` on a caller's own sync pool, given up at the deadline.
+
+    Its sockets are the caller's: fluid cannot narrow their waits as it does its
+    own pool's, and a server that drips its head would hold the call. So the head
+    is awaited on a worker thread, for no longer than the deadline leaves; past it
+    the call fails on time and the worker closes whatever answer comes later.
+    """
+    global _head_pool
+    if _head_pool is None:
+        with _head_lock:
+            if _head_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _head_pool = ThreadPoolExecutor(_HEADS, thread_name_prefix="fluid-head")
+    from concurrent.futures import TimeoutError as Late
+
+    sent = _head_pool.submit(pool.send, request, stream=True, follow_redirects=False)
+    try:
+        return cast(httpx.Response, sent.result(timeout=max(deadline.left(), 0.0) + _GRACE))
+    except Late:
+        sent.add_done_callback(_close_late)
+        raise _past(request) from None
+
+
+def _close_late(sent: Any) -> None:
+    if not sent.cancelled() and sent.exception() is None:
+        sent.result().close()
 
 
 async def asend(pool: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
