@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
@@ -411,16 +411,20 @@ class Entry:
         The deadline ``start()`` s when the caller first asks for an event. A
         failure before anything was emitted is retried by the envelope; a
         failure after raises the typed error with ``details["partial_text"]``
-        and the tool calls that completed. With a ``trace``, as in
-        :meth:`complete`; the answering attempt's span lasts until the stream ends.
+        and the tool calls that completed. A stream that ends without its
+        provider's end marker (``state.done``: see each adapter's
+        ``stream_end``) was cut: ``llm.network_error``, never ``done``. With a
+        ``trace``, as in :meth:`complete`; the answering attempt's span lasts
+        until the stream ends.
         """
         deadline = start()
         prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         spec = prepared.spec
         attempts = 0
+        decoder = self.decoder
 
-        def opening() -> Plan[tuple[httpx.Response, Any, list[StreamEvent], StreamState]]:
+        def opening() -> Plan[tuple[httpx.Response, Any, list[StreamEvent], _DoneReader]]:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
@@ -436,20 +440,30 @@ class Entry:
             except httpx.TimeoutException as exc:
                 raise timed_out(exc, deadline, "the response headers") or exc from exc
             self.observed(response)
-            reader = StreamReader(response, deadline, self.limits)
+            reader = _DoneReader(response, deadline, self.limits, state, self.adapter.stream_format)
             try:
                 if response.is_error:
                     yield ReadBody(response, deadline, self.limits)  # raises, for classification
                 chunks = yield Events(reader, self.adapter.stream_format)
                 while (item := (yield Next(chunks))) is not END:
                     event, data = item
-                    first = self.decoder.chunk(response, state, spec, event, data, started=False)
+                    first = decoder.chunk(response, state, spec, event, data, started=False)
                     if first:
-                        return response, chunks, first, state
-                return response, chunks, [], state
+                        return response, chunks, first, reader
+                if not state.done:  # nothing for the caller, and no end: retried
+                    raise decoder.cut(state, reader, emitted=False, response=response)
+                return response, chunks, [], reader
             except httpx.TimeoutException as exc:
                 yield Close(response)
                 raise timed_out(exc, deadline, reader.reader.where) or exc from exc
+            except (httpx.TransportError, OSError) as exc:
+                yield Close(response)
+                if response.is_error:
+                    raise
+                if state.done:  # the answer had said it was over: only the connection's end failed
+                    return response, chunks, [], reader
+                # The answer had begun (its head said 200): a cut stream, not a failed connection.
+                raise decoder.cut(state, reader, emitted=False, response=response, exc=exc) from exc
             except BaseException:
                 yield Close(response)
                 raise
@@ -459,29 +473,75 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
-        response, chunks, first, state = yield from self.envelope.plan(attempting, **bounds)
+        response, chunks, first, reader = yield from self.envelope.plan(attempting, **bounds)
+        state = reader.state
         try:
             for item in first:
                 yield Emit(item)
             try:
                 while (pair := (yield Next(chunks))) is not END:
                     event, data = pair
-                    for item in self.decoder.chunk(
-                        response, state, spec, event, data, started=True
-                    ):
+                    for item in decoder.chunk(response, state, spec, event, data, started=True):
                         yield Emit(item)
             except (httpx.HTTPError, OSError) as exc:
-                raise self.decoder.interrupted(exc, state, deadline) from exc
+                # After the end marker only the connection's end failed (a missing last chunk):
+                # the answer is whole.
+                if not state.done:
+                    raise decoder.interrupted(exc, state, deadline, reader, response) from exc
             except AgentExecutionError as error:
                 if "interrupted" in error.details:
                     raise
                 raise error.with_details(interrupted=True, **state.partial()) from error
+            if not state.done:
+                raise decoder.cut(state, reader, emitted=True, response=response)
         finally:
             yield Close(response)
-        completion = self.decoder.completion(
-            state.parsed(), prepared, attempts, request_id(response)
-        )
+        completion = decoder.completion(state.parsed(), prepared, attempts, request_id(response))
         yield Emit(StreamEvent(type="done", completion=completion))
+
+
+_DONE_LINES = frozenset({"data: [DONE]", "data:[DONE]"})
+
+
+class _DoneReader(StreamReader):
+    """A stream's reader that also marks ``state.done`` at SSE's ``data: [DONE]``.
+
+    The chunk reader (llm/base.py) ends the chunks at ``[DONE]`` without handing
+    it on; it is how an OpenAI-style stream says it is over (the adapters mark
+    every other end marker themselves).
+    """
+
+    def __init__(
+        self,
+        response: httpx.Response,
+        deadline: Deadline,
+        limits: Limits,
+        state: StreamState,
+        stream_format: str,
+    ) -> None:
+        super().__init__(response, deadline, limits)
+        self.state = state
+        self.sse = stream_format == "sse"
+
+    def lines(self) -> Iterator[str]:
+        lines = super().lines()
+        return self._marked(lines) if self.sse else lines
+
+    def alines(self) -> AsyncIterator[str]:
+        lines = super().alines()
+        return self._amarked(lines) if self.sse else lines
+
+    def _marked(self, lines: Iterator[str]) -> Iterator[str]:
+        for line in lines:
+            if len(line) < 13 and line in _DONE_LINES:
+                self.state.done = True
+            yield line
+
+    async def _amarked(self, lines: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for line in lines:
+            if len(line) < 13 and line in _DONE_LINES:
+                self.state.done = True
+            yield line
 
 
 # -- the fallback chain ------------------------------------------------------------------

@@ -8,6 +8,7 @@ response model (``SchemaValidationError``, ``llm.parse_error`` for non-JSON).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -15,13 +16,14 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from fluid_build._redact import one_line, redact, truncate
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ProviderError,
     SchemaValidationError,
 )
 from fluid_build.copilot.call.prepare import Prepared, response_schema
-from fluid_build.copilot.call.wire import Deadline, decode_json
+from fluid_build.copilot.call.wire import Deadline, StreamReader, decode_json
 from fluid_build.copilot.llm.base import Adapter, Parsed, StreamState, first_wrong_field
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
@@ -45,6 +47,28 @@ def timed_out(
 
 
 _REQUEST_ID_HEADERS: Final = (b"x-request-id", b"request-id", b"apim-request-id")
+
+
+def _characters(state: StreamState) -> int:
+    return sum(map(len, state.text))
+
+
+def _snapshot(state: StreamState, reader: StreamReader) -> dict[str, int]:
+    """How much of a stream had arrived, for an error's details."""
+    return {
+        "events_received": reader.events,
+        "characters_received": _characters(state),
+        "received_bytes": reader.reader.size,
+    }
+
+
+def _received(state: StreamState, events: int) -> str:
+    """How much of a stream had arrived, as "3 events / 9 characters"."""
+    characters = _characters(state)
+    return (
+        f"{events} event{'' if events == 1 else 's'} / "
+        f"{characters} character{'' if characters == 1 else 's'}"
+    )
 
 
 def request_id(response: httpx.Response) -> str | None:
@@ -164,19 +188,84 @@ class Decoder:
             raise misshapen from exc
 
     def interrupted(
-        self, exc: BaseException, state: StreamState, deadline: Deadline
+        self,
+        exc: BaseException,
+        state: StreamState,
+        deadline: Deadline,
+        reader: StreamReader,
+        response: httpx.Response | None = None,
     ) -> AgentExecutionError:
-        """The typed error of a stream cut off after the caller had events."""
+        """The typed error of a stream cut off after the caller had events.
+
+        A connection that failed is :meth:`cut` (it had answered); a timeout,
+        the deadline or anything else keeps its own error, which says where
+        the stream stopped too.
+        """
         error: AgentExecutionError | None = None
         if isinstance(exc, httpx.TimeoutException):
-            error = timed_out(exc, deadline, "the rest of the stream")
+            error = timed_out(exc, deadline, reader.reader.where)
         if error is None:
-            from fluid_build.copilot.agents.error_classification import classify_provider_error
+            error = self.classified(exc)
+        if error.code == "llm.network_error":
+            return self.cut(state, reader, emitted=True, response=response, exc=exc, error=error)
+        return error.with_details(
+            note=f"the stream stopped after {_received(state, reader.events)}",
+            **_snapshot(state, reader),
+            interrupted=True,
+            **state.partial(),
+        )
 
-            error = classify_provider_error(
-                exc, provider=self.provider, model=self.model, secrets=self.secrets
-            )
-        return error.with_details(interrupted=True, **state.partial())
+    def cut(
+        self,
+        state: StreamState,
+        reader: StreamReader,
+        *,
+        emitted: bool,
+        response: httpx.Response | None = None,
+        exc: BaseException | None = None,
+        error: AgentExecutionError | None = None,
+    ) -> ProviderError:
+        """A stream that ended before its provider's end marker: ``llm.network_error``.
+
+        The connection closed (``exc`` None) or failed (``exc``; ``error``, what
+        it is classified as) after ``reader.events`` events. Retryable: the
+        answer never finished. Once the caller had events (``emitted``) the
+        error carries what had arrived, as :meth:`interrupted` does; before,
+        the envelope retries it.
+        """
+        who = f"{self.provider} ({self.model})"
+        end = getattr(self.adapter, "stream_end", None) or "its end marker"
+        details: dict[str, Any] = {}
+        if exc is None:
+            how = f"the connection closed before {end}"
+        else:
+            text = ""
+            with contextlib.suppress(Exception):  # a hostile __str__
+                text = str(exc)
+            how = truncate(one_line(redact(text, self.secrets)), 300) or type(exc).__name__
+            details.update((error or self.classified(exc)).details)  # the exception, the URL
+        details.update(_snapshot(state, reader))
+        if emitted:
+            details.update(interrupted=True, **state.partial())
+        before = "" if emitted else ", before any of it reached the caller"
+        return ProviderError(
+            f"the stream from {who} was cut after {_received(state, reader.events)}{before}: {how}",
+            provider=self.provider,
+            model=self.model,
+            request_id=None if response is None else request_id(response),
+            code="llm.network_error",
+            retryable=True,
+            details=details,
+            secrets=self.secrets,
+        )
+
+    def classified(self, exc: BaseException) -> AgentExecutionError:
+        """``exc`` as its typed error (and redacted in place: it is chained to what is raised)."""
+        from fluid_build.copilot.agents.error_classification import classify_provider_error
+
+        return classify_provider_error(
+            exc, provider=self.provider, model=self.model, secrets=self.secrets
+        )
 
     def completion(
         self,

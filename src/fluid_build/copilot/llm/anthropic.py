@@ -120,6 +120,9 @@ class AnthropicAdapter(Adapter):
         "usage": _USAGE,
     }
     default_base_url = ANTHROPIC_BASE_URL
+    #: What says a stream is over; one that ends without it was cut (see call/core.py).
+    #: message_delta's stop_reason comes with the final usage: only message_stop follows.
+    stream_end: ClassVar[str] = "message_stop (or a message_delta with a stop_reason)"
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
@@ -244,6 +247,8 @@ class AnthropicAdapter(Adapter):
             # Cumulative counts: each field this event carries is the final one.
             state.counts = _counts(data.get("usage"), state.counts)
             state.usage = _usage(state.counts)
+            if (data.get("delta") or {}).get("stop_reason"):
+                state.done = True
         elif kind == "message_stop":
             state.done = True
         return events

@@ -93,6 +93,8 @@ class StreamState:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     model: str | None = None
+    # The provider said the answer is over (each adapter's ``stream_end``; SSE's [DONE] is
+    # marked by call/core.py's reader): a stream that ends without it was cut.
     done: bool = False
     block_kinds: dict[int, str] = field(default_factory=dict)  # an adapter's per-block notes
     counts: dict[str, int] = field(default_factory=dict)  # raw usage counts seen so far

@@ -99,6 +99,8 @@ class GeminiAdapter(Adapter):
     shape: ClassVar[Any] = _SHAPE
     chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = GEMINI_BASE_URL
+    #: What says a stream is over; one that ends without it was cut (see call/core.py).
+    stream_end: ClassVar[str] = "a candidate with a finishReason"
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")
@@ -210,4 +212,5 @@ class GeminiAdapter(Adapter):
                 )
         if candidate.get("finishReason"):
             state.finish_reason = candidate["finishReason"]
+            state.done = True
         return events

@@ -68,6 +68,8 @@ class OllamaAdapter(Adapter):
     chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = OLLAMA_DEFAULT_HOST
     stream_format = "ndjson"
+    #: What says a stream is over; one that ends without it was cut (see call/core.py).
+    stream_end: ClassVar[str] = "a line with done: true"
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")

@@ -121,6 +121,10 @@ def _refused(refusal: str, spec: CallSpec, provider: str) -> ProviderError:
 class OpenAIAdapter(Adapter):
     provider = "openai"
     default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
+    #: What says a stream is over; one that ends without it was cut (see call/core.py).
+    #: A finish_reason is marked here, ``[DONE]`` (the chunk reader ends there) by the
+    #: stream's reader: a server that sends one of the two has finished the answer.
+    stream_end: ClassVar[str] = "[DONE] or a finish_reason"
     shape: ClassVar[Any] = {
         "choices": [
             {
@@ -240,6 +244,7 @@ class OpenAIAdapter(Adapter):
                 )
             if choice.get("finish_reason"):
                 state.finish_reason = choice["finish_reason"]
+                state.done = True  # the answer is whole; a usage chunk and [DONE] may follow
                 refused = "".join(state.refusal)
                 if refused and spec.response_schema is not None and not (state.text or state.calls):
                     raise _refused(refused, spec, self.provider)
