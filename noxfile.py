@@ -8,7 +8,8 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
-# On demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`, `nox -s chaos`, `nox -s realserver`.
+# On demand: `nox -s bench`, `nox -s fuzz`, `nox -s corpus`, `nox -s chaos`, `nox -s realserver`;
+# `.ci/run` also runs `nox -s transports`.
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -170,4 +171,51 @@ def realserver(session: nox.Session) -> None:
         "tests/realserver_quality.py",
         *session.posargs,
         env={"REALSERVER_MODEL": str(model)},
+    )
+
+
+#: Both ends of the ranges pyproject.toml allows for what carries the bytes of a call
+#: (docs/transports.md, "Which versions"). oldest: the first release of each range, and
+#: the first httpcore that httpx 0.28.0 takes (``httpcore==1.*``); they install together
+#: on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4`` and
+#: ``httpx>=0.27.0``; httpcore 1.0.0 brings h11 0.14). newest: the latest of each in range.
+TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
+    "oldest": ("httpx==0.28.0", "httpcore==1.0.0", "aiohttp==3.10.0", "httpx-aiohttp==0.2.0"),
+    "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.10,<4", "httpx-aiohttp>=0.2"),
+}
+#: The transport suite: one scenario list on every transport, and the pools themselves.
+TRANSPORT_TESTS: tuple[str, ...] = (
+    "tests/test_conformance.py",
+    "tests/test_transport.py",
+    "tests/test_direct_pool.py",
+)
+#: Prints the versions in use; fails if a pinned one (``name==version``) is not the one in use.
+SHOW_TRANSPORT_VERSIONS = """\
+import sys
+from importlib.metadata import version
+pins = dict(a.split("==") for a in sys.argv[2:] if "==" in a)
+wrong = []
+for name in ("httpx", "httpcore", "h11", "aiohttp", "httpx-aiohttp", "multidict", "yarl"):
+    print(f"{sys.argv[1]}: {name} {version(name)}")
+    if name in pins and version(name) != pins[name]:
+        wrong.append(f"{name} {version(name)} (pinned {pins[name]})")
+sys.exit(f"not the pinned versions: {', '.join(wrong)}" if wrong else None)
+"""
+
+
+@nox.session(python="3.11")
+@nox.parametrize("stack", list(TRANSPORT_STACKS))
+def transports(session: nox.Session, stack: str) -> None:
+    """The transport suite on the oldest and the newest allowed httpx, httpcore and aiohttp."""
+    session.install(".[test]")
+    pins = TRANSPORT_STACKS[stack]
+    if stack == "newest":
+        session.install("--upgrade", "--upgrade-strategy", "eager", *pins)
+    else:
+        session.install(*pins)
+    session.run("python", "-m", "pip", "check")
+    session.run("python", "-c", SHOW_TRANSPORT_VERSIONS, stack, *pins)
+    # pytest's exit 5 (no test ran) fails the session like any other non-zero exit.
+    session.run(
+        "python", "-m", "pytest", *TRANSPORT_TESTS, "-q", "-p", "no:cacheprovider", *session.posargs
     )

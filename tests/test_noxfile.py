@@ -1,10 +1,14 @@
-"""`nox -s fuzz` runs every module with a property test: none can be left out again."""
+"""`nox -s fuzz` runs every module with a property test: none can be left out again; and
+`nox -s transports` runs the transport suite on both ends of the allowed versions."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import importlib.util
+import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -140,3 +144,95 @@ def test_the_realserver_tier_is_registered_and_runs_in_the_default_suite() -> No
     test_extra = " ".join(project["project"]["optional-dependencies"]["test"])
     for package in ("xllamacpp", "gguf", "numpy"):
         assert f"{package}>=" in test_extra
+
+
+# -- the transport suite on both ends of the allowed versions --------------------------------
+
+
+def _dependencies() -> dict[str, str]:
+    """``name -> specifier`` of pyproject's dependencies (``"httpx" -> ">=0.28,<0.29"``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    found: dict[str, str] = {}
+    for requirement in project["dependencies"]:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        assert name is not None
+        found[name.group(0).lower()] = requirement[name.end() :].strip()
+    return found
+
+
+def _transports_run(stack: str) -> TmpSession:
+    session = TmpSession(ROOT)
+    noxfile().transports(session, stack)
+    return session
+
+
+def test_the_transports_session_pins_the_oldest_allowed_versions() -> None:
+    module = noxfile()
+    assert "transports" not in module.nox.options.sessions  # .ci/run runs it by name
+    session = _transports_run("oldest")
+    first, pins = session.installs
+    assert first == (".[test]",)
+    pinned = dict(pin.split("==") for pin in pins)
+    assert set(pinned) == {"httpx", "httpcore", "aiohttp", "httpx-aiohttp"}
+    # The oldest pins are the lower bounds pyproject.toml allows, nothing newer.
+    dependencies = _dependencies()
+    for name in ("httpx", "aiohttp", "httpx-aiohttp"):
+        lower = re.search(r">=([0-9.]+)", dependencies[name])
+        assert lower is not None, f"{name} has no lower bound in pyproject.toml"
+        wanted = lower.group(1) + ".0" * (2 - lower.group(1).count("."))
+        assert pinned[name] == wanted, f"oldest {name} is {pinned[name]}, pyproject allows {wanted}"
+    assert pinned["httpcore"].startswith("1.0.")
+
+
+def test_the_transports_session_upgrades_to_the_newest_within_range() -> None:
+    session = _transports_run("newest")
+    first, upgrade = session.installs
+    assert first == (".[test]",)
+    assert upgrade[:3] == ("--upgrade", "--upgrade-strategy", "eager")
+    wanted = dict(re.split(r"(?=[<>=])", pin, maxsplit=1) for pin in upgrade[3:])
+    assert set(wanted) == {"httpx", "httpcore", "aiohttp", "httpx-aiohttp"}
+    assert wanted["httpx"] == _dependencies()["httpx"] == ">=0.28,<0.29"
+
+
+def test_the_transports_session_runs_the_transport_suite_and_shows_the_versions() -> None:
+    for stack in ("oldest", "newest"):
+        session = _transports_run(stack)
+        (check, _), (show, _), (pytest_args, _) = session.runs
+        assert check == ("python", "-m", "pip", "check")
+        assert show[:2] == ("python", "-c")
+        assert show[3] == stack
+        assert pytest_args[:3] == ("python", "-m", "pytest")
+        files = [arg for arg in pytest_args if arg.startswith("tests/")]
+        assert files == [
+            "tests/test_conformance.py",
+            "tests/test_transport.py",
+            "tests/test_direct_pool.py",
+        ]
+        assert all((ROOT / path).is_file() for path in files)
+
+
+def test_the_version_check_fails_on_a_version_other_than_the_pinned_one() -> None:
+    from importlib.metadata import version
+
+    script = noxfile().SHOW_TRANSPORT_VERSIONS
+    ours = f"httpx=={version('httpx')}"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "oldest", ours], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"oldest: httpx {version('httpx')}" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-c", script, "oldest", "httpx==0.0.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "httpx" in done.stderr
+    assert "pinned 0.0.1" in done.stderr
+
+
+def test_ci_runs_the_transports_session_after_the_tests() -> None:
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python -m nox -s transports" in script
+    assert script.index("python -m nox -s transports") > script.index('bash -c "$test_cmd"')
