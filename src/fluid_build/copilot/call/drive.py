@@ -144,8 +144,10 @@ def _origin(location: str, base: httpx.URL) -> str:
         return truncate(one_line(redact(location)), 80)
 
 
-def refuse_redirect(response: httpx.Response) -> None:
-    """A 3xx is its own error: no pool follows a redirect (the key would go with it)."""
+def refuse_redirect(response: httpx.Response, *, close: bool = True) -> None:
+    """A 3xx is its own error: no pool follows a redirect (the key would go with it).
+
+    ``close=False``: the caller has closed the answer (the async shell, awaited)."""
     status = response.status_code
     if not 300 <= status < 400:
         return
@@ -154,7 +156,8 @@ def refuse_redirect(response: httpx.Response) -> None:
     model = deadline.model if deadline is not None else None
     location = response.headers.get("location")
     where = f"to {_origin(location, response.request.url)}" if location else "with no Location"
-    response.close()
+    if close:
+        response.close()
     raise ProviderError(
         f"{provider or 'the provider'} answered HTTP {status}, a redirect {where}; fluid_build "
         "never follows one (the key would go with it): set the base URL to the endpoint "
@@ -171,7 +174,7 @@ def refuse_redirect(response: httpx.Response) -> None:
 async def _arefuse_redirect(response: httpx.Response) -> None:
     if 300 <= response.status_code < 400:
         await response.aclose()
-        refuse_redirect(response)
+        refuse_redirect(response, close=False)
 
 
 def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:

@@ -180,6 +180,8 @@ def http_request(
             json=request.json,
             timeout=deadline.timeout(per_attempt),
         )
+        if "cookie" in built.headers and not any(k.lower() == "cookie" for k in headers):
+            del built.headers["cookie"]  # a caller's jar: no call carries a cookie
     # The shells bound every wait of this request by it (call/drive.py).
     built.extensions[DEADLINE_EXTENSION] = deadline
     return built
