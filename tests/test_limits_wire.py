@@ -1,8 +1,9 @@
 """One deadline and one size limit per call, kept whatever the server does, on real sockets.
 
 Each hostile server runs on loopback: a body dripped a byte at a time, a
-stream dripped an event at a time, a huge body, gzip and deflate bombs, an
-endless SSE stream, answers that parse but do not fit. Each call ends in its
+stream dripped an event at a time, a huge body, gzip and deflate bombs (one
+layer, or stacked), encodings no bounded inflater undoes, an endless SSE
+stream, answers that parse but do not fit. Each call ends in its
 typed error within the deadline plus a small margin; memory stays bounded
 (measured in a subprocess).
 """
@@ -122,6 +123,39 @@ def bomb_server(kind: str) -> Callable[[socket.socket], None]:
         _send(conn, _head(headers=headers) + body)
 
     return handler
+
+
+@cache
+def stacked_bomb(inflated: int = 2**30) -> bytes:
+    """gzip of gzip of a JSON start and ``inflated`` zero bytes: under 2 KB for 1 GiB."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    outer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    block = b"\0" * 2**20
+    parts = [outer.compress(inner.compress(b'{"choices": "'))]
+    parts += [outer.compress(inner.compress(block)) for _ in range(inflated // len(block))]
+    parts += [outer.compress(inner.flush()), outer.flush()]
+    return b"".join(parts)
+
+
+def stacked_server(
+    encodings: list[str], *, sse: bool = False, body: bytes | None = None
+) -> tuple[Callable[[socket.socket], None], list[bytes]]:
+    """A server answering ``body`` (the stacked bomb) with one Content-Encoding header per
+    entry of ``encodings``; and the calls it read (not the context-window probes)."""
+    if body is None:
+        body = stacked_bomb()  # compressed before any call starts, not while one waits
+    seen: list[bytes] = []
+
+    def handler(conn: socket.socket) -> None:
+        request = loopback.read_request(conn)
+        if request.startswith(b"POST"):
+            seen.append(request)
+        kind = "text/event-stream" if sse else "application/json"
+        lines = ["HTTP/1.1 200 OK", f"content-length: {len(body)}", f"content-type: {kind}"]
+        lines += [f"content-encoding: {value}" for value in encodings]
+        _send(conn, ("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    return handler, seen
 
 
 def client(base: str, *, deadline: float = 2.0, limits: Limits | None = None) -> LLMClient:
@@ -244,6 +278,58 @@ def test_a_compression_bomb_stops_at_the_limit(kind: str) -> None:
     assert error.details["received"] == 8 * 2**20 + 1  # counted inflated, stopped at once
 
 
+def _call(llm: LLMClient, mode: str) -> Any:
+    if mode == "acomplete":
+        import asyncio
+
+        async def main() -> Any:
+            try:
+                return await llm.acomplete("hi")
+            finally:
+                await llm.aclose()
+
+        return asyncio.run(main())
+    if mode == "stream":
+        return list(llm.stream("hi"))
+    return llm.complete("hi")
+
+
+@pytest.mark.parametrize("mode", ["complete", "acomplete", "stream"])
+@pytest.mark.parametrize(
+    "encodings", [["gzip, gzip"], ["gzip", "gzip"], ["gzip", "identity, x-gzip"]]
+)
+def test_a_stacked_compression_bomb_stops_at_the_limit(encodings: list[str], mode: str) -> None:
+    """Two gzip layers (in one header or two): 1.8 KB that inflate to 1 GiB, counted inflated
+    layer by layer on every transport, never handed to httpx's unbounded decoders."""
+    limits = Limits(max_response_bytes=8 * 2**20, max_event_bytes=2**20)
+    handler, seen = stacked_server(encodings, sse=mode == "stream")
+    with loopback.serve(handler) as base, client(base, limits=limits) as llm:
+        seconds, error = timed(lambda: _call(llm, mode))
+    assert isinstance(error, ProviderError), repr(error)
+    assert error.code == "llm.response_too_large"
+    assert not error.retryable
+    assert len(seen) == 1
+    if mode != "stream":
+        assert error.details["received"] == 8 * 2**20 + 1
+    assert seconds < 2.0 + MARGIN
+
+
+@pytest.mark.parametrize("mode", ["complete", "acomplete", "stream"])
+@pytest.mark.parametrize("encodings", [["br"], ["zstd"], ["gzip", "br"], ["gzip, " * 4 + "gzip"]])
+def test_an_encoding_fluid_cannot_bound_is_refused_and_not_retried(
+    encodings: list[str], mode: str
+) -> None:
+    handler, seen = stacked_server(encodings, sse=mode == "stream", body=b"\x1b\x00\x00 br?")
+    with loopback.serve(handler) as base, client(base) as llm:
+        _, error = timed(lambda: _call(llm, mode))
+    assert isinstance(error, ProviderError), repr(error)
+    assert error.code == "llm.malformed_response"
+    assert error.retryable is False
+    assert error.status_code == 200
+    assert "gzip, deflate" in error.message
+    assert len(seen) == 1  # the answer would be the same again
+
+
 def test_an_endless_stream_stops_at_the_event_limit() -> None:
     limits = Limits(max_stream_events=500)
     with loopback.serve(endless_stream) as base, client(base, limits=limits) as llm:
@@ -304,11 +390,23 @@ print(json.dumps({"code": code, "growth_mib": peak_mib() - before}))
 
 @pytest.mark.parametrize(
     ("name", "mode"),
-    [("huge", "complete"), ("gzip", "complete"), ("deflate", "complete"), ("endless", "stream")],
+    [
+        ("huge", "complete"),
+        ("gzip", "complete"),
+        ("deflate", "complete"),
+        ("endless", "stream"),
+        ("gzip, gzip", "complete"),
+        ("gzip, gzip", "stream"),
+    ],
 )
 def test_memory_stays_bounded_at_the_default_limits(name: str, mode: str) -> None:
     handlers = {"huge": huge_body, "endless": endless_stream}
-    handler = handlers[name] if name in handlers else bomb_server(name)
+    if name in handlers:
+        handler = handlers[name]
+    elif "," in name:
+        handler = stacked_server([name], sse=mode == "stream")[0]
+    else:
+        handler = bomb_server(name)
     with loopback.serve(handler) as base:
         done = subprocess.run(
             [sys.executable, "-c", MEMORY_PROBE, base, mode, "20"],

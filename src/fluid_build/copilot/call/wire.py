@@ -10,10 +10,8 @@ inflating whole. Past either: a typed error saying what was reached.
 
 from __future__ import annotations
 
-import codecs
 import json
 import math
-import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -53,20 +51,26 @@ _MiB: Final = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """How much of an answer is read. ``FLUID_LLM_MAX_RESPONSE_BYTES``, ``..._STREAM_EVENTS``."""
+    """How much of an answer is read. ``FLUID_LLM_MAX_RESPONSE_BYTES``, ``..._STREAM_EVENTS``,
+    ``..._EVENT_BYTES``."""
 
     max_response_bytes: int = 32 * _MiB  # one answer, decompressed; a stream's bytes too
     max_stream_events: int = 10_000
+    # One stream line, or one SSE event's data lines together; never more than the above.
+    max_event_bytes: int = 4 * _MiB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Limits:
+        response = env_int(
+            env, "FLUID_LLM_MAX_RESPONSE_BYTES", 32 * _MiB, minimum=1024, maximum=2**34
+        )
+        event = env_int(env, "FLUID_LLM_MAX_EVENT_BYTES", 4 * _MiB, minimum=1024, maximum=2**34)
         return cls(
-            max_response_bytes=env_int(
-                env, "FLUID_LLM_MAX_RESPONSE_BYTES", 32 * _MiB, minimum=1024, maximum=2**34
-            ),
+            max_response_bytes=response,
             max_stream_events=env_int(
                 env, "FLUID_LLM_MAX_STREAM_EVENTS", 10_000, minimum=1, maximum=10_000_000
             ),
+            max_event_bytes=min(event, response),
         )
 
 
@@ -154,52 +158,145 @@ def too_large(
     )
 
 
-class _Inflate:
-    """Decompress as bytes arrive, never producing more than the room left."""
+#: The codings the bounded inflater undoes (all that a request asks for): zlib's window bits.
+_CODINGS: Final = {
+    "gzip": zlib.MAX_WBITS | 16,
+    "x-gzip": zlib.MAX_WBITS | 16,
+    "deflate": zlib.MAX_WBITS,
+}
 
-    def __init__(self, encoding: str) -> None:
-        enc = encoding.strip().lower()
-        self._deflate = enc == "deflate"
-        self._zlib: Any = None
-        if enc in ("gzip", "x-gzip"):
-            self._zlib = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        elif self._deflate:
-            self._zlib = zlib.decompressobj()
-        elif enc not in ("", "identity"):
-            raise ValueError(enc)
+#: The most codings one answer may stack (``gzip, gzip`` is two); a longer chain is refused.
+MAX_ENCODING_LAYERS: Final = 4
 
-    def feed(self, raw: bytes, room: int) -> bytes:
-        """Up to ``room + 1`` decompressed bytes of ``raw`` (one more says: over the limit)."""
-        if self._zlib is None:
-            return raw[: room + 1]
+#: The most one layer inflates at a time: what each layer holds, and how often the
+#: deadline is checked while a bomb inflates.
+_STEP: Final = _MiB
+
+
+def _chain(value: str) -> list[int] | None:
+    """The layers of a ``Content-Encoding`` value to undo, the last applied first (zlib
+    window bits each; ``identity`` and empty entries left out), or None if one cannot be
+    bounded (br, zstd, compress, anything unknown, or too many layers).
+
+    A header given twice arrives joined with ", " (httpx's ``Headers``): one chain.
+    """
+    layers: list[int] = []
+    for entry in value.split(","):
+        coding = entry.strip().lower()
+        if coding in ("", "identity"):
+            continue
+        bits = _CODINGS.get(coding)
+        if bits is None or len(layers) == MAX_ENCODING_LAYERS:
+            return None
+        layers.append(bits)
+    layers.reverse()
+    return layers
+
+
+class _Layer:
+    """One coding of a chain: a zlib stream, and the input it has not inflated yet."""
+
+    __slots__ = ("probe", "produced", "tail", "unzip")
+
+    def __init__(self, bits: int) -> None:
+        self.unzip: Any = zlib.decompressobj(bits)
+        self.tail = b""  # input not inflated yet: at most one piece of the layer before
+        self.produced = 0  # bytes inflated so far
+        # A "deflate" layer until its zlib header has come whole: the bytes so far, to
+        # start again as raw DEFLATE (no zlib header), which some servers send instead.
+        self.probe: bytes | None = b"" if bits == zlib.MAX_WBITS else None
+
+    def inflate(self, most: int) -> bytes:
+        """Up to ``most`` (> 0) bytes inflated from the input held; b"": it needs more."""
+        data, self.tail = self.tail, b""
         try:
-            out = self._zlib.decompress(raw, room + 1)
-        except zlib.error:
-            if not self._deflate:
-                raise
-            # "deflate" that is raw DEFLATE without the zlib header, as some servers send
-            self._deflate = False
-            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
-            out = self._zlib.decompress(raw, room + 1)
-        self._deflate = False  # decided on the first bytes
+            out = (
+                self.unzip.decompress(data, most) if self.probe is None else self._probe(data, most)
+            )
+        except zlib.error as exc:
+            raise httpx.DecodingError(f"the answer does not inflate: {exc}") from None
+        self.tail = self.unzip.unconsumed_tail
+        self.produced += len(out)
         return bytes(out)
 
+    def _probe(self, data: bytes, most: int) -> bytes:
+        seen = self.probe + data if self.probe else data
+        try:
+            out: bytes = self.unzip.decompress(data, most)
+        except zlib.error:
+            self.probe = None
+            self.unzip = zlib.decompressobj(-zlib.MAX_WBITS)
+            return bytes(self.unzip.decompress(seen, most))
+        self.probe = seen if len(seen) < 2 else None  # two bytes: the header was good
+        return out
 
-def _source(response: httpx.Response) -> tuple[_Inflate | None, bool]:
-    """Our own bounded inflater for gzip and deflate (None where httpx's bytes will do),
-    and whether to read the raw bytes (ours to inflate, or nothing to inflate at all)."""
-    if response.is_stream_consumed:
-        return None, False  # already in memory (a mock, a replay): httpx serves its bytes
-    headers = response.headers
-    if "content-encoding" not in headers:  # the common case, without Headers.get's KeyError
-        return None, True
-    encoding = headers["content-encoding"].strip().lower()
-    if encoding in ("", "identity"):
-        return None, True
-    try:
-        return _Inflate(encoding), True
-    except ValueError:
-        return None, False  # br, zstd: httpx decodes; counted per decoded chunk
+
+class _Inflate:
+    """Undo a chain of gzip and deflate layers as bytes arrive, layer by layer.
+
+    Each layer inflates at most a step, and at most the room the limit leaves it
+    (+ 1), at a time from what the layer before it gave, so memory stays a few
+    steps a layer whatever the ratio. Every layer's inflated bytes count against
+    the limit: an inner layer one past it sets ``over`` (and gives no more); the
+    final layer's bytes are the reader's to count. Past a layer's end, what
+    follows is dropped (as httpx does), never kept.
+    """
+
+    __slots__ = ("check", "ended", "last", "layers", "limit", "over")
+
+    def __init__(self, chain: list[int], limit: int, check: Callable[[], None]) -> None:
+        self.layers = [_Layer(bits) for bits in chain]
+        self.last = len(chain) - 1
+        self.limit = limit
+        self.check = check  # raises once the deadline has passed
+        self.over = 0  # the inflated bytes of an inner layer that passed the limit
+        self.ended = False  # a layer's stream has ended: no more input is wanted
+
+    def feed(self, raw: bytes, room: int) -> bytes:
+        """Up to ``room + 1`` inflated bytes of ``raw`` (one more says: over the limit)."""
+        if not self.ended:
+            first = self.layers[0]
+            first.tail = first.tail + raw if first.tail else raw
+        want = room + 1
+        pieces: list[bytes] = []
+        while want > 0:
+            piece = self._pull(self.last, min(want, _STEP))
+            if not piece:
+                break
+            pieces.append(piece)
+            want -= len(piece)
+            self.check()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _pull(self, i: int, most: int) -> bytes:
+        """Up to ``most`` bytes of layer ``i``'s output; b"" once its input has run out."""
+        layer = self.layers[i]
+        if i != self.last:
+            most = min(most, self.limit - layer.produced + 1)
+            if most <= 0:  # never 0: to zlib that is no bound at all
+                self.over = max(self.over, layer.produced)
+                return b""
+        while True:
+            if layer.unzip.eof:
+                if not self.ended:  # what the layers before would give is dropped anyway
+                    self.ended = True
+                    for before in self.layers[:i]:
+                        before.tail = b""
+                return b""
+            out = layer.inflate(most)
+            if out:
+                if i != self.last and layer.produced > self.limit:
+                    # Over: what was within the limit still goes on (an error answer's
+                    # body is read up to the limit), then nothing more.
+                    self.over = layer.produced
+                    out = out[: len(out) - (layer.produced - self.limit)]
+                return out
+            if i == 0 or self.over:
+                return b""
+            self.check()
+            layer.tail = self._pull(i - 1, _STEP)
+            if not layer.tail:
+                return b""
 
 
 def _undecoded(response: httpx.Response) -> httpx.Headers:
@@ -212,6 +309,19 @@ def _undecoded(response: httpx.Response) -> httpx.Headers:
 class _Reader:
     """Counts, bounds and inflates the chunks of one body; the shared half of sync and async."""
 
+    __slots__ = (
+        "deadline",
+        "done",
+        "inflate",
+        "limit",
+        "raw",
+        "refused",
+        "size",
+        "status",
+        "truncate",
+        "where",
+    )
+
     def __init__(
         self,
         response: httpx.Response,
@@ -221,37 +331,85 @@ class _Reader:
         *,
         truncate: bool = False,
     ) -> None:
-        self.inflate, self.raw = _source(response)
         self.deadline = deadline
         self.limit = limit
         self.where = where
         self.truncate = truncate
         self.size = 0
         self.done = False
+        self.inflate: _Inflate | None = None
+        self.refused: str | None = None  # a Content-Encoding no bounded inflater undoes
+        # Read the raw bytes (ours to inflate, or nothing to inflate at all), unless they
+        # are already in memory (a mock, a replay): then httpx serves what it holds.
+        self.raw = not response.is_stream_consumed
+        headers = response.headers
+        if "content-encoding" in headers:  # the common case skips this, without a KeyError
+            self.status = response.status_code
+            self._encoded(headers["content-encoding"])
+
+    def _encoded(self, value: str) -> None:
+        chain = _chain(value)
+        if chain is None:
+            self.refused = value  # never handed to httpx's decoders: they have no bound
+        elif chain and self.raw:
+            self.inflate = _Inflate(chain, self.limit, self._check)
+        # else identity only, or bytes httpx holds already decoded: they are only counted
+
+    def refusal(self) -> ProviderError:
+        value = self.refused or ""
+        shown = value if len(value) <= 60 else value[:60] + "..."
+        who = self.deadline.provider or "provider"
+        return ProviderError(
+            f"{who} answered HTTP {self.status} with Content-Encoding {shown!r}, which fluid "
+            f"cannot inflate within its size limit (it asks for {ACCEPT_ENCODING!r} only, "
+            f"at most {MAX_ENCODING_LAYERS} layers)",
+            provider=self.deadline.provider,
+            model=self.deadline.model,
+            status_code=self.status,
+            code="llm.malformed_response",
+            retryable=False,
+            details={"content_encoding": shown, "accepted_encodings": ACCEPT_ENCODING},
+        )
+
+    def _check(self) -> None:
+        if self.deadline.left() <= 0:
+            raise self.deadline.passed(self.where, received_bytes=self.size)
 
     def take(self, chunk: bytes) -> bytes:
-        if self.inflate is not None:
-            chunk = self.inflate.feed(chunk, self.limit - self.size)
+        inflate = self.inflate
+        if inflate is not None:
+            chunk = inflate.feed(chunk, self.limit - self.size)
         self.size += len(chunk)
-        if self.size > self.limit:
-            if not self.truncate:
-                raise too_large(
-                    "an answer",
-                    self.limit,
-                    "bytes",
-                    provider=self.deadline.provider,
-                    model=self.deadline.model,
-                    received=self.size,
-                )
-            chunk = chunk[: len(chunk) - (self.size - self.limit)]
-            self.size = self.limit
-            self.done = True
+        if self.size > self.limit or (inflate is not None and inflate.over):
+            chunk = self._over(chunk, inflate.over if inflate is not None else 0)
         if self.deadline.left() <= 0:
             raise self.deadline.passed(self.where, received_bytes=self.size)
         return chunk
 
+    def _over(self, chunk: bytes, inner: int) -> bytes:
+        """Past the limit (the answer, or an inner layer of its encoding: ``inner`` bytes):
+        an error, or for an error answer's body, the end of what is read."""
+        if not self.truncate:
+            raise too_large(
+                "an answer",
+                self.limit,
+                "bytes",
+                provider=self.deadline.provider,
+                model=self.deadline.model,
+                received=max(self.size, inner),
+            )
+        if self.size > self.limit:
+            chunk = chunk[: len(chunk) - (self.size - self.limit)]
+            self.size = self.limit
+        self.done = True
+        return chunk
+
 
 def _chunks(response: httpx.Response, reader: _Reader) -> Iterator[bytes]:
+    if reader.refused is not None:
+        if reader.truncate:
+            return  # an error answer: its status and headers say what went wrong
+        raise reader.refusal()
     for chunk in response.iter_raw() if reader.raw else response.iter_bytes():
         yield reader.take(chunk)
         if reader.done:
@@ -259,6 +417,10 @@ def _chunks(response: httpx.Response, reader: _Reader) -> Iterator[bytes]:
 
 
 async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[bytes]:
+    if reader.refused is not None:
+        if reader.truncate:
+            return  # an error answer: its status and headers say what went wrong
+        raise reader.refusal()
     async for chunk in response.aiter_raw() if reader.raw else response.aiter_bytes():
         yield reader.take(chunk)
         if reader.done:
@@ -326,29 +488,71 @@ async def aread_body(
     )
 
 
-_LINE_END: Final = re.compile(r"\r\n|\r|\n")
-
-
 class _Lines:
-    """Text lines of a byte stream (``\\r\\n``, ``\\r`` or ``\\n``), split as chunks arrive."""
+    """Text lines of a byte stream (``\\r\\n``, ``\\r`` or ``\\n``), split as chunks arrive.
 
-    def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.pending = ""
+    Linear in the bytes: each chunk is searched once, and a line still open is
+    kept as its parts until it ends. A line longer than ``limit`` bytes is
+    refused as soon as it passes the limit, and so is an SSE event whose
+    ``data`` lines (what :func:`~fluid_build.copilot.llm.base.iter_stream`
+    joins into one event) add up to more.
+    """
+
+    __slots__ = ("cr", "event", "limit", "parts", "refuse", "size")
+
+    def __init__(self, limit: int, refuse: Callable[[int], Exception]) -> None:
+        self.limit = limit
+        self.refuse = refuse  # the error for a line or event of so many bytes
+        self.parts: list[bytes] = []  # the line still open
+        self.size = 0  # its bytes
+        self.event = 0  # the bytes of the SSE event's data lines so far
+        self.cr = False  # the last chunk ended in "\r": a "\n" next is its other half
 
     def feed(self, chunk: bytes, final: bool = False) -> list[str]:
-        text = self.pending + self.decoder.decode(chunk, final)
-        hold = ""
-        if not final and text.endswith("\r"):  # maybe the first half of "\r\n": wait
-            text, hold = text[:-1], "\r"
-        parts = _LINE_END.split(text)
-        if final:
-            self.pending = ""
-            if parts and parts[-1] == "":
-                parts.pop()
-            return parts
-        self.pending = parts.pop() + hold
-        return parts
+        if self.cr and chunk:
+            self.cr = False
+            if chunk[0] == 10:  # "\n"
+                chunk = chunk[1:]
+        lines = chunk.splitlines()  # on "\r\n", "\r" and "\n" only, bytes being bytes
+        rest = b""
+        if chunk.endswith((b"\n", b"\r")):
+            self.cr = chunk[-1] == 13
+        elif lines:
+            rest = lines.pop()
+        grown = self.size + len(chunk)
+        if self.parts and lines:
+            self.parts.append(lines[0])
+            lines[0] = b"".join(self.parts)
+            self.parts.clear()
+            self.size = 0
+        if rest:
+            self.parts.append(rest)
+            self.size += len(rest)
+        if grown > self.limit:  # only then can a line, finished or not, be too long
+            for line in lines:
+                if len(line) > self.limit:
+                    raise self.refuse(len(line))
+            if self.size > self.limit:
+                raise self.refuse(self.size)
+        if final and self.parts:
+            lines.append(b"".join(self.parts))
+            self.parts.clear()
+            self.size = 0
+        return self._decoded(lines)
+
+    def _decoded(self, lines: list[bytes]) -> list[str]:
+        out = []
+        event = self.event
+        for line in lines:
+            if not line:
+                event = 0
+            elif line.startswith(b"data"):  # the event joins their values, shorter
+                event += len(line)
+                if event > self.limit:
+                    raise self.refuse(event)
+            out.append(line.decode("utf-8", "replace"))
+        self.event = event
+        return out
 
 
 class StreamReader:
@@ -358,16 +562,29 @@ class StreamReader:
         self.response = response
         self.reader = _Reader(response, deadline, limits.max_response_bytes, "stream event 1")
         self.max_events = limits.max_stream_events
+        self.max_event_bytes = min(limits.max_event_bytes, limits.max_response_bytes)
         self.events = 0
 
+    def _event_too_large(self, size: int) -> ProviderError:
+        deadline = self.reader.deadline
+        return too_large(
+            "a stream event",
+            self.max_event_bytes,
+            "bytes",
+            provider=deadline.provider,
+            model=deadline.model,
+            received=size,
+            received_bytes=self.reader.size,
+        )
+
     def lines(self) -> Iterator[str]:
-        lines = _Lines()
+        lines = _Lines(self.max_event_bytes, self._event_too_large)
         for chunk in _chunks(self.response, self.reader):
             yield from lines.feed(chunk)
         yield from lines.feed(b"", final=True)
 
     async def alines(self) -> AsyncIterator[str]:
-        lines = _Lines()
+        lines = _Lines(self.max_event_bytes, self._event_too_large)
         async for chunk in _achunks(self.response, self.reader):
             for line in lines.feed(chunk):
                 yield line
