@@ -375,6 +375,12 @@ class _Reader:
         if self.deadline.left() <= 0:
             raise self.deadline.passed(self.where, received_bytes=self.size)
 
+    def timed_out(self) -> None:
+        """A read timed out: the deadline's error (with what arrived) if the deadline, not
+        the attempt's own timeout, cut it short (the sync pool's reads end by it)."""
+        if self.deadline.left() <= 0.05:
+            raise self.deadline.passed(self.where, received_bytes=self.size) from None
+
     def take(self, chunk: bytes) -> bytes:
         inflate = self.inflate
         if inflate is not None:
@@ -410,10 +416,14 @@ def _chunks(response: httpx.Response, reader: _Reader) -> Iterator[bytes]:
         if reader.truncate:
             return  # an error answer: its status and headers say what went wrong
         raise reader.refusal()
-    for chunk in response.iter_raw() if reader.raw else response.iter_bytes():
-        yield reader.take(chunk)
-        if reader.done:
-            return
+    try:
+        for chunk in response.iter_raw() if reader.raw else response.iter_bytes():
+            yield reader.take(chunk)
+            if reader.done:
+                return
+    except httpx.TimeoutException:
+        reader.timed_out()
+        raise
 
 
 async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[bytes]:
@@ -421,10 +431,33 @@ async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[b
         if reader.truncate:
             return  # an error answer: its status and headers say what went wrong
         raise reader.refusal()
-    async for chunk in response.aiter_raw() if reader.raw else response.aiter_bytes():
-        yield reader.take(chunk)
-        if reader.done:
-            return
+    try:
+        async for chunk in response.aiter_raw() if reader.raw else response.aiter_bytes():
+            yield reader.take(chunk)
+            if reader.done:
+                return
+    except httpx.TimeoutException:
+        reader.timed_out()
+        raise
+
+
+_KEEPS_CONTENT: bool | None = None
+
+
+def _keeps_content() -> bool:
+    """Whether this httpx keeps a read body in ``Response._content``, as 0.28 does (its
+    ``read()`` sets it and ``content`` returns it): the one private name the call path
+    writes, so it is checked once, on a probe, and the public path (a new response)
+    taken wherever it does not hold."""
+    global _KEEPS_CONTENT
+    if _KEEPS_CONTENT is None:
+        try:
+            probe = httpx.Response(200, stream=httpx.ByteStream(b"{}"))
+            probe._content = b'{"ok":1}'
+            _KEEPS_CONTENT = probe.content == b'{"ok":1}' and probe.json() == {"ok": 1}
+        except Exception:  # noqa: BLE001 - any other httpx: the public path
+            _KEEPS_CONTENT = False
+    return _KEEPS_CONTENT
 
 
 def _finish(
@@ -441,7 +474,7 @@ def _finish(
         raise httpx.HTTPStatusError(
             f"HTTP {response.status_code}", request=response.request, response=done
         )
-    if reader_inflated is False:
+    if reader_inflated is False and _keeps_content():
         # The hot path: nothing to decode, or httpx decoded the bytes itself,
         # so the body is exactly what ``response.read()`` would have kept. Keep
         # it the way ``read()`` does instead of building a second response.
