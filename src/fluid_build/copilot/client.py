@@ -10,6 +10,7 @@ async shell (:mod:`fluid_build.copilot.call.drive`).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar, cast, overload
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from fluid_build.copilot.telemetry import CallTrace, Telemetry, telemetry_from
 
 __all__ = ["LLMClient"]
+
+#: Held while a client makes its sync pool (rarely: once per client).
+_MAKING = threading.Lock()
 
 _FALLBACKS_ENV = "FLUID_LLM_FALLBACKS"
 _FALLBACKS_EXAMPLE = "anthropic:claude-sonnet-4-6,gemini:gemini-2.5-flash"
@@ -301,10 +305,12 @@ class LLMClient:
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            # The pools' module (and asyncio, for the async gate) loads with the first pool.
-            from fluid_build.copilot.call.transport import build_client
+            with _MAKING:  # threads that start together share one pool, none left unclosed
+                if self._http is None:
+                    # The pools' module (and asyncio, for the async gate) loads with the first.
+                    from fluid_build.copilot.call.transport import build_client
 
-            self._http = build_client(self.config.timeout, self.provider, self._env)
+                    self._http = build_client(self.config.timeout, self.provider, self._env)
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
