@@ -1212,6 +1212,8 @@ def _stream_cut_checks(result: Outcome) -> list[str]:
             found.append(f"details lack interrupted=True: {details}")
         if details.get("partial_text") != "Hello world":
             found.append(f"details' partial_text is {details.get('partial_text')!r}")
+        if "before an answer arrived" in str(result.error):
+            found.append(f"the message denies the deltas that arrived: {result.error}")
     return found
 
 
