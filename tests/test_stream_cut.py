@@ -111,7 +111,7 @@ def cut(conn: socket.socket, body: bytes, how: str, content_type: str) -> None:
     framed = body if how == "eof" else f"{len(body):x}\r\n".encode() + body + b"\r\n"
     conn.sendall(_head(how, content_type) + framed)
     if how == "reset":
-        time.sleep(0.05)  # the server's pause, so the client has read the deltas before the RST
+        time.sleep(0.05)  # noqa: real-sleep - the server pauses so the client reads the deltas before the RST
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     else:
         conn.shutdown(socket.SHUT_WR)
