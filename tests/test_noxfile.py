@@ -230,3 +230,9 @@ def test_the_version_check_fails_on_a_version_other_than_the_pinned_one() -> Non
     assert done.returncode != 0
     assert "httpx" in done.stderr
     assert "pinned 0.0.1" in done.stderr
+
+
+def test_ci_runs_the_transports_session_after_the_tests() -> None:
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python -m nox -s transports" in script
+    assert script.index("python -m nox -s transports") > script.index('bash -c "$test_cmd"')
