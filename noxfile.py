@@ -177,11 +177,11 @@ def realserver(session: nox.Session) -> None:
 #: Both ends of the ranges pyproject.toml allows for what carries the bytes of a call
 #: (docs/transports.md, "Which versions"). oldest: the first release of each range, and
 #: the first httpcore that httpx 0.28.0 takes (``httpcore==1.*``); they install together
-#: on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4`` and
+#: on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4``, fluid for 3.12.4, and
 #: ``httpx>=0.27.0``; httpcore 1.0.0 brings h11 0.14). newest: the latest of each in range.
 TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
-    "oldest": ("httpx==0.28.0", "httpcore==1.0.0", "aiohttp==3.10.0", "httpx-aiohttp==0.2.0"),
-    "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.10,<4", "httpx-aiohttp>=0.2"),
+    "oldest": ("httpx==0.28.0", "httpcore==1.0.0", "aiohttp==3.12.4", "httpx-aiohttp==0.2.0"),
+    "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4", "httpx-aiohttp>=0.2"),
 }
 #: The transport suite: one scenario list on every transport, and the pools themselves.
 TRANSPORT_TESTS: tuple[str, ...] = (
