@@ -15,12 +15,11 @@ shells hand it over and resume the plan; a caller that stops early has its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any, Final, Generic, TypeVar, cast
 
 import httpx
@@ -95,17 +94,24 @@ def _deadline(request: httpx.Request) -> Deadline | None:
     return found if isinstance(found, Deadline) else None
 
 
-@contextlib.contextmanager
-def _until(deadline: Deadline | None) -> Iterator[None]:
-    """Every socket wait of the sync pool inside here ends by ``deadline``."""
-    if deadline is None:
-        yield
-        return
-    token = CALL_ENDS.set(time.monotonic() + deadline.left())
-    try:
-        yield
-    finally:
-        CALL_ENDS.reset(token)
+class _until:
+    """Every socket wait of the sync pool inside here ends by ``deadline`` (None: no bound).
+
+    A class rather than a generator context manager: it wraps each sync attempt."""
+
+    __slots__ = ("deadline", "token")
+
+    def __init__(self, deadline: Deadline | None) -> None:
+        self.deadline = deadline
+        self.token: Token[float | None] | None = None
+
+    def __enter__(self) -> None:
+        if self.deadline is not None:
+            self.token = CALL_ENDS.set(time.monotonic() + self.deadline.left())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            CALL_ENDS.reset(self.token)
 
 
 def _past(request: httpx.Request | None) -> httpx.ReadTimeout:
@@ -180,16 +186,16 @@ async def _arefuse_redirect(response: httpx.Response) -> None:
 def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
     """The answer's head, its body left to stream: straight to the transport on a pool of
     ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool,
-    never following a redirect."""
+    never following a redirect. The caller bounds it with :class:`_until`."""
     direct = getattr(pool, "fluid_send", None)
-    deadline = _deadline(request)
     if direct is not None:
-        with _until(deadline):
-            response = cast(httpx.Response, direct(request))
-    elif deadline is None:
-        response = pool.send(request, stream=True, follow_redirects=False)
+        response = cast(httpx.Response, direct(request))
     else:
-        response = _head_within(pool, request, deadline)
+        deadline = _deadline(request)
+        if deadline is None:
+            response = pool.send(request, stream=True, follow_redirects=False)
+        else:
+            response = _head_within(pool, request, deadline)
     refuse_redirect(response)
     return response
 
@@ -231,13 +237,12 @@ def _close_late(sent: Any) -> None:
 
 
 async def asend(pool: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """:func:`send`, awaited, within the call's deadline."""
+    """:func:`send`, awaited; the caller bounds it with :func:`_within`."""
     direct = getattr(pool, "fluid_send", None)
     if direct is not None:
-        sending = cast(Awaitable[httpx.Response], direct(request))
+        response = await cast(Awaitable[httpx.Response], direct(request))
     else:
-        sending = pool.send(request, stream=True, follow_redirects=False)
-    response = await _within(_deadline(request), sending)
+        response = await pool.send(request, stream=True, follow_redirects=False)
     await _arefuse_redirect(response)
     return response
 
@@ -366,10 +371,11 @@ class Send(Effect):
         self.request = request
 
     def run(self) -> httpx.Response:
-        return send(self.pools.sync(), self.request)
+        with _until(_deadline(self.request)):
+            return send(self.pools.sync(), self.request)
 
     async def arun(self) -> httpx.Response:
-        return await asend(self.pools.async_(), self.request)
+        return await _within(_deadline(self.request), asend(self.pools.async_(), self.request))
 
 
 class ReadBody(Effect):
@@ -413,19 +419,22 @@ class Exchange(Effect):
         self.where = "the response headers"
 
     def run(self) -> httpx.Response:
-        response = send(cast(httpx.Client, self.pool), self.request)
-        try:
-            self.where = "the body"
-            with _until(self.deadline):
+        with _until(self.deadline):  # one bound on the head and the body
+            response = send(cast(httpx.Client, self.pool), self.request)
+            try:
+                self.where = "the body"
                 return read_body(response, self.deadline, self.limits)
-        finally:
-            response.close()
+            finally:
+                response.close()
 
     async def arun(self) -> httpx.Response:
+        return await _within(self.deadline, self._aexchange())
+
+    async def _aexchange(self) -> httpx.Response:
         response = await asend(cast(httpx.AsyncClient, self.pool), self.request)
         try:
             self.where = "the body"
-            return await _within(self.deadline, aread_body(response, self.deadline, self.limits))
+            return await aread_body(response, self.deadline, self.limits)
         finally:
             await response.aclose()
 
