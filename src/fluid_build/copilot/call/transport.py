@@ -792,9 +792,22 @@ class _Direct:
     _fluid_defaults: dict[str, str]
     _fluid_route: Routes[Any]
 
-    def _direct_init(self, route: Routes[Any]) -> None:
+    def _mounted(
+        self, make: Callable[[httpx.Proxy | None], Any], trust_env: bool
+    ) -> dict[str, Any]:
+        """What httpx's client takes to route as :class:`Routes` does: the transports
+        ``make`` makes (the direct one, one per proxy of the environment), no redirects."""
+        default, mounts = env_mounts(make, trust_env)
+        self._fluid_route = Routes(default, mounts)
+        return {
+            "transport": default,
+            "mounts": mounts,
+            "trust_env": trust_env,
+            "follow_redirects": False,
+        }
+
+    def _direct_init(self) -> None:
         self._fluid_urls = {}
-        self._fluid_route = route
         self._fluid_defaults = {
             **{name.lower(): value for name, value in self.headers.items()},
             "accept-encoding": ACCEPT_ENCODING,
@@ -860,16 +873,8 @@ class PooledClient(_Direct, httpx.Client):
                 verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
             )
 
-        default, mounts = env_mounts(make, trust_env)
-        super().__init__(
-            timeout=timeout,
-            headers=headers,
-            transport=default,
-            mounts=mounts,
-            trust_env=trust_env,
-            follow_redirects=False,
-        )
-        self._direct_init(Routes(default, mounts))
+        super().__init__(timeout=timeout, headers=headers, **self._mounted(make, trust_env))
+        self._direct_init()
 
     def fluid_send(self, request: httpx.Request) -> httpx.Response:
         """The answer's head, its body left to stream; as ``send(request, stream=True)``."""
@@ -914,16 +919,8 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
                 )
             return _gated(inner, limits)
 
-        default, mounts = env_mounts(make, trust_env)
-        super().__init__(
-            timeout=timeout,
-            headers=headers,
-            transport=default,
-            mounts=mounts,
-            trust_env=trust_env,
-            follow_redirects=False,
-        )
-        self._direct_init(Routes(default, mounts))
+        super().__init__(timeout=timeout, headers=headers, **self._mounted(make, trust_env))
+        self._direct_init()
 
     async def fluid_send(self, request: httpx.Request) -> httpx.Response:
         """:meth:`PooledClient.fluid_send`, awaited."""
