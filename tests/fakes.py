@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.corpus.replay import VirtualClock
 
 # The library's own virtual clock (it drives `fluid forge`'s offline replay):
 # wall-clock seconds that advance only when someone sleeps.
 FakeClock = VirtualClock
+
+
+def clocked_envelope(clock: FakeClock) -> RetryEnvelope:
+    """A retry envelope that sleeps only on ``clock``: its own memory store, no jitter,
+    no logging hook."""
+    return RetryEnvelope(
+        cooldown=MemoryCooldownStore(),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+        hook=lambda event: None,
+    )
 
 
 class Script:

@@ -29,10 +29,8 @@ import pytest
 
 from fluid_build.copilot import Completion, LLMClient, StreamEvent
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.call.envelope import RetryEnvelope
-from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.settings import PROVIDERS
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, clocked_envelope
 
 ROWS: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "provider_answers.json").read_text(encoding="utf-8")
@@ -97,14 +95,7 @@ def _answer(row: dict[str, Any]) -> httpx.MockTransport:
 def _client(row: dict[str, Any], **http: Any) -> LLMClient:
     provider = row["provider"]
     clock = FakeClock()
-    envelope = RetryEnvelope(
-        cooldown=MemoryCooldownStore(),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock)
     return LLMClient(
         provider,
         row["request_model"],

@@ -29,10 +29,8 @@ import pytest
 
 from fluid_build.copilot import LLMClient, StreamEvent
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError
-from fluid_build.copilot.call.envelope import RetryEnvelope
-from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from tests import loopback
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, clocked_envelope
 
 CUTS = ["eof", "chunked", "reset"]
 SHELLS = ["sync", "httpx", "aiohttp"]  # the sync pool; the two async transports
@@ -162,14 +160,7 @@ MODELS = {
 
 
 def client(url: str, provider: str, shell: str, clock: FakeClock) -> LLMClient:
-    envelope = RetryEnvelope(
-        cooldown=MemoryCooldownStore(),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock)
     return LLMClient(
         provider=provider,
         model=MODELS[provider],
