@@ -5,11 +5,16 @@ Unit tests of each rule; tests/test_fuzz_redaction.py holds the properties.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import gzip
 import importlib
 import json
 import logging
 import pickle
 import pkgutil
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -640,6 +645,69 @@ def test_recorder_refuses_an_answer_past_its_size_limit() -> None:
         http.get("https://h.example/")
     with pytest.raises(CassetteError, match="got no answer"):
         recorder.check_answered()
+
+
+def _gzip_layers(data: bytes, layers: int) -> bytes:
+    for _ in range(layers):
+        data = gzip.compress(data, compresslevel=9)
+    return data
+
+
+@functools.cache
+def _stacked_bomb() -> bytes:
+    """gzip of gzip of 256 MiB of zeros, made a MiB at a time: a few hundred bytes."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = b"\0" * (1024 * 1024)
+    layer = b"".join(inner.compress(zeros) for _ in range(256)) + inner.flush()
+    return gzip.compress(layer, compresslevel=9)
+
+
+def _encoded(body: bytes, encoding: str) -> httpx.Response:
+    return httpx.Response(
+        200, headers={"content-encoding": encoding}, stream=httpx.ByteStream(body)
+    )
+
+
+def test_recorder_counts_every_layer_of_a_stacked_encoding_against_its_limit() -> None:
+    recorder = Recorder(max_bytes=1000)
+    bomb = _stacked_bomb()
+    tracemalloc.start()
+    try:
+        with (
+            recorder.client(
+                httpx.MockTransport(lambda request: _encoded(bomb, "gzip, gzip"))
+            ) as http,
+            pytest.raises(CassetteError, match="larger than 1000 bytes"),
+        ):
+            http.get("https://h.example/")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024 * 1024  # stopped at the limit, not inflated whole (256 MiB)
+    with (
+        recorder.client(
+            httpx.MockTransport(lambda request: _encoded(_stacked_bomb(), "gzip, gzip"))
+        ) as http,
+        pytest.raises(CassetteError, match="larger than 1000 bytes"),
+    ):
+        http.get("https://h.example/")
+
+    async def asynchronously() -> None:
+        transport = httpx.MockTransport(lambda request: _encoded(_stacked_bomb(), "gzip, gzip"))
+        async with recorder.async_client(transport) as http:
+            await http.get("https://h.example/")
+
+    with pytest.raises(CassetteError, match="larger than 1000 bytes"):
+        asyncio.run(asynchronously())
+
+
+def test_recorder_keeps_a_stacked_answer_decoded() -> None:
+    recorder = Recorder(max_bytes=1000)
+    body = _gzip_layers(b'{"ok": true}', 2)
+    with recorder.client(httpx.MockTransport(lambda request: _encoded(body, "gzip, gzip"))) as http:
+        answer = http.get("https://h.example/")
+    assert answer.json() == {"ok": True}
+    assert "content-encoding" not in answer.headers
 
 
 def test_omitted_bodies_are_validated() -> None:

@@ -14,10 +14,11 @@ output at all. See docs/corpus.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import httpx
 
 from fluid_build._redact import redact, redact_json, redact_url, request_secrets
+from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.call.wire import DEFAULT_DEADLINE, Deadline, ainflated, inflated
 from fluid_build.corpus.cassette import (
     CASSETTE_VERSION,
     OMITTED,
@@ -407,6 +410,11 @@ class Recorder:
         )
 
 
+def _deadline() -> Deadline:
+    """A recorded answer is read within the default whole-call deadline."""
+    return Deadline(DEFAULT_DEADLINE)
+
+
 class RecordingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     """Wraps a real transport (sync or async) and records each exchange into a :class:`Recorder`.
 
@@ -439,11 +447,18 @@ class RecordingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     def unanswered(self) -> list[str]:
         return self.recorder.unanswered
 
-    def _too_big(self, size: int) -> CassetteError | None:
-        limit = self.recorder.max_bytes
-        if size > limit:
-            return CassetteError(f"the answer is larger than {limit} bytes; it is not recorded")
-        return None
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """An answer past ``max_bytes`` (inflated, every layer counted) is not recorded."""
+        try:
+            yield
+        except AgentExecutionError as error:
+            if error.code != "llm.response_too_large":
+                raise
+            limit = self.recorder.max_bytes
+            raise CassetteError(
+                f"the answer is larger than {limit} bytes; it is not recorded"
+            ) from None
 
     def _handed_on(
         self, request: httpx.Request, response: httpx.Response, content: bytes
@@ -466,11 +481,9 @@ class RecordingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             response = self.inner.handle_request(request)
             try:
                 buf = bytearray()
-                for chunk in response.iter_bytes():
-                    buf += chunk
-                    problem = self._too_big(len(buf))
-                    if problem is not None:
-                        raise problem
+                with self._bounded():
+                    for chunk in inflated(response, self.recorder.max_bytes, _deadline()):
+                        buf += chunk
             finally:
                 response.close()
         except Exception as exc:
@@ -486,11 +499,9 @@ class RecordingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             response = await self.inner.handle_async_request(request)
             try:
                 buf = bytearray()
-                async for chunk in response.aiter_bytes():
-                    buf += chunk
-                    problem = self._too_big(len(buf))
-                    if problem is not None:
-                        raise problem
+                with self._bounded():
+                    async for chunk in ainflated(response, self.recorder.max_bytes, _deadline()):
+                        buf += chunk
             finally:
                 await response.aclose()
         except Exception as exc:

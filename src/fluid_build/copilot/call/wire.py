@@ -29,9 +29,11 @@ __all__ = [
     "Deadline",
     "Limits",
     "StreamReader",
+    "ainflated",
     "aread_body",
     "deadline_from_env",
     "decode_json",
+    "inflated",
     "read_body",
 ]
 
@@ -495,6 +497,19 @@ def _body_reader(response: httpx.Response, deadline: Deadline, limits: Limits) -
         "the error body" if error else "the body",
         truncate=error,
     )
+
+
+def inflated(response: httpx.Response, limit: int, deadline: Deadline) -> Iterator[bytes]:
+    """A body's bytes as they arrive, through the one bounded inflater: every layer of
+    its Content-Encoding counted against ``limit`` (past it: ``llm.response_too_large``),
+    an encoding no bounded inflater undoes refused, the deadline checked as it goes.
+    For readers other than the call path (``fluid corpus record``)."""
+    return _chunks(response, _Reader(response, deadline, limit, "the body"))
+
+
+def ainflated(response: httpx.Response, limit: int, deadline: Deadline) -> AsyncIterator[bytes]:
+    """:func:`inflated`, async."""
+    return _achunks(response, _Reader(response, deadline, limit, "the body"))
 
 
 def read_body(response: httpx.Response, deadline: Deadline, limits: Limits) -> httpx.Response:
