@@ -378,9 +378,10 @@ class LLMClient:
     def stream(self, messages: Messages, **options: Unpack[CallOptions]) -> Iterator[StreamEvent]:
         """Text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
-        A failure before anything was yielded is retried by the envelope; a
-        failure after raises the typed error with ``details["partial_text"]``
-        and the tool calls that completed.
+        ``done`` comes only after the provider's end marker; a stream that stops
+        short of it was cut. A failure (or cut) before anything was yielded is
+        retried by the envelope; one after raises the typed error with
+        ``details["partial_text"]`` and the tool calls that completed.
         """
         return stream(self._streaming(messages, options))
 
