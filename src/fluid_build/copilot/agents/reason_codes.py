@@ -184,17 +184,20 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
     ReasonCode(
         "llm.response_too_large",
         False,
-        "The answer or stream went past the size limit (decompressed bytes or stream events).",
-        "Raise FLUID_LLM_MAX_RESPONSE_BYTES or FLUID_LLM_MAX_STREAM_EVENTS if the answer is "
-        "legitimately that big; otherwise ask for less output.",
+        "The answer or stream went past a size limit (decompressed bytes, stream events, or "
+        "one stream event's bytes).",
+        "Raise FLUID_LLM_MAX_RESPONSE_BYTES, FLUID_LLM_MAX_STREAM_EVENTS or "
+        "FLUID_LLM_MAX_EVENT_BYTES (the one details['unit'] and the message name) if the "
+        "answer is legitimately that big; otherwise ask for less output.",
     ),
     ReasonCode(
         "llm.malformed_response",
         True,
         "The provider's answer could not be decoded.",
-        "Run again (a cut-off body is usually transient); if it persists, something between "
-        "you and the provider (HTTPS_PROXY, the base URL `fluid doctor` shows) rewrites "
-        "answers.",
+        "Run again (a cut-off body is usually transient); if it persists, or the answer came "
+        "in an encoding fluid does not accept (details['content_encoding']: fluid asks for "
+        "gzip or deflate only), something between you and the provider (HTTPS_PROXY, the "
+        "base URL `fluid doctor` shows) rewrites answers.",
     ),
     ReasonCode(
         "llm.provider_error",
