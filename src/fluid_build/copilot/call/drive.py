@@ -161,7 +161,8 @@ def refuse_redirect(response: httpx.Response, *, close: bool = True) -> None:
     provider = deadline.provider if deadline is not None else None
     model = deadline.model if deadline is not None else None
     location = response.headers.get("location")
-    where = f"to {_origin(location, response.request.url)}" if location else "with no Location"
+    origin = _origin(location, response.request.url) if location else None
+    where = f"to {origin}" if origin else "with no Location"
     if close:
         response.close()
     raise ProviderError(
@@ -173,7 +174,7 @@ def refuse_redirect(response: httpx.Response, *, close: bool = True) -> None:
         status_code=status,
         code="llm.bad_endpoint",
         retryable=False,
-        details={"location_origin": _origin(location, response.request.url)} if location else {},
+        details={"location_origin": origin} if origin else {},
     )
 
 
