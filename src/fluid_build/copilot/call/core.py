@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
@@ -424,7 +424,9 @@ class Entry:
         attempts = 0
         decoder = self.decoder
 
-        def opening() -> Plan[tuple[httpx.Response, Any, list[StreamEvent], _DoneReader]]:
+        def opening() -> Plan[
+            tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamState]
+        ]:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
@@ -440,19 +442,19 @@ class Entry:
             except httpx.TimeoutException as exc:
                 raise timed_out(exc, deadline, "the response headers") or exc from exc
             self.observed(response)
-            reader = _DoneReader(response, deadline, self.limits, state, self.adapter.stream_format)
+            reader = StreamReader(response, deadline, self.limits)
             try:
                 if response.is_error:
                     yield ReadBody(response, deadline, self.limits)  # raises, for classification
-                chunks = yield Events(reader, self.adapter.stream_format)
+                chunks = yield Events(reader, self.adapter.stream_format, state)
                 while (item := (yield Next(chunks))) is not END:
                     event, data = item
                     first = decoder.chunk(response, state, spec, event, data, started=False)
                     if first:
-                        return response, chunks, first, reader
+                        return response, chunks, first, reader, state
                 if not state.done:  # nothing for the caller, and no end: retried
                     raise decoder.cut(state, reader, emitted=False, response=response)
-                return response, chunks, [], reader
+                return response, chunks, [], reader, state
             except httpx.TimeoutException as exc:
                 yield Close(response)
                 raise timed_out(exc, deadline, reader.reader.where) or exc from exc
@@ -461,7 +463,7 @@ class Entry:
                 if response.is_error:
                     raise
                 if state.done:  # the answer had said it was over: only the connection's end failed
-                    return response, chunks, [], reader
+                    return response, chunks, [], reader, state
                 # The answer had begun (its head said 200): a cut stream, not a failed connection.
                 raise decoder.cut(state, reader, emitted=False, response=response, exc=exc) from exc
             except BaseException:
@@ -473,8 +475,7 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
-        response, chunks, first, reader = yield from self.envelope.plan(attempting, **bounds)
-        state = reader.state
+        response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
         try:
             for item in first:
                 yield Emit(item)
@@ -500,48 +501,9 @@ class Entry:
         yield Emit(StreamEvent(type="done", completion=completion))
 
 
-_DONE_LINES = frozenset({"data: [DONE]", "data:[DONE]"})
-
-
-class _DoneReader(StreamReader):
-    """A stream's reader that also marks ``state.done`` at SSE's ``data: [DONE]``.
-
-    The chunk reader (llm/base.py) ends the chunks at ``[DONE]`` without handing
-    it on; it is how an OpenAI-style stream says it is over (the adapters mark
-    every other end marker themselves).
-    """
-
-    def __init__(
-        self,
-        response: httpx.Response,
-        deadline: Deadline,
-        limits: Limits,
-        state: StreamState,
-        stream_format: str,
-    ) -> None:
-        super().__init__(response, deadline, limits)
-        self.state = state
-        self.sse = stream_format == "sse"
-
-    def lines(self) -> Iterator[str]:
-        lines = super().lines()
-        return self._marked(lines) if self.sse else lines
-
-    def alines(self) -> AsyncIterator[str]:
-        lines = super().alines()
-        return self._amarked(lines) if self.sse else lines
-
-    def _marked(self, lines: Iterator[str]) -> Iterator[str]:
-        for line in lines:
-            if len(line) < 13 and line in _DONE_LINES:
-                self.state.done = True
-            yield line
-
-    async def _amarked(self, lines: AsyncIterator[str]) -> AsyncIterator[str]:
-        async for line in lines:
-            if len(line) < 13 and line in _DONE_LINES:
-                self.state.done = True
-            yield line
+#: What a stream's opening attempt gives: its answer, its events, what they yielded first,
+#: its reader and what has arrived.
+_Opened = tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamState]
 
 
 # -- the fallback chain ------------------------------------------------------------------

@@ -27,7 +27,7 @@ import httpx
 from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
-from fluid_build.copilot.llm.base import aiter_stream, iter_stream
+from fluid_build.copilot.llm.base import StreamState, aiter_stream, iter_stream
 from fluid_build.copilot.llm.types import StreamEvent
 from fluid_build.errors import FluidError
 
@@ -456,19 +456,22 @@ class Close(Effect):
 class Events(Effect):
     """The counted ``(event, data)`` pairs of a stream, in the shell's kind of iterator."""
 
-    __slots__ = ("reader", "stream_format")
+    __slots__ = ("reader", "state", "stream_format")
 
-    def __init__(self, reader: StreamReader, stream_format: str) -> None:
+    def __init__(
+        self, reader: StreamReader, stream_format: str, state: StreamState | None = None
+    ) -> None:
         self.reader = reader
         self.stream_format = stream_format
+        self.state = state  # marked done at SSE's [DONE]
 
     def run(self) -> Iterator[tuple[str, Any]]:
-        events = self.reader.counted(iter_stream(self.stream_format, self.reader.lines()))
-        return _until_each(events, self.reader.reader.deadline)
+        chunks = iter_stream(self.stream_format, self.reader.lines(), self.state)
+        return _until_each(self.reader.counted(chunks), self.reader.reader.deadline)
 
     async def arun(self) -> AsyncIterator[tuple[str, Any]]:
-        events = self.reader.acounted(aiter_stream(self.stream_format, self.reader.alines()))
-        return _awithin_each(events, self.reader.reader.deadline)
+        chunks = aiter_stream(self.stream_format, self.reader.alines(), self.state)
+        return _awithin_each(self.reader.acounted(chunks), self.reader.reader.deadline)
 
 
 def _until_each(items: Iterator[T], deadline: Deadline) -> Iterator[T]:

@@ -321,19 +321,27 @@ class _ChunkReader:
         return () if chunk is None else (chunk,)
 
 
-def iter_stream(fmt: str, lines: Iterator[str]) -> Iterator[Chunk]:
-    """Decoded chunks of an SSE or NDJSON body."""
+def iter_stream(
+    fmt: str, lines: Iterator[str], state: StreamState | None = None
+) -> Iterator[Chunk]:
+    """Decoded chunks of an SSE or NDJSON body; SSE's ``[DONE]`` ends them and, given a
+    ``state``, marks it done (how an OpenAI-style stream says it is over)."""
     reader = _ChunkReader(fmt)
     for line in lines:
         chunk = reader.feed(line)
         if chunk is not None:
             yield chunk
         elif reader.done:
-            return
-    yield from reader.rest()
+            break
+    else:
+        yield from reader.rest()
+    if reader.done and state is not None:
+        state.done = True
 
 
-async def aiter_stream(fmt: str, lines: AsyncIterator[str]) -> AsyncIterator[Chunk]:
+async def aiter_stream(
+    fmt: str, lines: AsyncIterator[str], state: StreamState | None = None
+) -> AsyncIterator[Chunk]:
     """The async twin of :func:`iter_stream`: the same reader, over ``async for``."""
     reader = _ChunkReader(fmt)
     async for line in lines:
@@ -341,6 +349,9 @@ async def aiter_stream(fmt: str, lines: AsyncIterator[str]) -> AsyncIterator[Chu
         if chunk is not None:
             yield chunk
         elif reader.done:
-            return
-    for chunk in reader.rest():
-        yield chunk
+            break
+    else:
+        for chunk in reader.rest():
+            yield chunk
+    if reader.done and state is not None:
+        state.done = True
