@@ -234,7 +234,7 @@ class Decoder:
         the envelope retries it.
         """
         who = f"{self.provider} ({self.model})"
-        end = getattr(self.adapter, "stream_end", None) or "its end marker"
+        end = self.adapter.stream_end
         details: dict[str, Any] = {}
         if exc is None:
             how = f"the connection closed before {end}"

@@ -166,6 +166,8 @@ class Adapter:
 
     provider: ClassVar[str] = "provider"
     stream_format: ClassVar[Literal["sse", "ndjson"]] = "sse"
+    #: What ends this provider's stream, as an error message names it.
+    stream_end: ClassVar[str] = "its end marker"
     #: Where requests go when no base URL is configured (None: one must be).
     default_base_url: ClassVar[str | None] = None
     #: The fields of an answer (and of a stream chunk) the adapter reads, and their types.
