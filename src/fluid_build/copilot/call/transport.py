@@ -742,6 +742,8 @@ class Routes(Generic[_Routed]):
         self._cache: dict[tuple[str, str, int | None], _Routed] = {}
 
     def __call__(self, url: httpx.URL) -> _Routed:
+        if not self.mounts:  # no proxy in the environment: the common case, nothing to match
+            return self.default
         key = (url.scheme, url.host, url.port)
         found = self._cache.get(key)
         if found is None:
@@ -793,11 +795,16 @@ class _Direct:
     _fluid_route: Routes[Any]
 
     def _mounted(
-        self, make: Callable[[httpx.Proxy | None], Any], trust_env: bool
+        self, make: Callable[[httpx.Proxy | None], Any], trust_env: bool, transport: Any
     ) -> dict[str, Any]:
         """What httpx's client takes to route as :class:`Routes` does: the transports
-        ``make`` makes (the direct one, one per proxy of the environment), no redirects."""
-        default, mounts = env_mounts(make, trust_env)
+        ``make`` makes (the direct one, one per proxy of the environment), no redirects.
+        A ``transport`` given (a mock, say) carries everything, as in httpx."""
+        mounts: dict[str, Any]
+        if transport is not None:
+            default, mounts = transport, {}
+        else:
+            default, mounts = env_mounts(make, trust_env)
         self._fluid_route = Routes(default, mounts)
         return {
             "transport": default,
@@ -867,13 +874,16 @@ class PooledClient(_Direct, httpx.Client):
         cert: Any = None,
         trust_env: bool = True,
         headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
             return CoreTransport(
                 verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
             )
 
-        super().__init__(timeout=timeout, headers=headers, **self._mounted(make, trust_env))
+        super().__init__(
+            timeout=timeout, headers=headers, **self._mounted(make, trust_env, transport)
+        )
         self._direct_init()
 
     def fluid_send(self, request: httpx.Request) -> httpx.Response:
@@ -906,6 +916,7 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
         cert: Any = None,
         trust_env: bool = True,
         headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.transport_name: Transport = transport_name
 
@@ -919,7 +930,9 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
                 )
             return _gated(inner, limits)
 
-        super().__init__(timeout=timeout, headers=headers, **self._mounted(make, trust_env))
+        super().__init__(
+            timeout=timeout, headers=headers, **self._mounted(make, trust_env, transport)
+        )
         self._direct_init()
 
     async def fluid_send(self, request: httpx.Request) -> httpx.Response:
