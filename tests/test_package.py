@@ -56,3 +56,19 @@ def test_importing_the_agent_layer_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_quick_starts_output_is_ignored_by_git() -> None:
+    """README's offline `fluid forge` writes forge-out/ in the checkout; git must not list it."""
+    import shutil
+    from pathlib import Path
+
+    git = shutil.which("git")
+    assert git is not None, "git is needed to check .gitignore"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [git, "check-ignore", "--no-index", "-q", "forge-out/contract.fluid.yaml"],
+        cwd=root,
+        check=False,
+    )
+    assert done.returncode == 0, "forge-out/ is not in .gitignore"
