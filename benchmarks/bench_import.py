@@ -13,8 +13,9 @@ LLMClient`` (plus a first attribute access) at most 1.5x ``import httpx``
 the same run.
 
 A peer that is not importable here is measured with the first interpreter
-given by ``--extra-python`` that has it (litellm pins openai<3, so it
-usually lives in its own environment); if none has it, its row says so.
+given by ``--extra-python`` that has it (``nox -s bench`` installs every
+peer in one environment: litellm 1.110 accepts openai 3.x); if none has
+it, its row says so.
 
     python benchmarks/bench_import.py [--quick] [--json PATH] [--extra-python PYTHON]
 """
