@@ -22,7 +22,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fluid_build.forge", "fluid_build.corpus", "fluid_build.aiconfig"),
     ("fluid_build.copilot.loop",),
     ("fluid_build.copilot.client", "fluid_build.copilot", "fluid_build.copilot.batch"),
-    ("fluid_build.copilot.call", "fluid_build.copilot.telemetry"),
+    # Above the call: the call knows a trace only through call/trace.py's protocol.
+    ("fluid_build.copilot.telemetry",),
+    ("fluid_build.copilot.call",),
     ("fluid_build.copilot.health", "fluid_build.copilot.schema", "fluid_build.copilot.llm"),
     ("fluid_build.copilot.agents",),
     (

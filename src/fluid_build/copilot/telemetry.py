@@ -169,6 +169,9 @@ def telemetry_from(
 class CallTrace:
     """The spans of one call: its span (:meth:`run`, a stream's :meth:`stream`), one per attempt.
 
+    The call's plan sees it as a ``copilot.call.trace.AttemptTrace`` (its
+    :meth:`attempts` and :meth:`waited`), so the call never imports this module.
+
     :meth:`waited` is the call's retry hook: each wait of the envelope is an
     event on the call span and is put on the next attempt's span.
     """

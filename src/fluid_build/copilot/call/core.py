@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import Any, TextIO, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -51,6 +51,7 @@ from fluid_build.copilot.call.drive import (
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
+from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
 from fluid_build.copilot.health.cooldown import CooldownKey
@@ -58,9 +59,6 @@ from fluid_build.copilot.health.ratelimit import estimate_tokens
 from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
 from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
-
-if TYPE_CHECKING:
-    from fluid_build.copilot.telemetry import CallTrace
 
 __all__ = ["CallOptions", "Entry", "completing"]
 
@@ -345,7 +343,7 @@ class Entry:
         options: CallOptions,
         deadline: Deadline,
         fallback_errors: list[dict[str, Any]],
-        trace: CallTrace | None = None,
+        trace: AttemptTrace | None = None,
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures.
 
@@ -404,7 +402,7 @@ class Entry:
         messages: Messages,
         options: CallOptions,
         start: Callable[[], Deadline],
-        trace: CallTrace | None = None,
+        trace: AttemptTrace | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
@@ -518,7 +516,7 @@ def completing(
     deadline: Deadline,
     *,
     fallback_on_auth: bool = False,
-    trace: CallTrace | None = None,
+    trace: AttemptTrace | None = None,
 ) -> Plan[Completion]:
     """One answer from the first entry that gives one; else the most actionable error."""
     history: History = []
