@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import re
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -9,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fluid_build._files import MAX_DEPTH, TooDeepError, UnsafeFileError, load_yaml, read_regular
-from fluid_build._redact import redact, truncate
+from fluid_build._redact import one_line, redact, truncate
 from fluid_build.errors import FluidError
 
 __all__ = [
@@ -25,6 +27,14 @@ __all__ = [
 MAX_INTENT_BYTES: Final = 1_000_000
 #: The deepest YAML nesting an intent file may use.
 MAX_INTENT_DEPTH: Final = MAX_DEPTH
+#: A complete intent to start from, named when a file holds none.
+EXAMPLE: Final = Path(__file__).resolve().parent / "examples" / "sales_orders.intent.yaml"
+#: The most of the YAML parser's reason an error message carries.
+_MAX_REASON: Final = 200
+#: A quoted part of the parser's reason: the file's own text (an alias, a tag), or a token.
+_QUOTED: Final = re.compile(r"'[^']*'|\"[^\"]*\"")
+#: The parser's own token names (``'<stream end>'``), never the file's text.
+_TOKEN: Final = re.compile(r"<[a-z ]+>")
 
 
 class IntentError(FluidError):
@@ -71,6 +81,52 @@ def _field_errors(error: ValidationError) -> list[str]:
     return lines
 
 
+def _quoted(match: re.Match[str]) -> str:
+    inside = match.group()[1:-1]
+    # A character or two ('\\t', ':') says what to fix; a longer run is the file's text.
+    if len(inside) <= 4 or _TOKEN.fullmatch(inside):
+        return match.group()
+    return "'…'"
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    """Where the parser stopped and why, in its words, without the file's text and bounded.
+
+    ``str(exc)`` is never used: it quotes the offending line, which may hold a key.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None)
+    if not isinstance(problem, str) or not problem.strip():
+        return where
+    reason = problem
+    context = getattr(exc, "context", None)
+    if isinstance(context, str) and context.strip():
+        started = getattr(exc, "context_mark", None)
+        if started is not None and (mark is None or started.line != mark.line):
+            context = f"{context} that started at line {started.line + 1}"
+        reason = f"{reason} ({context})"
+    reason = truncate(redact(_QUOTED.sub(_quoted, one_line(reason))), _MAX_REASON)
+    return f"{where}: {reason}"
+
+
+def _holds(data: object) -> str:
+    """What a YAML document that is not a mapping holds, in an operator's words."""
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, bool):  # before int: a bool is an int
+        return "true or false"
+    if isinstance(data, int | float):
+        return "a number"
+    if isinstance(data, str):
+        return "plain text"
+    if isinstance(data, datetime.date):
+        return "a date"
+    if isinstance(data, bytes):
+        return "binary data"
+    return "a single value"
+
+
 def load_intent(path: str | Path) -> Intent:
     """Read and validate an intent file; any problem is an :class:`IntentError` naming the field.
 
@@ -92,13 +148,16 @@ def load_intent(path: str | Path) -> Intent:
     except TooDeepError as exc:
         raise IntentError(f"the intent file {exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise IntentError(f"the intent file {file} is not valid YAML{where}") from None
+        raise IntentError(f"the intent file {file} is not valid YAML{_yaml_reason(exc)}") from None
+    if data is None:  # nothing, blank lines, comments or a bare '---'
+        raise IntentError(
+            f"the intent file {file} is empty: write a mapping with a data_product block "
+            f"(a complete example: {EXAMPLE})"
+        )
     if not isinstance(data, dict):
         raise IntentError(
-            f"the intent file {file} must be a mapping with a data_product block, "
-            f"not {type(data).__name__}"
+            f"the intent file {file} holds {_holds(data)}, but must be a mapping with a "
+            f"data_product block (a complete example: {EXAMPLE})"
         )
     try:
         return Intent.model_validate(data)
