@@ -53,6 +53,10 @@ REDACTED: Final = "[REDACTED]"
 # A secret value never starts with the marker itself; this keeps redaction idempotent.
 _NOT_MARKER = r"(?!\[REDACTED)"
 _VALUE = _NOT_MARKER + r"[^\s\"'&,;{}<>\[\]()]+"
+# How a name is given its value: ``name=value``, ``name = value``, ``name: value``, or
+# ``name= "value"``. Not ``name= word``: an ``=`` with a space after it and none before
+# names an argument in prose ("(api_key= in Python)"), so the next word is not a value.
+_ASSIGNED = r"(?:\s*:\s*|\s+=\s*|=(?:\s*(?=[\"']))?)"
 
 # JSON fields named like a credential: the whole string value goes, spaces and all.
 _FIELD_NAMES = (
@@ -93,7 +97,7 @@ _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
         re.compile(
             r"(?i)(\b(?:x-goog-api-key|x-api-key|api[-_]?key|apikey|subscription[-_]key"
             r"|access[-_]?token|auth[-_]?token|refresh[-_]?token|client[-_]?secret|secret[-_]?key"
-            r"|password|passwd|secret|token)[\"']?\s*[:=]\s*[\"']?)" + _VALUE
+            r"|password|passwd|secret|token)[\"']?" + _ASSIGNED + r"[\"']?)" + _VALUE
         ),
         r"\1" + REDACTED,
     ),
