@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -31,6 +32,8 @@ from fluid_build.aiconfig import (
 from fluid_build.cli import ai
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.copilot.health.cooldown import key_fingerprint
+from tests.test_cli_conventions import _AT_A_TERMINAL as AT_A_TERMINAL
+from tests.test_cli_conventions import FLUID, fluid, fresh_env
 
 OPENAI_KEY = "sk-test-Zq8mN4pL2vX9wR7tY5uK3"
 ANTHROPIC_KEY = "sk-ant-api03-Hj6gF4dS2aQ9wE7rT5yU"
@@ -287,6 +290,126 @@ def test_the_refusal_as_json(home: Path, no_keyring: None) -> None:
     assert data["ok"] is False
     assert data["error"]["error"] == "ProviderAuthError"
     assert OPENAI_KEY not in out
+
+
+# -- no keyring: refused before the key is asked for (the console script, a fresh HOME) ----
+
+NO_KEYRING = "keyring.backends.fail.Keyring"
+
+
+def _setup_at_a_terminal(home: Path, *args: str) -> tuple[int, str]:
+    """``fluid ai setup ARGS`` at a terminal with no keyring; fails at once if it asks for a key."""
+    assert FLUID is not None
+    env = fresh_env(home, PYTHON_KEYRING_BACKEND=NO_KEYRING)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", AT_A_TERMINAL, FLUID, "ai", "setup", *args],
+        env=env,
+        cwd=home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    seen = b""
+    try:
+        while b"(input hidden)" not in seen:
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"no answer within 60 s: {seen!r}"
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+        text = seen.decode("utf-8", "replace")
+        assert "(input hidden)" not in text, f"asked for a key it cannot keep: {text}"
+        return proc.wait(timeout=60), text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_no_keyring_refuses_before_asking_for_the_key_at_a_terminal(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+
+    code, text = _setup_at_a_terminal(home, "--provider", "openai", "--model", "gpt-4o")
+
+    assert code == EXIT_CODES["auth"], text
+    headline = [line for line in text.splitlines() if line.startswith("fluid:")]
+    assert len(headline) == 1, text
+    assert "no usable OS keyring" in headline[0]
+    assert "nothing was asked for or stored" in headline[0]
+    assert "export OPENAI_API_KEY" in headline[0]
+    assert "--no-key" in headline[0]
+    assert "FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1" in headline[0]
+    assert "Traceback" not in text
+    assert not (home / ".config" / "fluid" / "ai_config.json").exists()
+
+
+def test_no_keyring_refuses_before_reading_a_piped_key(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = fresh_env(home, PYTHON_KEYRING_BACKEND=NO_KEYRING)
+
+    # Nothing piped: before the check, this asked for a key and said none was entered.
+    empty = subprocess.run(
+        [str(FLUID), "ai", "setup", "--provider", "openai"],
+        env=env,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert empty.returncode == EXIT_CODES["auth"], empty.stderr
+    assert "no usable OS keyring" in empty.stderr
+    assert "no API key was entered" not in empty.stderr
+
+    piped = fluid(home, "ai", "setup", "--provider", "anthropic", "--json", env=env)
+    assert piped.returncode == EXIT_CODES["auth"]
+    data = json.loads(piped.stdout)
+    assert data["ok"] is False
+    assert data["error"]["error"] == "ProviderAuthError"
+    assert data["error"]["code"] == "llm.auth"
+    assert "ANTHROPIC_API_KEY" in data["error"]["message"]
+    assert not (home / ".config" / "fluid" / "ai_config.json").exists()
+
+
+def test_no_keyring_refuses_a_local_server_too_unless_no_key(tmp_path: Path) -> None:
+    """Its key is optional, but one typed there could not be kept either: --no-key says none."""
+    home = tmp_path / "home"
+    home.mkdir()
+
+    code, text = _setup_at_a_terminal(home, "--provider", "vllm", "--model", "qwen")
+    assert code == EXIT_CODES["auth"], text
+    assert "--no-key" in text
+
+    env = fresh_env(home, PYTHON_KEYRING_BACKEND=NO_KEYRING)
+    done = fluid(home, "ai", "setup", "--provider", "vllm", "--model", "qwen", "--no-key", env=env)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads((home / ".config" / "fluid" / "ai_config.json").read_text())
+    assert (stored["provider"], stored["model"]) == ("vllm", "qwen")
+
+
+def test_no_keyring_with_the_plaintext_opt_in_still_asks_and_stores(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = fresh_env(home, PYTHON_KEYRING_BACKEND=NO_KEYRING, FLUID_ALLOW_PLAINTEXT_AI_SECRETS="1")
+    done = subprocess.run(
+        [str(FLUID), "ai", "setup", "--provider", "openai"],
+        env=env,
+        cwd=home,
+        input=OPENAI_KEY + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "(plaintext)" in done.stdout
+    stored = json.loads((home / ".config" / "fluid" / "ai_config.json").read_text())
+    assert stored["keys"] == {"openai": OPENAI_KEY}
 
 
 # -- a broken file never crashes ------------------------------------------------

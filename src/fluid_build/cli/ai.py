@@ -158,20 +158,47 @@ def _validated_key(provider: str, raw: str, *, required: bool) -> str | None:
     return key
 
 
+def _cannot_keep(provider: str, why: str, *, asked: bool) -> Exception:
+    """The refusal when a key cannot be kept safely: what happened and the two ways out."""
+    from fluid_build.aiconfig import PLAINTEXT_OPT_IN_ENV, config_path
+    from fluid_build.copilot.agents.errors import ProviderAuthError
+    from fluid_build.copilot.llm.settings import PROVIDERS
+
+    variable = PROVIDERS[provider].key_vars[0]
+    done = "nothing was stored" if asked else "nothing was asked for or stored"
+    # llm.auth: its hint names the provider's key variable, the first way out.
+    return ProviderAuthError(
+        f"cannot keep the {provider} key here: {why}, and {PLAINTEXT_OPT_IN_ENV} is not set; "
+        f"{done}. Either export {variable} in your shell profile (environment variables "
+        f"always win) and run `fluid ai setup --provider {provider} --no-key`, or set "
+        f"{PLAINTEXT_OPT_IN_ENV}=1 to store it in plaintext in {config_path()} (mode 0600)",
+        provider=provider,
+    )
+
+
+def _check_storage(provider: str) -> None:
+    """Refuse before the key is asked for when there is nowhere safe to keep it.
+
+    A keyring that exists may still refuse the write (a locked keychain): that
+    is only known by trying, after the key is read (see :func:`_store_key`).
+    """
+    from fluid_build.aiconfig import keyring_backend, plaintext_allowed
+
+    if keyring_backend() is None and not plaintext_allowed():
+        raise _cannot_keep(provider, "no usable OS keyring was found", asked=False)
+
+
 def _store_key(provider: str, key: str) -> tuple[str, str | None]:
     """Put ``key`` where it belongs; ``(source, note)``. Raises when it cannot be stored."""
     from fluid_build.aiconfig import (
         KEYRING_SERVICE,
         PLAINTEXT_OPT_IN_ENV,
-        config_path,
         keyring_backend,
         plaintext_allowed,
     )
-    from fluid_build.copilot.agents.errors import ProviderAuthError
-    from fluid_build.copilot.llm.settings import PROVIDERS
 
     backend = keyring_backend()
-    why = "no usable OS keyring backend was found"
+    why = "no usable OS keyring was found"
     if backend is not None:
         try:
             backend.set_password(KEYRING_SERVICE, provider, key)
@@ -181,14 +208,7 @@ def _store_key(provider: str, key: str) -> tuple[str, str | None]:
             return "keyring", None
     if plaintext_allowed():
         return "file", f"{why}; stored in plaintext because {PLAINTEXT_OPT_IN_ENV}=1"
-    variable = PROVIDERS[provider].key_vars[0]
-    raise ProviderAuthError(
-        f"cannot store the {provider} key safely: {why}, and nothing was stored. Either "
-        f"export {variable} in your shell profile (environment variables always win) and run "
-        f"`fluid ai setup --provider {provider} --no-key`, or set {PLAINTEXT_OPT_IN_ENV}=1 to "
-        f"store it in plaintext in {config_path()} (mode 0600)",
-        provider=provider,
-    )
+    raise _cannot_keep(provider, why, asked=True)
 
 
 def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool) -> int:
@@ -206,6 +226,7 @@ def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool)
     key: str | None = None
     warning: str | None = None
     if info.key_vars and not no_key:
+        _check_storage(name)
         key = _validated_key(name, _read_key(name), required=info.key_required)
         warning = _prefix_warning(name, key) if key else None
     source: str | None = None
