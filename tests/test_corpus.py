@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import pickle
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,7 @@ from click.testing import CliRunner
 from fluid_build._redact import redact
 from fluid_build.cli import corpus as corpus_cli
 from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.corpus.cassette import (
     CASSETTE_VERSION,
     Cassette,
@@ -31,6 +34,7 @@ from fluid_build.corpus.cassette import (
     ExchangeRequest,
     ExchangeResponse,
     dump_cassette,
+    is_forge_run,
     load_cassette,
     resolve_response_model,
     write_cassette,
@@ -308,10 +312,19 @@ def test_missing_file_is_a_cassette_error(tmp_path: Path) -> None:
 
 
 def test_cassette_error_pickles() -> None:
-    error = CassetteError("is not valid JSON", path="x.json")
+    error = CassetteError("is not valid JSON", path="x.json", hint="give another path.")
     again = pickle.loads(pickle.dumps(error))  # noqa: S301 - our own bytes
     assert str(again) == str(error)
     assert again.path == "x.json"
+    assert again.hint == "give another path."
+
+
+def test_forge_runs_are_told_from_corpus_cassettes() -> None:
+    from fluid_build.cli.forge import EXAMPLE_AGENT_CASSETTE, EXAMPLE_CASSETTE
+
+    assert is_forge_run(load_cassette(EXAMPLE_CASSETTE))
+    assert is_forge_run(load_cassette(EXAMPLE_AGENT_CASSETTE))
+    assert not any(is_forge_run(load_cassette(path)) for path in CASSETTES)
 
 
 def test_response_model_by_import_path() -> None:
@@ -550,16 +563,73 @@ def test_record_an_auth_failure_for_other_key_headers(
     assert run_cassette(load_cassette(out)).ok
 
 
-def test_record_refuses_a_request_without_an_answer(tmp_path: Path) -> None:
+def test_a_call_that_got_no_answer_raises_its_network_failure(tmp_path: Path) -> None:
+    out = tmp_path / "down.json"
     with respx.mock() as router:
         router.post(OPENAI_URL).mock(side_effect=httpx.ConnectError("refused"))
+        with pytest.raises(ProviderError) as caught:
+            record(
+                "hi",
+                provider="openai",
+                out=out,
+                env={"OPENAI_API_KEY": SECRET_KEY, "FLUID_LLM_MAX_ATTEMPTS": "1"},
+                clock=VirtualClock(),
+            )
+    assert caught.value.code == "llm.network_error"
+    assert not isinstance(caught.value, CassetteError)
+    assert not out.exists()
+
+
+def test_record_refuses_a_success_after_a_request_without_an_answer() -> None:
+    with respx.mock() as router:
+        router.post(OPENAI_URL).mock(
+            side_effect=[httpx.ConnectError("refused"), _openai_ok(PLAN_JSON)]
+        )
         with pytest.raises(CassetteError, match="got no answer"):
             record(
                 "hi",
                 provider="openai",
-                env={"OPENAI_API_KEY": SECRET_KEY, "FLUID_LLM_MAX_ATTEMPTS": "1"},
+                env={"OPENAI_API_KEY": SECRET_KEY, "FLUID_LLM_MAX_ATTEMPTS": "2"},
                 clock=VirtualClock(),
             )
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("afile/x.json", "afile is not a directory"),
+        ("afile/deeper/x.json", "afile is not a directory"),
+        ("fifo.json", "is a FIFO (named pipe)"),
+        ("link.json", "is a symbolic link"),
+        ("adir", "is a directory"),
+    ],
+)
+def test_record_checks_out_before_the_call(tmp_path: Path, where: str, message: str) -> None:
+    (tmp_path / "afile").write_text("kept\n", encoding="utf-8")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "link.json").symlink_to(tmp_path / "afile")
+    (tmp_path / "adir").mkdir()
+    with respx.mock(assert_all_called=False) as router:
+        route = router.post(OPENAI_URL).mock(return_value=_openai_ok(PLAN_JSON))
+        with pytest.raises(CassetteError, match=re.escape(message)) as caught:
+            record(
+                "hi",
+                provider="openai",
+                out=tmp_path / where,
+                env={"OPENAI_API_KEY": SECRET_KEY},
+                clock=VirtualClock(),
+            )
+    assert not route.called
+    assert caught.value.path == str(tmp_path / where)
+    assert (tmp_path / "afile").read_text(encoding="utf-8") == "kept\n"
+    assert (tmp_path / "link.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "fifo.json", "link.json"]
+
+
+def test_write_cassette_failure_is_a_cassette_error(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("", encoding="utf-8")
+    with pytest.raises(CassetteError, match="afile is not a directory"):
+        write_cassette(_load("openai-success"), tmp_path / "afile" / "x.json")
 
 
 def test_cli_record_writes_a_cassette(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

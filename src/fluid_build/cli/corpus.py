@@ -3,8 +3,10 @@
 ``fluid corpus replay [PATH ...]`` runs every cassette through the real
 client with the network and the clock replaced, and exits with
 ``EXIT_CODES["corpus_mismatch"]`` (30) when any outcome differs from the
-recording or a cassette cannot be read. ``fluid corpus record`` makes one
-real call and writes what it saw. See docs/corpus.md.
+recording or a cassette cannot be read. A ``fluid forge`` recording is
+refused before anything is replayed (exit 3, naming ``fluid forge --replay``):
+its recipe is not what was sent. ``fluid corpus record`` checks ``--out``
+first, then makes one real call and writes what it saw. See docs/corpus.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fluid_build.cli._options import model_option
 from fluid_build.cli.exit_codes import EXIT_CODES, report_error
 
 if TYPE_CHECKING:
+    from fluid_build.corpus.cassette import Cassette, CassetteError
     from fluid_build.corpus.replay import ReplayResult
 
 __all__ = ["command"]
@@ -45,24 +48,54 @@ def _cassette_files(paths: Sequence[Path]) -> list[Path]:
     return files
 
 
-def _replay_one(path: Path) -> ReplayResult:
+def _load_all(files: Sequence[Path]) -> list[tuple[Path, Cassette | CassetteError]]:
     from fluid_build.corpus.cassette import CassetteError, load_cassette
+
+    loaded: list[tuple[Path, Cassette | CassetteError]] = []
+    for path in files:
+        try:
+            loaded.append((path, load_cassette(path)))
+        except CassetteError as exc:
+            loaded.append((path, exc))  # reported in its row: the others still replay
+    return loaded
+
+
+def _forge_run_error(forge_runs: Sequence[Path]) -> CassetteError:
+    """One line for the forge recordings given to ``corpus replay``, naming the command."""
+    from fluid_build.corpus.cassette import CassetteError
+
+    first = forge_runs[0]
+    others = ""
+    if len(forge_runs) > 1:
+        shown = ", ".join(str(p) for p in forge_runs[1:4])
+        more = f" and {len(forge_runs) - 4} more" if len(forge_runs) > 4 else ""
+        others = f" (so are {shown}{more})"
+    return CassetteError(
+        f"is a `fluid forge` run, not a corpus cassette{others}: replay it with "
+        f"`fluid forge --replay {first}`",
+        path=str(first),
+        hint=f"`fluid forge INTENT --replay {first}` replays it with the intent it was "
+        "recorded with; `fluid corpus replay` takes cassettes from `fluid corpus record` "
+        "and corpus/make_cassettes.py.",
+    )
+
+
+def _replay_one(path: Path, loaded: Cassette | CassetteError) -> ReplayResult:
+    from fluid_build.corpus.cassette import CassetteError
     from fluid_build.corpus.replay import ReplayResult, run_cassette
 
-    try:
-        cassette = load_cassette(path)
-    except CassetteError as exc:
+    if isinstance(loaded, CassetteError):
         return ReplayResult(
             name=path.stem,
             ok=False,
-            mismatches=[f"unreadable: {exc}"],
+            mismatches=[f"unreadable: {loaded}"],
             outcome="unreadable",
             attempts=0,
             waits=[],
             error=None,
             path=str(path),
         )
-    result = run_cassette(cassette)
+    result = run_cassette(loaded)
     result.path = str(path)
     return result
 
@@ -113,7 +146,9 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
 def replay(paths: tuple[Path, ...], as_json: bool) -> None:
     """Replay cassettes (files or directories; default ./corpus) and compare outcomes.
 
-    Exits 30 when any cassette differs from its recording or cannot be read.
+    Exits 30 when any cassette differs from its recording or cannot be read,
+    and 3, replaying nothing, when one is a `fluid forge` run (replay it with
+    `fluid forge --replay FILE`).
     """
     chosen = list(paths)
     if not chosen:
@@ -126,7 +161,15 @@ def replay(paths: tuple[Path, ...], as_json: bool) -> None:
     if not files:
         where = ", ".join(str(p) for p in chosen)
         raise click.UsageError(f"no cassettes (*.json) in {where}")
-    results = [_replay_one(path) for path in files]
+    from fluid_build.corpus.cassette import is_forge_run
+
+    loaded = _load_all(files)
+    forge_runs = [p for p, c in loaded if not isinstance(c, Exception) and is_forge_run(c)]
+    if forge_runs:
+        # Its recipe is a summary of the intent, not what was sent: replaying it here
+        # could only report a mismatch that says nothing about the code.
+        raise SystemExit(report_error(_forge_run_error(forge_runs), as_json=as_json))
+    results = [_replay_one(path, cassette) for path, cassette in loaded]
     failed = any(not r.ok for r in results)
     code = EXIT_CODES["corpus_mismatch"] if failed else EXIT_CODES["ok"]
     if as_json:
@@ -206,9 +249,16 @@ def record_command(
     by value, credential fields by name, URL userinfo and key-like query
     values). --no-bodies keeps neither PROMPT nor the model's output.
     """
+    from fluid_build.corpus.cassette import check_writable
     from fluid_build.corpus.record import record
     from fluid_build.errors import FluidError
 
+    try:
+        # Before the call, and before --force is asked for: a FIFO, a device, a path
+        # through a file or a directory nothing can be created in is no place for it.
+        check_writable(out)
+    except FluidError as exc:
+        raise SystemExit(report_error(exc)) from None
     if out.exists() and not force:
         raise click.UsageError(f"{out} exists; pass --force to overwrite it")
     try:

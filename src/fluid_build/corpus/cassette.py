@@ -16,6 +16,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
+import stat
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -39,8 +42,10 @@ __all__ = [
     "ExchangeResponse",
     "Expectation",
     "Plan",
+    "check_writable",
     "dump_cassette",
     "is_dropped_header",
+    "is_forge_run",
     "load_cassette",
     "register_response_model",
     "resolve_response_model",
@@ -76,19 +81,27 @@ def is_dropped_header(name: str) -> bool:
 
 
 class CassetteError(FluidError):
-    """A cassette that cannot be read: missing, not JSON, another version, or invalid."""
+    """A cassette that cannot be used: missing, not JSON, another version, invalid, a
+    path it cannot be written to, or a ``fluid forge`` run given to ``fluid corpus replay``.
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    ``hint`` is the next step when it is not "fix the file" (the CLI prints it).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
         super().__init__(f"{path}: {message}" if path else message)
         self.path = path
+        self.hint = hint
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_cassette_error, (str(self), self.path))
+        return (_rebuild_cassette_error, (str(self), self.path, self.hint))
 
 
-def _rebuild_cassette_error(message: str, path: str | None) -> CassetteError:
+def _rebuild_cassette_error(
+    message: str, path: str | None, hint: str | None = None
+) -> CassetteError:
     error = CassetteError(message)
     error.path = path
+    error.hint = hint
     return error
 
 
@@ -263,6 +276,16 @@ class Cassette(_Strict):
         return self
 
 
+def is_forge_run(cassette: Cassette) -> bool:
+    """Whether ``cassette`` records a ``fluid forge`` run rather than one call.
+
+    Only a forge recording keeps request bodies (``fluid forge --record``, the
+    bundled examples): its ``call`` is a summary of the intent, not what was
+    sent, so only ``fluid forge --replay`` can replay it, through forge's stages.
+    """
+    return any(exchange.request.body is not None for exchange in cassette.exchanges)
+
+
 def _version_message(version: object) -> str:
     return (
         f"cassette version {version!r} is not supported: this fluid_build reads version "
@@ -345,18 +368,90 @@ def dump_cassette(cassette: Cassette) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _nearest_directory(target: Path) -> Path:
+    """The closest existing ancestor of ``target``: where the file, or its directories, go.
+
+    Refuses one that is not a directory (``afile/x.json`` where ``afile`` is a file).
+    """
+    where = str(target)
+    parent = target.parent
+    while True:
+        try:
+            # Followed: the directories leading to a cassette may be symbolic links.
+            mode = os.stat(parent).st_mode
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if parent.parent == parent:
+                raise CassetteError(f"cannot be written ({_reason(exc)})", path=where) from None
+            parent = parent.parent
+            continue
+        except OSError as exc:
+            raise CassetteError(
+                f"cannot be written: {parent} cannot be reached ({_reason(exc)})", path=where
+            ) from None
+        if not stat.S_ISDIR(mode):
+            raise CassetteError(f"cannot be written: {parent} is not a directory", path=where)
+        return parent
+
+
+def check_writable(path: str | Path) -> Path:
+    """Refuse a path a cassette cannot be written to, before anything is recorded.
+
+    The path is a regular file or does not exist yet: a FIFO, a device, a
+    directory or a symbolic link is refused, never replaced (the cassette is
+    renamed into place). Its closest existing directory must take a new file,
+    which is tried for real (a hidden file made and removed there): permission
+    bits say nothing of ``/proc`` or a read-only mount, nor for root.
+    Raises :class:`CassetteError` naming the path and what is wrong.
+    """
+    from fluid_build._files import file_kind
+
+    target = Path(path)
+    where = str(target)
+    try:
+        mode: int | None = os.lstat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None  # a path through a file is named by _nearest_directory below
+    except OSError as exc:
+        raise CassetteError(f"cannot be written ({_reason(exc)})", path=where) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise CassetteError(
+            f"is {file_kind(mode)}, and a cassette is written as a regular file in its place",
+            path=where,
+            hint="give another path: a new file, or a regular file to replace.",
+        )
+    directory = _nearest_directory(target)
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".fluid-check-", suffix=".tmp")
+    except OSError as exc:
+        raise CassetteError(
+            f"cannot be written: no file can be created in {directory} ({_reason(exc)})",
+            path=where,
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
 def write_cassette(cassette: Cassette, path: str | Path) -> Path:
     """Write ``cassette`` to ``path`` atomically: a reader sees the old file or the whole new one.
 
     The text goes to a temporary file in the same directory (mode 0600), which
     is then renamed over ``path``; nothing is left behind if writing is
-    interrupted.
+    interrupted. A path that cannot take it (see :func:`check_writable`), or a
+    write that fails, is a :class:`CassetteError` naming the path.
     """
     from fluid_build._files import write_atomic
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, dump_cassette(cassette).encode("utf-8"))
+    target = check_writable(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, dump_cassette(cassette).encode("utf-8"))
+    except OSError as exc:
+        raise CassetteError(f"cannot be written ({_reason(exc)})", path=str(target)) from None
     return target
 
 

@@ -38,6 +38,7 @@ from fluid_build.corpus.cassette import (
     ExchangeRequest,
     ExchangeResponse,
     Expectation,
+    check_writable,
     is_dropped_header,
     resolve_response_model,
     write_cassette,
@@ -600,6 +601,11 @@ def record(
     jitter so a replay waits exactly what the recording waited; ``clock``
     replaces real sleeping (tests). For a run of several calls, use
     :class:`Recorder` directly.
+
+    ``out`` is checked before the call (:func:`check_writable`). A request
+    without an answer cannot be replayed: when the call failed, its own failure
+    is raised (``ProviderTimeoutError``, ``llm.network_error`` ...) and nothing
+    is written; when it succeeded after one, :class:`CassetteError`.
     """
     import os
 
@@ -623,6 +629,8 @@ def record(
     )
     if response_model is not None:
         resolve_response_model(response_model)
+    if out is not None:
+        check_writable(out)  # before the call: a paid answer must have somewhere to go
     ticking: Clock = clock if clock is not None else _WallClock()
     output: Any = None
     error: BaseException | None = None
@@ -642,6 +650,10 @@ def record(
             output = run_recipe(client, recipe, ticking)
         except Exception as exc:  # noqa: BLE001 - a failure is an outcome worth keeping
             error = exc
+    if error is not None and recorder.unanswered:
+        # No answer to keep (a refused connection, a timeout): the call's own failure
+        # says what happened, where "no answer to record" would only blame the file.
+        raise error
     cassette = recorder.cassette(
         name=name or (Path(out).stem if out is not None else f"{config.provider}-recorded"),
         description=description,

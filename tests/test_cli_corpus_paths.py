@@ -1,0 +1,178 @@
+"""`fluid corpus` from the console script: paths it cannot use, a server that is down, forge runs.
+
+`corpus record --out` is checked before any request (a path through a file,
+a directory nothing can be created in, a FIFO), a recording whose request got
+no answer reports the network failure, and `corpus replay` refuses a `fluid
+forge` cassette in one line naming the command that replays it. Each runs the
+installed `fluid` in a fresh HOME against a model server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.cli.forge import EXAMPLE_AGENT_CASSETTE, EXAMPLE_CASSETTE
+from tests.docs_model import model_server
+from tests.test_docs_commands import EXAMPLE_INTENT, OPENAI_KEY, Place, _environment, run
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = "fluid corpus record --provider openai --model gpt-4o-mini"
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Iterator[Place]:
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    with model_server() as (base, model):
+        place = Place(cwd, home, base, model, _environment(home))
+        place.openai()
+        yield place
+
+
+def _one_failure(stderr: str) -> str:
+    """The headline of a failure reported as fluid reports one: no traceback, no bug line."""
+    assert "Traceback" not in stderr, stderr
+    assert "looks like a bug" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) <= 2, stderr
+    assert lines[0].startswith("fluid: "), stderr
+    if len(lines) == 2:
+        assert lines[1].startswith("hint: "), stderr
+    return lines[0]
+
+
+# -- corpus record --out, before anything is sent --------------------------------------------
+
+
+def test_record_out_below_a_file_is_refused_before_any_request(place: Place) -> None:
+    (place.cwd / "afile").write_text("not a directory\n", encoding="utf-8")
+    done = run(place, f"{RECORD} --out afile/x.json hi")
+    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    headline = _one_failure(done.stderr)
+    assert "CassetteError" in headline
+    assert "afile is not a directory" in headline
+    assert place.model.requests == []
+    assert (place.cwd / "afile").read_text(encoding="utf-8") == "not a directory\n"
+
+
+def test_record_out_where_nothing_can_be_created_is_refused_before_any_request(
+    place: Place,
+) -> None:
+    done = run(place, f"{RECORD} --out /proc/x.json hi")
+    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    headline = _one_failure(done.stderr)
+    assert "/proc/x.json" in headline
+    assert "cannot be written" in headline
+    assert place.model.requests == []
+
+
+def test_record_out_on_a_fifo_is_refused_and_the_fifo_stays(place: Place) -> None:
+    fifo = place.cwd / "pipe.json"
+    os.mkfifo(fifo)
+    done = run(place, f"{RECORD} --out pipe.json --force hi")
+    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    headline = _one_failure(done.stderr)
+    assert "pipe.json" in headline
+    assert "FIFO" in headline
+    assert place.model.requests == []
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_record_out_in_a_new_directory_still_records(place: Place) -> None:
+    done = run(place, f"{RECORD} --out new/dir/x.json --response-model Plan hi")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((place.cwd / "new" / "dir" / "x.json").read_text())["version"] == 1
+    assert len(place.model.requests) == 1
+
+
+# -- corpus record with the server down ----------------------------------------------------------
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on: a connection to it is refused at once."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_record_with_the_server_down_reports_the_network_failure(place: Place) -> None:
+    place.env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{_closed_port()}/v1"
+    place.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"  # no backoff sleeps in a test
+    done = run(place, f"{RECORD} --out down.json hi")
+    assert done.returncode == EXIT_CODES["timeout"], done.stderr
+    headline = _one_failure(done.stderr)
+    assert "[llm.network_error]" in headline
+    assert "CassetteError" not in done.stderr
+    assert OPENAI_KEY not in done.stdout + done.stderr
+    assert not (place.cwd / "down.json").exists()
+
+
+# -- corpus replay and the cassettes fluid forge writes -----------------------------------------
+
+
+def _refused_as_a_forge_run(done: object, name: str) -> None:
+    assert getattr(done, "returncode") == EXIT_CODES["intent"]  # noqa: B009 - CompletedProcess
+    stdout, stderr = getattr(done, "stdout"), getattr(done, "stderr")  # noqa: B009
+    headline = _one_failure(stderr)
+    assert name in headline
+    assert "fluid forge --replay" in headline
+    assert "MISMATCH" not in stdout + stderr
+    assert "did not replay" not in stdout + stderr
+
+
+@pytest.mark.parametrize("bundled", [EXAMPLE_CASSETTE, EXAMPLE_AGENT_CASSETTE])
+def test_replay_refuses_a_bundled_forge_cassette_naming_fluid_forge(
+    place: Place, bundled: Path
+) -> None:
+    shutil.copy(bundled, place.cwd / bundled.name)
+    done = run(place, f"fluid corpus replay {bundled.name}")
+    _refused_as_a_forge_run(done, bundled.name)
+
+
+def test_replay_refuses_what_fluid_forge_record_wrote_and_forge_replays_it(place: Place) -> None:
+    shutil.copy(EXAMPLE_INTENT, place.cwd / "intent.yaml")
+    recorded = run(place, "fluid forge intent.yaml --record run.json --out out1")
+    assert recorded.returncode == 0, recorded.stderr
+    sent = len(place.model.requests)
+    done = run(place, "fluid corpus replay run.json")
+    _refused_as_a_forge_run(done, "run.json")
+    assert "fluid forge --replay run.json" in done.stderr
+    replayed = run(place, "fluid forge intent.yaml --replay run.json --out out2")
+    assert replayed.returncode == 0, replayed.stderr
+    assert len(place.model.requests) == sent  # both replays stayed offline
+
+
+def test_replay_refuses_a_forge_run_in_a_directory_and_replays_nothing(place: Place) -> None:
+    place.corpus("mixed")
+    shutil.copy(EXAMPLE_CASSETTE, place.cwd / "mixed" / "zz-forge.json")
+    done = run(place, "fluid corpus replay mixed")
+    _refused_as_a_forge_run(done, "zz-forge.json")
+    assert "replayed as recorded" not in done.stdout
+
+
+def test_replay_json_refusal_of_a_forge_run(place: Place) -> None:
+    shutil.copy(EXAMPLE_CASSETTE, place.cwd / "forge.json")
+    done = run(place, "fluid corpus replay --json forge.json")
+    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["ok"] is False
+    assert payload["exit_code"] == EXIT_CODES["intent"]
+    assert payload["error"]["error"] == "CassetteError"
+    assert "fluid forge --replay forge.json" in payload["error"]["message"]
+
+
+def test_the_corpus_still_replays(place: Place) -> None:
+    place.corpus()
+    done = run(place, "fluid corpus replay corpus")
+    assert done.returncode == 0, done.stdout + done.stderr
