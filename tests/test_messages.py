@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
@@ -481,3 +482,97 @@ def test_a_message_names_a_python_argument_only_with_its_equivalent(message: str
         assert name in read_variables(), name
     for words in COMMAND.findall(message):
         check_command(words)
+
+
+# -- the command line names flags and variables, never a Python argument -----------------------
+
+# What a first run can bring about before any request: (environment, arguments).
+FIRST_RUNS = {
+    "no-provider": ({}, ()),
+    "several-keys": ({"OPENAI_API_KEY": "a", "ANTHROPIC_API_KEY": "b"}, ()),
+    "no-key": ({}, ("--provider", "openai")),
+    "unknown-provider": ({}, ("--provider", "nope")),
+    "azure-no-endpoint": (
+        {"AZURE_OPENAI_API_KEY": "k", "FLUID_LLM_MODEL": "d"},
+        ("--provider", "azure"),
+    ),
+    "vllm-no-model": ({}, ("--provider", "vllm")),
+    "vllm-no-url": ({"FLUID_LLM_MODEL": "m"}, ("--provider", "vllm")),
+    "model-control-character": (
+        {"OPENAI_API_KEY": "k"},
+        ("--provider", "openai", "--model", "a\x01b"),
+    ),
+}
+
+
+def _first_run(tmp_path: Path, extra: dict[str, str], args: tuple[str, ...]) -> str:
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    done = fluid(home, "forge", str(intent), *args, env=fresh_env(home, **extra))
+    assert done.returncode == EXIT_CODES["auth"], done.stdout + done.stderr
+    assert done.stdout == ""
+    return done.stderr
+
+
+@pytest.mark.parametrize(("extra", "args"), FIRST_RUNS.values(), ids=FIRST_RUNS.keys())
+def test_a_first_run_message_names_no_python_argument(
+    tmp_path: Path, extra: dict[str, str], args: tuple[str, ...]
+) -> None:
+    stderr = _first_run(tmp_path, extra, args)
+    headline, hint = stderr.splitlines()
+    assert headline.startswith("fluid: Provider")
+    assert not PYTHON_ARGUMENT.search(headline), headline
+    assert "in Python" not in stderr
+    check_operator_text(hint.removeprefix("hint: "))
+
+
+def test_no_provider_names_the_variable_the_flag_and_setup(tmp_path: Path) -> None:
+    headline, _ = _first_run(tmp_path, {}, ()).splitlines()
+    assert "FLUID_LLM_PROVIDER" in headline
+    assert "--provider" in headline
+    assert "`fluid ai setup --provider <name>`" in headline
+    assert "provider=" not in headline.replace("FLUID_LLM_PROVIDER=", "")
+
+
+def test_a_python_caller_still_gets_the_argument_beside_the_variable() -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config(env={})
+    assert "--provider (provider= in Python)" in caught.value.message
+    assert "(provider= in Python)" not in describe(caught.value).headline
+    with pytest.raises(ProviderAuthError) as no_key:
+        resolve_provider_config("openai", env={})
+    assert "OPENAI_API_KEY=<your key> (api_key= in Python)" in no_key.value.message
+    shown = describe(no_key.value).headline
+    assert "OPENAI_API_KEY=<your key>, or run `fluid ai setup --provider openai`" in shown
+
+
+def test_the_unknown_model_warning_from_the_command_line_names_the_variable(
+    tmp_path: Path,
+) -> None:
+    from tests.docs_model import model_server
+    from tests.test_docs_commands import OPENAI_KEY, _environment
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    env = _environment(home)
+    with model_server() as (base, _):
+        env.update(OPENAI_API_KEY=OPENAI_KEY, OPENAI_BASE_URL=f"{base}/v1")
+        done = subprocess.run(
+            ["fluid", "batch", "prompts.txt", "--model", "my-odd-model"],  # noqa: S607
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [warning] = [line for line in done.stderr.splitlines() if "capability matrix" in line]
+    assert "FLUID_CAPABILITY_MATRIX=" in warning
+    assert "capability_matrix" not in warning
+    assert not PYTHON_ARGUMENT.search(QUOTED.sub("", warning)), warning

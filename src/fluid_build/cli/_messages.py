@@ -10,7 +10,9 @@ next step, in terms a shell can act on (a flag, an environment variable, a
 ``fluid`` command, a wait until a clock time). Another error prints its class
 and message, then a hint where the exit code says what to fix (the intent
 file, the output directory), or the bug line where nothing explains it.
-Every line is one line, redacted.
+Every line is one line, redacted, and names flags and variables, never the
+Python argument a library caller would pass instead (``(provider= in Python)``
+is left out).
 """
 
 from __future__ import annotations
@@ -66,7 +68,11 @@ def _sentence_start(text: str) -> str:
 
 
 def _clean(text: str) -> str:
-    return one_line(redact(text))
+    """One redacted line, without the asides that name a Python argument: the
+    operator of a command cannot pass one, so the flag or variable beside it is the advice."""
+    from fluid_build.copilot.agents.errors import without_python_asides
+
+    return one_line(without_python_asides(redact(text)))
 
 
 def describe(exc: BaseException, *, now: float | None = None) -> OperatorMessage:

@@ -56,6 +56,8 @@ __all__ = [
     "ReasonCode",
     "SchemaValidationError",
     "ToolValidationError",
+    "python_aside",
+    "without_python_asides",
 ]
 
 #: Codes that say something about the provider's health, and so count toward
@@ -101,6 +103,25 @@ _VARIABLE: Final = re.compile(r"[A-Z][A-Z0-9_]{1,63}")
 
 #: How an operator tells fluid_build a model's real window (docs/capability-warnings.md).
 _WINDOW_SETTING: Final = """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'"""
+
+
+#: The one form a message names a Python argument in; ``fluid`` leaves it out.
+_PYTHON_ASIDE: Final = re.compile(r" ?\([a-z][a-z0-9_]*= in Python\)")
+
+
+def python_aside(argument: str) -> str:
+    """``"(provider= in Python)"``: how a Python caller gives what the message names.
+
+    A message names the variable (and the flag) first, then this; the ``fluid``
+    command prints the message without it (:func:`without_python_asides`), so an
+    operator is never told about an argument they cannot pass.
+    """
+    return f"({argument}= in Python)"
+
+
+def without_python_asides(text: str) -> str:
+    """``text`` as the ``fluid`` command shows it: every :func:`python_aside` left out."""
+    return _PYTHON_ASIDE.sub("", text)
 
 
 #: The variable each provider's key is read from, named in the advice of a rejected key

@@ -643,9 +643,10 @@ def run_start_warnings(
             f"{label} is not in the capability matrix: assuming a window of "
             f"{caps.context_window:,} tokens, {caps.max_output_tokens:,} output tokens, "
             f"{_can(caps.tools)} tool calls and {_can(caps.strict_schema)} strict schema. "
+            # The variable works for a Python caller too (the client reads it), so the
+            # warning names no argument: the command line prints it as it is.
             "Set the model's real limits with FLUID_CAPABILITY_MATRIX="
-            """'{"context_window": ..., "tools": ..., "strict_schema": ...}' """
-            "(capability_matrix= in Python)."
+            """'{"context_window": ..., "tools": ..., "strict_schema": ...}'."""
         )
     else:
         if caps.context_window < TIGHT_CONTEXT:

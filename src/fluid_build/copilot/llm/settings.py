@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from fluid_build._redact import redact, truncate
 from fluid_build.config import env_float
-from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
 from fluid_build.copilot.llm.base import ProviderConfig
 
 __all__ = ["PROVIDERS", "ProviderInfo", "resolve_provider_config"]
@@ -153,13 +153,14 @@ def _pick_provider(env: Mapping[str, str]) -> str:
     if not with_keys:
         raise ProviderAuthError(
             "no LLM provider is configured: set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
-            "GEMINI_API_KEY, or FLUID_LLM_PROVIDER=ollama for a local model (--provider on the "
-            "command line, provider= in Python), or run `fluid ai setup --provider <name>`"
+            "GEMINI_API_KEY, or choose one with FLUID_LLM_PROVIDER (e.g. FLUID_LLM_PROVIDER=ollama "
+            f"for a local model) or --provider {python_aside('provider')}, or run "
+            "`fluid ai setup --provider <name>`"
         )
     keys = ", ".join(v for p in with_keys for v in PROVIDERS[p].key_vars if _get(env, v))
     raise _not_configured(
         f"several provider keys are set ({keys}): choose one with FLUID_LLM_PROVIDER "
-        f"(e.g. FLUID_LLM_PROVIDER={with_keys[0]}) or --provider (provider= in Python)",
+        f"(e.g. FLUID_LLM_PROVIDER={with_keys[0]}) or --provider {python_aside('provider')}",
         variable="FLUID_LLM_PROVIDER",
         example=with_keys[0],
     )
@@ -183,8 +184,8 @@ def _key(
         names = " or ".join(info.key_vars)
         raise ProviderAuthError(
             f"no API key for {provider}: set {names} (or FLUID_LLM_API_KEY) in the environment, "
-            f"e.g. {info.key_vars[0]}=<your key>, or run `fluid ai setup --provider {provider}` "
-            "(api_key= in Python)",
+            f"e.g. {info.key_vars[0]}=<your key> {python_aside('api_key')}, or run "
+            f"`fluid ai setup --provider {provider}`",
             provider=provider,
             details={"variable": info.key_vars[0], "example": "<your key>"},
         )
@@ -268,16 +269,17 @@ def _base_url(
     if url is None:
         if provider == "azure":
             raise _not_configured(
-                "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT (e.g. "
-                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']}; base_url= in Python)",
+                "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT, e.g. "
+                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']} "
+                + python_aside("base_url"),
                 provider,
                 variable="AZURE_OPENAI_ENDPOINT",
                 example=EXAMPLES["AZURE_OPENAI_ENDPOINT"],
             )
         if info.adapter == "openai_compatible":
             raise _not_configured(
-                f"{provider} needs the server's URL: set OPENAI_BASE_URL "
-                f"(e.g. OPENAI_BASE_URL={_LOCAL_SERVER}; base_url= in Python)",
+                f"{provider} needs the server's URL: set OPENAI_BASE_URL, "
+                f"e.g. OPENAI_BASE_URL={_LOCAL_SERVER} {python_aside('base_url')}",
                 provider,
                 variable="OPENAI_BASE_URL",
                 example=_LOCAL_SERVER,
@@ -350,13 +352,13 @@ def _model(name: str, model: str | None, env: Mapping[str, str]) -> str:
         example = _MODEL_EXAMPLES.get(name, "my-model")
         raise _not_configured(
             f"{name} needs a {what}: set FLUID_LLM_MODEL (e.g. FLUID_LLM_MODEL={example}) "
-            "or give --model (model= in Python)",
+            f"or give --model {python_aside('model')}",
             name,
             variable="FLUID_LLM_MODEL",
             example=example,
         )
     if not chosen.isprintable():
-        where = "--model (model=)" if source == "model=" else "FLUID_LLM_MODEL"
+        where = f"--model {python_aside('model')}" if source == "model=" else "FLUID_LLM_MODEL"
         raise _not_configured(
             f"the model name {_shown(chosen, 40)} from {where} contains control characters: "
             "set it to the name alone, e.g. "
@@ -403,7 +405,7 @@ def resolve_provider_config(
     if info is None:
         raise _not_configured(
             f"unknown provider {_shown(name, 40)}: use one of {', '.join(sorted(PROVIDERS))}, "
-            "e.g. --provider openai (provider= in Python, FLUID_LLM_PROVIDER in the environment)",
+            "e.g. --provider openai or FLUID_LLM_PROVIDER=openai " + python_aside("provider"),
             truncate(redact(name), 40),
         )
     chosen_model = _model(name, model, env)
