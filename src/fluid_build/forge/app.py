@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,11 @@ from fluid_build.copilot.call.envelope import RetryEvent
 from fluid_build.copilot.client import LLMClient
 from fluid_build.errors import FluidError
 from fluid_build.forge.intent import Intent
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.call.core import CallOptions
+    from fluid_build.copilot.call.prepare import Messages
+    from fluid_build.copilot.llm.types import Completion
 
 __all__ = [
     "MAX_STAGE_ATTEMPTS",
@@ -145,6 +150,7 @@ def validate_output(output: ForgeOutput, intent: Intent) -> list[dict[str, str]]
 class StageRecord:
     name: str
     attempts: int = 0
+    #: Requests sent to the model, retried ones included (what the provider bills).
     llm_calls: int = 0
     corrections: list[list[dict[str, str]]] = field(default_factory=list)
     #: The workspace tools the model called (agent loop): name, arguments, result.
@@ -201,6 +207,47 @@ class ForgeRun:
         }
 
 
+def _sent_by(error: AgentExecutionError) -> int:
+    """The requests a failed call sent: the envelope's count (none when refused before)."""
+    sent = error.details.get("attempts")
+    return sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > 0 else 0
+
+
+class _Counted:
+    """The client, adding to a stage's ``llm_calls`` every request each call sent.
+
+    One call can send several requests (a 429 or a 5xx retried by the envelope):
+    its completion's ``attempts``, or a failed call's ``details["attempts"]``.
+    Both forge paths count through this, so the plain stages and the agent loop
+    (whose own ``usage.llm_calls`` counts calls, one per answer) report alike.
+    """
+
+    def __init__(self, client: LLMClient, stage: StageRecord) -> None:
+        self._client = client
+        self._stage = stage
+
+    def complete(self, messages: Messages, **options: Any) -> Completion:
+        try:
+            completion = self._client.complete(messages, **cast("CallOptions", options))
+        except AgentExecutionError as error:
+            self._stage.llm_calls += _sent_by(error)
+            raise
+        self._stage.llm_calls += completion.attempts
+        return completion
+
+    async def acomplete(self, messages: Messages, **options: Any) -> Completion:
+        try:
+            completion = await self._client.acomplete(messages, **cast("CallOptions", options))
+        except AgentExecutionError as error:
+            self._stage.llm_calls += _sent_by(error)
+            raise
+        self._stage.llm_calls += completion.attempts
+        return completion
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 def _describe(stage: str, errors: list[dict[str, str]]) -> str:
     first = errors[0] if errors else {"loc": "<root>", "msg": "invalid"}
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -249,8 +296,7 @@ class _Pipeline:
         self.on_stage = on_stage
         self.prices = prices
 
-    def _account(self, stage: StageRecord, completion: Any) -> None:
-        stage.llm_calls += completion.attempts
+    def _account(self, completion: Completion) -> None:
         self.run.input_tokens += completion.usage.input_tokens
         self.run.output_tokens += completion.usage.output_tokens
         price = self.prices.get(self.client.model)
@@ -296,12 +342,13 @@ class _Pipeline:
         stage = StageRecord(name)
         self.run.stages.append(stage)
         last: SchemaValidationError | None = None
+        client = _Counted(self.client, stage)
         for _ in range(MAX_STAGE_ATTEMPTS):
             stage.attempts += 1
-            completion = self.client.complete(
+            completion = client.complete(
                 messages, system=system, response_model=response_model, validate=False
             )
-            self._account(stage, completion)
+            self._account(completion)
             try:
                 answer: _Answer = self.client.validate(completion.text, response_model)
                 errors = check(answer)
@@ -600,7 +647,8 @@ def _generate_with_tools(
         on_note(_describe("generate", errors))
 
     loop = AgentLoop(
-        client,
+        # The loop sees the client through the counter: its requests, not its calls.
+        cast("LLMClient", _Counted(client, stage)),
         tools=workspace_tools(),
         workspace=root,
         response_model=ForgeOutput,
@@ -617,11 +665,9 @@ def _generate_with_tools(
         )
     except AgentExecutionError:
         stage.attempts = loop.result.usage.rounds
-        stage.llm_calls = loop.result.usage.llm_calls
         stage.tool_calls = tool_calls_of(loop.result.transcript)
         raise
     stage.attempts = result.usage.rounds
-    stage.llm_calls = result.usage.llm_calls
     stage.tool_calls = tool_calls_of(result.transcript)
     run.input_tokens += result.usage.input_tokens
     run.output_tokens += result.usage.output_tokens
