@@ -71,6 +71,7 @@ def test_an_intent_without_a_mapping_is_named_in_operator_words(
         ('grain: "one row per order\n', "line 2, column 1", "found unexpected end of stream"),
         ("data_product: [1, 2", "line 1, column 20", "expected ',' or ']'"),
         ("dimensions:\n\t- customer\n", "line 2, column 1", "cannot start any token"),
+        ("grain: one\nowner: a\x07b\n", "line 2, column 9", "special characters are not allowed"),
     ],
 )
 def test_malformed_yaml_gives_the_parsers_reason(

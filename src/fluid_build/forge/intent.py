@@ -89,11 +89,23 @@ def _quoted(match: re.Match[str]) -> str:
     return "'…'"
 
 
-def _yaml_reason(exc: yaml.YAMLError) -> str:
+def _unreadable(exc: yaml.reader.ReaderError, text: str) -> str:
+    """A character YAML refuses (a control character): its line, column and code point."""
+    at = min(max(exc.position, 0), len(text))
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else None
+    what = f" (#x{code:02x})" if code is not None else ""
+    return f" at line {line}, column {column}: {exc.reason}{what}"
+
+
+def _yaml_reason(exc: yaml.YAMLError, text: str) -> str:
     """Where the parser stopped and why, in its words, without the file's text and bounded.
 
     ``str(exc)`` is never used: it quotes the offending line, which may hold a key.
     """
+    if isinstance(exc, yaml.reader.ReaderError):
+        return _unreadable(exc, text)
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     problem = getattr(exc, "problem", None)
@@ -142,13 +154,16 @@ def load_intent(path: str | Path) -> Intent:
     except OSError as exc:
         raise IntentError(f"cannot read the intent file {file}: {exc.strerror or exc}") from None
     try:
-        data: Any = load_yaml(raw.decode("utf-8"), name=str(file), max_depth=MAX_INTENT_DEPTH)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise IntentError(f"the intent file {file} is not UTF-8 text") from None
+    try:
+        data: Any = load_yaml(text, name=str(file), max_depth=MAX_INTENT_DEPTH)
     except TooDeepError as exc:
         raise IntentError(f"the intent file {exc}") from None
     except yaml.YAMLError as exc:
-        raise IntentError(f"the intent file {file} is not valid YAML{_yaml_reason(exc)}") from None
+        reason = _yaml_reason(exc, text)
+        raise IntentError(f"the intent file {file} is not valid YAML{reason}") from None
     if data is None:  # nothing, blank lines, comments or a bare '---'
         raise IntentError(
             f"the intent file {file} is empty: write a mapping with a data_product block "
