@@ -228,7 +228,12 @@ def _at_a_terminal(
 
 def test_ctrl_c_at_the_hidden_key_prompt_stores_nothing(home: Path) -> None:
     assert FLUID is not None
-    env = fresh_env(home, PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring")
+    # A keyring that could store the key: with none, setup refuses before it asks at all.
+    env = fresh_env(
+        home,
+        PYTHON_KEYRING_BACKEND="tests.file_keyring.FileKeyring",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", _AT_A_TERMINAL, FLUID, "ai", "setup", "--provider", "openai"],
         env=env,
@@ -259,6 +264,7 @@ def test_ctrl_c_at_the_hidden_key_prompt_stores_nothing(home: Path) -> None:
     assert "Traceback" not in text
     assert "Aborted" not in text
     assert _files_under(home / ".config") == []
+    assert not (home / "test-keyring.json").exists()
 
 
 @pytest.mark.parametrize("where", ["fsync", "replace"])
