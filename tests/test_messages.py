@@ -8,6 +8,7 @@ a wait until a clock time. None names a Python argument.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -142,8 +143,9 @@ def test_every_reason_code_has_an_operator_hint(code: str) -> None:
     check_operator_text(row.action)
     assert row.action.endswith(".")
     if row.waited is not None:
-        assert row.waited.count("{until}") == 1
-        check_operator_text(row.waited.format(until="14:03:12 UTC (62 s)"))
+        assert row.waited.count("{wait}") == 1
+        check_operator_text(row.waited.format(wait="until 14:03:12 UTC (62 s)"))
+        check_operator_text(row.waited.format(wait="62 s"))
 
 
 def test_no_hint_says_usually_nothing_after_the_envelope_gave_up() -> None:
@@ -214,7 +216,9 @@ def test_a_wait_is_only_advised_where_waiting_helps() -> None:
     now_ok = RateLimitError("x", retry_after=0)
     assert now_ok.hint(now=NOW) == REASON_CODES["llm.rate_limited"].action
     circuit = ProviderServerError("open", code="llm.circuit_open", retry_after=30)
-    assert circuit.hint(now=NOW).startswith("Wait until 14:02:40 UTC (30 s), when the breaker")
+    assert circuit.hint(now=NOW).startswith(
+        "Wait until 14:02:40 UTC (30 s) for the breaker to half-open"
+    )
     overloaded = ProviderServerError("busy", code="llm.overloaded", retry_after=10)
     assert overloaded.hint(now=NOW).startswith("Wait until 14:02:20 UTC (10 s) and run again")
 
@@ -576,3 +580,103 @@ def test_the_unknown_model_warning_from_the_command_line_names_the_variable(
     assert "FLUID_CAPABILITY_MATRIX=" in warning
     assert "capability_matrix" not in warning
     assert not PYTHON_ARGUMENT.search(QUOTED.sub("", warning)), warning
+
+
+# -- a wait says whose it is, and the hint's time is the message's ------------------------------
+
+
+def test_the_action_says_the_wait_the_server_named_not_a_minute() -> None:
+    error = RateLimitError("HTTP 429", provider="openai", retry_after=2.0)
+    assert error.action.startswith("Wait 2 s and run again; ")
+    assert "Wait a minute" not in str(error)
+    check_operator_text(error.action)
+    capped = RateLimitError("x", retry_after=300, details={"retry_after_requested": 5_400})
+    assert capped.action.startswith("Wait 90 min and run again; ")
+    # No wait named: the table's advice.
+    assert RateLimitError("x").action == REASON_CODES["llm.rate_limited"].action
+    quota = RateLimitError("x", code="llm.quota_exhausted", retryable=False, retry_after=2.0)
+    assert quota.action == REASON_CODES["llm.quota_exhausted"].action
+
+
+def _open_breaker_refusal(now: float) -> ProviderServerError:
+    from fluid_build.copilot.health.breaker import CircuitBreaker
+    from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+
+    clock = [now]
+    breaker = CircuitBreaker(
+        MemoryCooldownStore(), threshold=1, cool_off=30, clock=lambda: clock[0]
+    )
+    breaker.record_failure("k", ProviderServerError("boom"))
+    clock[0] += 0.6  # the next call comes a moment later: 29.4 s are left
+    with pytest.raises(ProviderServerError) as caught:
+        breaker.check("k", provider="openai", model="gpt-4o")
+    return caught.value
+
+
+def test_a_breaker_refusal_never_says_the_server_asked() -> None:
+    error = _open_breaker_refusal(NOW)
+    assert error.code == "llm.circuit_open"
+    assert "server asked" not in error.summary
+    assert "server asked" not in describe(error, now=NOW + 5).headline
+
+
+def test_a_breaker_hint_reads_the_breakers_own_clock_time() -> None:
+    error = _open_breaker_refusal(NOW)
+    until = error.details["until"]
+    assert isinstance(until, float)
+    ends = datetime.fromtimestamp(math.ceil(until), UTC).strftime("%H:%M:%S")
+    # Shown at once or a while later, the hint names the moment the breaker computed.
+    for shown_at in (NOW + 0.6, NOW + 0.9, NOW + 7.0):
+        hint = error.hint(now=shown_at)
+        assert hint.startswith(f"Wait until {ends} UTC (29.4 s) for the breaker to half-open")
+        check_operator_text(hint)
+    assert error.action.startswith("Wait 29.4 s for the breaker to half-open")
+
+
+@pytest.mark.parametrize(
+    ("details", "words"),
+    [
+        ({"rate_limit_budget": True}, "its rate-limit budget resets"),
+        ({"cooldown": True}, "is cooling down"),
+    ],
+)
+def test_a_wait_fluid_set_itself_is_not_the_servers(details: dict[str, object], words: str) -> None:
+    error = RateLimitError(f"openai key k: {words} in 12 s", retry_after=12, details=details)
+    assert error.summary == f"openai key k: {words} in 12 s"
+    served = RateLimitError("HTTP 429", retry_after=12, status_code=429)
+    assert served.summary == "HTTP 429 (server asked to wait 12 s)"
+
+
+def test_an_open_breaker_from_the_command_line(tmp_path: Path) -> None:
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    env = fresh_env(
+        home,
+        OPENAI_API_KEY=KEY,
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",  # the discard port: nothing listens
+        FLUID_BREAKER_THRESHOLD="1",
+        FLUID_LLM_MAX_ATTEMPTS="1",
+    )
+    batch = ("batch", str(tmp_path / "prompts.txt"), "--model", "gpt-4o", "--json")
+    first = fluid(home, *batch, env=env)
+    assert first.returncode == EXIT_CODES["timeout"], first.stderr
+    refused = fluid(home, *batch, env=env)
+    assert refused.returncode == EXIT_CODES["server"], refused.stdout + refused.stderr
+    [record, _] = [json.loads(line) for line in refused.stdout.splitlines()]
+    assert record["error"]["code"] == "llm.circuit_open"
+    assert "half-opens" in record["error"]["message"]
+    assert "server asked" not in record["error"]["message"]
+    assert "server asked" not in refused.stderr
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    done = fluid(home, "forge", str(intent), "--model", "gpt-4o", "--json", env=env)
+    assert done.returncode == EXIT_CODES["server"], done.stdout + done.stderr
+    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    assert error["code"] == "llm.circuit_open"
+    assert "server asked" not in error["message"]
+    ends = datetime.fromtimestamp(math.ceil(error["details"]["until"]), UTC)
+    assert error["hint"].startswith(f"wait until {ends:%H:%M:%S} UTC (")
+    assert KEY not in done.stdout + done.stderr

@@ -111,7 +111,7 @@ def test_every_reason_code_reads_as_written() -> None:
         for text in (row.meaning, row.action):
             assert_not_redacted(text)
         if row.waited is not None:
-            assert_not_redacted(row.waited.format(until="14:03:12 UTC (62 s)"))
+            assert_not_redacted(row.waited.format(wait="until 14:03:12 UTC (62 s)"))
 
 
 def _settings_errors() -> Iterator[ProviderError]:

@@ -57,6 +57,7 @@ __all__ = [
     "SchemaValidationError",
     "ToolValidationError",
     "python_aside",
+    "until_text",
     "without_python_asides",
 ]
 
@@ -74,6 +75,13 @@ BREAKER_CODES: Final = frozenset(
 
 #: The longest wait a server may ask for; longer requests are cut to this.
 MAX_RETRY_AFTER: Final = 300.0
+
+#: Details that mark a wait fluid set itself (the circuit breaker, the client's own
+#: rate-limit budget, a cooldown another call's answer started), which the message
+#: already states: no server asked this call to wait.
+_OWN_WAITS: Final = ("breaker_key", "rate_limit_budget", "cooldown")
+# A wait is shown as a duration up to a year; past that the number says nothing.
+_LONGEST_SHOWN: Final = 366 * 86_400.0
 
 _MAX_MESSAGE: Final = 600
 _MAX_RAW_OUTPUT: Final = 64_000
@@ -178,6 +186,8 @@ def _format_seconds(seconds: float) -> str:
 
 def _duration(seconds: float) -> str:
     """A wait as an operator reads it: ``6.5 s``, ``62 s``, ``5 min``, ``24 h``."""
+    if not seconds < _LONGEST_SHOWN:  # NaN too
+        return "more than a year"
     if seconds < 120:
         return _format_seconds(seconds)
     minutes = round(seconds / 60)
@@ -187,15 +197,34 @@ def _duration(seconds: float) -> str:
     return f"{hours} h" if not minutes else f"{hours} h {minutes} min"
 
 
-def _until(now: float, wait: float) -> str:
-    """``"14:03:12 UTC (62 s)"``: when a wait of ``wait`` seconds from ``now`` ends.
+def until_text(now: float, wait: float) -> str:
+    """``"14:03:12 UTC (62 s)"``: when a wait of ``wait`` seconds from ``now`` (Unix time) ends.
 
-    The time is rounded up to the second; another day is written with its date.
+    The time is rounded up to the second (a call made at the time shown is not
+    early); another day is written with its date. A message and its hint that
+    name the same wait both call this with the same two numbers, so they agree.
+    Never raises: a wait past a year, or a clock out of range, shows the duration alone.
     """
-    start = datetime.fromtimestamp(now, UTC)
-    end = datetime.fromtimestamp(math.ceil(now + wait), UTC)
+    try:
+        start = datetime.fromtimestamp(now, UTC)
+        if not 0 <= wait < _LONGEST_SHOWN:
+            raise OverflowError(wait)
+        end = datetime.fromtimestamp(math.ceil(now + wait), UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"in {_duration(wait)}"
     shown = f"{end:%H:%M:%S}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M:%S}"
     return f"{shown} UTC ({_duration(wait)})"
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None (a bool, a string, a huge int, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _short(value: object, secrets: tuple[str, ...]) -> str | None:
@@ -278,40 +307,69 @@ class AgentExecutionError(FluidGenerationError):
 
     @property
     def action(self) -> str:
-        """What an operator should do about this error, in one line: flags, variables, commands."""
-        row = REASON_CODES.get(self.code)
-        return row.action if row else REASON_CODES[self.default_code].action
+        """What an operator should do about this error, in one line: flags, variables, commands.
+
+        Where waiting helps and the wait is known, it says how long (``"Wait 2 s and
+        run again; ..."``), never the table's general "a minute".
+        """
+        row = REASON_CODES.get(self.code) or REASON_CODES[self.default_code]
+        wait = self._known_wait()
+        if row.waited is not None and wait is not None:
+            return row.waited.format(wait=_duration(wait))
+        return row.action
+
+    def _known_wait(self) -> float | None:
+        """The wait to advise: ``retry_after``, or the longer one asked before the cap."""
+        if not self.retry_after:
+            return None
+        requested = _finite(self.details.get("retry_after_requested"))
+        return max(self.retry_after, requested or 0.0)
+
+    def _own_wait(self) -> bool:
+        """Whether fluid set the wait itself (see ``_OWN_WAITS``), not this call's server."""
+        return any(self.details.get(name) not in (None, False) for name in _OWN_WAITS)
 
     def hint(self, *, now: float | None = None) -> str:
         """The operator's next step, one line: :attr:`action`, or a wait until a clock time.
 
-        When the server named a wait (``retry_after``, or the longer wait it asked for
-        before the cap) and waiting helps for this code, the hint says until when, in
-        UTC: ``"Wait until 14:03:12 UTC (62 s) and run again; ..."``. ``now`` is the
-        Unix time to count from (default: the current time).
+        When the wait is known (``retry_after``, or the longer wait the server asked
+        for before the cap) and waiting helps for this code, the hint says until when,
+        in UTC: ``"Wait until 14:03:12 UTC (62 s) and run again; ..."``. ``now`` is
+        the Unix time to count from (default: the current time); a wait that carries
+        its own end (``details["until"]``, the circuit breaker's) is counted from the
+        moment it was set, so the hint names the time its message names.
         """
         row = REASON_CODES.get(self.code)
-        if row is None or row.waited is None or not self.retry_after:
+        wait = self._known_wait()
+        if row is None or row.waited is None or wait is None:
             return self.action
-        wait = self.retry_after
-        requested = self.details.get("retry_after_requested")
-        if isinstance(requested, int | float) and math.isfinite(requested) and requested > wait:
-            wait = float(requested)
-        start = time.time() if now is None else now
-        return row.waited.format(until=_until(start, wait))
+        until = _finite(self.details.get("until"))
+        if until is not None and self._own_wait():
+            start = until - wait
+        else:
+            start = time.time() if now is None else now
+        return row.waited.format(wait=f"until {until_text(start, wait)}")
 
     @property
     def summary(self) -> str:
-        """What happened, in one line: the message and the wait the server asked for."""
+        """What happened, in one line: the message and the wait the server asked for.
+
+        A wait fluid set itself (the breaker's, the client's own rate-limit budget, a
+        shared cooldown) is stated by the message, never as the server's.
+        """
         parts = [
             self.message or REASON_CODES.get(self.code, REASON_CODES[self.default_code]).meaning
         ]
-        if self.retry_after is not None:
-            requested = self.details.get("retry_after_requested")
-            if isinstance(requested, int | float) and requested > self.retry_after:
+        if self.retry_after is not None and not self._own_wait():
+            requested = _finite(self.details.get("retry_after_requested"))
+            if requested is not None and requested > self.retry_after:
+                asked = (
+                    _format_seconds(requested)
+                    if requested < _LONGEST_SHOWN
+                    else _duration(requested)
+                )
                 parts.append(
-                    f"(server asked to wait {_format_seconds(requested)}; "
-                    f"capped at {_format_seconds(self.retry_after)})"
+                    f"(server asked to wait {asked}; capped at {_format_seconds(self.retry_after)})"
                 )
             else:
                 parts.append(f"(server asked to wait {_format_seconds(self.retry_after)})")

@@ -21,9 +21,9 @@ class ReasonCode:
 
     ``action`` is the operator's next step, in terms a shell can act on (a
     ``fluid`` command, a flag, an environment variable). ``waited``, for codes
-    where waiting helps, is the step when the server named a wait: its
-    ``{until}`` becomes ``"14:03:12 UTC (62 s)"`` (see
-    :meth:`~fluid_build.copilot.agents.errors.AgentExecutionError.hint`).
+    where waiting helps, is the step when the wait is known: its ``{wait}``
+    becomes ``"until 14:03:12 UTC (62 s)"`` in the hint and ``"62 s"`` in the
+    action (see :meth:`~fluid_build.copilot.agents.errors.AgentExecutionError.hint`).
     """
 
     code: str
@@ -54,7 +54,7 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         True,
         "The provider throttled this key.",
         f"Wait a minute and run again; {_KEEPS_HAPPENING}",
-        f"Wait until {{until}} and run again; {_KEEPS_HAPPENING}",
+        f"Wait {{wait}} and run again; {_KEEPS_HAPPENING}",
     ),
     ReasonCode(
         "llm.quota_exhausted",
@@ -104,14 +104,14 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         True,
         "The provider failed on its side (5xx).",
         f"Run again in a few minutes; {_PERSISTS}",
-        f"Wait until {{until}} and run again; {_PERSISTS}",
+        f"Wait {{wait}} and run again; {_PERSISTS}",
     ),
     ReasonCode(
         "llm.overloaded",
         True,
         "The provider is overloaded (Anthropic 529, Gemini 503).",
         f"Run again in a few minutes, or use a less busy model (--model); {_PERSISTS}",
-        f"Wait until {{until}} and run again, or use a less busy model (--model); {_PERSISTS}",
+        f"Wait {{wait}} and run again, or use a less busy model (--model); {_PERSISTS}",
     ),
     ReasonCode(
         "llm.circuit_open",
@@ -120,7 +120,7 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "Run again once the breaker half-opens (`fluid doctor` shows until when), or run "
         "`fluid doctor --reset` once the provider is healthy; FLUID_LLM_FALLBACKS routes "
         "calls to another model meanwhile.",
-        "Wait until {until}, when the breaker half-opens, and run again, or run "
+        "Wait {wait} for the breaker to half-open and run again, or run "
         "`fluid doctor --reset` once the provider is healthy; FLUID_LLM_FALLBACKS routes "
         "calls to another model meanwhile.",
     ),
