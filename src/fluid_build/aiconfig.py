@@ -46,6 +46,7 @@ from fluid_build._files import (
     read_at_most,
     write_atomic,
 )
+from fluid_build._private import private_dir
 from fluid_build._redact import redact
 
 if TYPE_CHECKING:
@@ -431,26 +432,10 @@ def apply_stored_config(env: Mapping[str, str]) -> dict[str, str]:
 # -- writing ----------------------------------------------------------------------
 
 
-def _private_dir(directory: Path) -> None:
-    """Create ``directory`` and each missing parent with mode 0700 (the XDG rule).
-
-    An existing directory is left as it is, a symbolic link to one included:
-    pointing the configuration elsewhere is the owner's choice.
-    """
-    missing = [directory, *directory.parents]
-    missing = [p for p in missing if not p.exists()]
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:  # made meanwhile by another process
-            continue
-        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, mode 0600, in a 0700 directory."""
     directory = path.parent
-    _private_dir(directory)
+    private_dir(directory)
     write_atomic(path, text.encode("utf-8"))  # 0600 from mkstemp, before the rename
 
 
@@ -554,7 +539,7 @@ def _move_legacy_config(target: Path) -> None:
     if _moved_already(source, info, target):
         return
     try:
-        _private_dir(target.parent)
+        private_dir(target.parent)
         moved = _link_into_place(source, info, target)
     except OSError as exc:
         _say_once(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build.copilot.health.store import (
+    LONGEST,
     MAX_ENTRIES,
+    MOST,
     StoreEntry,
+    sane_entry,
     valid_seconds,
     without_password,
 )
@@ -24,10 +28,34 @@ __all__ = ["RedisCooldownStore"]
 # change is one Lua script, so it is atomic across the fleet. The key's Redis
 # TTL only cleans up: it outlives ``until`` by a minute, for readers whose
 # clocks run a little behind. ARGV[1] is always the caller's ``now``.
-_REDIS_EXTEND: Final = """
+#
+# Every script reads its entry through ``read``: a key under fluid's prefix that is
+# not a hash, or a hash whose end or counter is not a number fluid writes (text,
+# nan, inf, past a day ahead, a negative count), is not fluid's entry: it is
+# deleted and the script goes on as if nothing were there.
+_READ: Final = f"""
+local function read(key, now)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return 0 end
+  if kind ~= 'hash' then redis.call('DEL', key) return 0 end
+  local til = tonumber(redis.call('HGET', key, 'until') or '')
+  local n = redis.call('HGET', key, 'n')
+  local count = tonumber(n or '0')
+  if til == nil or til ~= til or til > now + {LONGEST!r} or til < -{LONGEST!r} * 1e6
+     or count == nil or count ~= count or count < 0 or count > {MOST}
+     or math.floor(count) ~= count then
+    redis.call('DEL', key)
+    return 0
+  end
+  return til
+end
+"""
+_REDIS_EXTEND: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
 local want = now + tonumber(ARGV[2])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 if til <= now then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'since', ARGV[1])
@@ -39,19 +67,25 @@ redis.call('HSET', KEYS[1], 'until', tostring(want))
 redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return tostring(want - now)
 """
-_REDIS_CAP: Final = """
+)
+_REDIS_CAP: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
 local want = now + tonumber(ARGV[2])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 if til > want then
   redis.call('HSET', KEYS[1], 'until', tostring(want))
   redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 end
 return 0
 """
-_REDIS_INCR: Final = """
+)
+_REDIS_INCR: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 if til <= now or redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'since', ARGV[1])
@@ -62,9 +96,12 @@ redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return n
 """
-_REDIS_ACQUIRE: Final = """
+)
+_REDIS_ACQUIRE: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 local held = redis.call('HGET', KEYS[1], 'owner')
 if til > now and held and held ~= ARGV[3] then return 0 end
 if not (til > now and held == ARGV[3]) then
@@ -75,11 +112,14 @@ redis.call('HSET', KEYS[1], 'until', tostring(now + tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000) + 60000)
 return 1
 """
+)
 # ARGV: now, amount, limit ('' for none), ttl. Returns {granted, left}; left -1: unknown.
-_REDIS_TAKE: Final = """
+_REDIS_TAKE: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 if til <= now then
   if ARGV[3] == '' or amount < 0 then return {1, -1} end
   local left = math.max(tonumber(ARGV[3]) - amount, 0)
@@ -96,11 +136,14 @@ if ARGV[3] ~= '' and amount < 0 then left = math.min(left, math.max(tonumber(ARG
 redis.call('HSET', KEYS[1], 'n', left)
 return {1, left}
 """
+)
 # ARGV: now, value, ttl. Never raises a live budget; returns what is left.
-_REDIS_PUT: Final = """
+_REDIS_PUT: Final = (
+    _READ
+    + """
 local now = tonumber(ARGV[1])
 local value = tonumber(ARGV[2])
-local til = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+local til = read(KEYS[1], now)
 if til > now then
   value = math.min(tonumber(redis.call('HGET', KEYS[1], 'n') or '0') or 0, value)
 else
@@ -111,10 +154,24 @@ redis.call('HSET', KEYS[1], 'n', value, 'until', tostring(now + tonumber(ARGV[3]
 redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000) + 60000)
 return value
 """
+)
 _REDIS_RELEASE: Final = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return redis.call('DEL', KEYS[1]) end
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# A read found something that is not fluid's entry: delete it, unless a writer
+# replaced it meanwhile. ARGV[1]: the ``until`` text read, or _WRONG_TYPE.
+_REDIS_PURGE: Final = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return 0 end
+if kind ~= 'hash' then return redis.call('DEL', KEYS[1]) end
+if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'until') or '') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+_WRONG_TYPE: Final = ""
 
 
 class RedisCooldownStore:
@@ -154,6 +211,7 @@ class RedisCooldownStore:
             _REDIS_RELEASE,
             _REDIS_TAKE,
             _REDIS_PUT,
+            _REDIS_PURGE,
         )
         (
             self._extend,
@@ -163,6 +221,7 @@ class RedisCooldownStore:
             self._release,
             self._take,
             self._put,
+            self._purge,
         ) = (client.register_script(script) for script in scripts)
         self._url = without_password(url) if url else repr(client)
 
@@ -170,18 +229,43 @@ class RedisCooldownStore:
         return self.peek([key], now)[0][0]
 
     def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
+        import redis as redis_lib
+
+        replies: list[Any]
         if len(keys) == 1:
-            replies = [self._client.hmget(self._prefix + keys[0], "until", "n")]
+            try:
+                replies = [self._client.hmget(self._prefix + keys[0], "until", "n")]
+            except redis_lib.ResponseError as exc:  # WRONGTYPE: not a hash
+                replies = [exc]
         else:
             pipe = self._client.pipeline(transaction=False)
             for key in keys:
                 pipe.hmget(self._prefix + key, "until", "n")
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
         out = []
-        for until, n in replies:
-            left = _float(_text(until), 0.0) - now
-            out.append((left, int(_float(_text(n), 0.0))) if left > 0 else (0.0, 0))
+        for key, reply in zip(keys, replies, strict=True):
+            if isinstance(reply, Exception):
+                self._drop(key, reply)
+                out.append((0.0, 0))
+                continue
+            until, n = (_text(value) for value in reply)
+            if until is None:
+                out.append((0.0, 0))
+                continue
+            end, count = _float(until, math.nan), _count(n)
+            if count is None or not sane_entry(end, now, count, now):
+                self._drop(key, until)
+                out.append((0.0, 0))
+                continue
+            out.append((end - now, count) if end > now else (0.0, 0))
         return out
+
+    def _drop(self, key: str, seen: str | Exception) -> None:
+        """Delete what a read found at ``key`` that is not fluid's entry (skipped meanwhile)."""
+        if isinstance(seen, Exception) and "WRONGTYPE" not in str(seen):
+            raise seen
+        mark = _WRONG_TYPE if isinstance(seen, Exception) else seen
+        self._purge(keys=[self._prefix + key], args=[mark])
 
     def extend(self, key: str, seconds: float, now: float, note: str = "") -> float:
         if not valid_seconds(seconds):
@@ -237,25 +321,25 @@ class RedisCooldownStore:
         pipe = self._client.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(name)
-        replies = pipe.execute() if names else []
+        replies = pipe.execute(raise_on_error=False) if names else []
         out: list[StoreEntry] = []
+        sane_now = max(now, time.time())  # ``now`` may be -1: every entry, ended ones too
         for name, fields in zip(names, replies, strict=True):
-            if not isinstance(fields, dict):
+            key = (_text(name) or "")[len(self._prefix) :]
+            if isinstance(fields, Exception):
+                self._drop(key, fields)
                 continue
             text = {_text(k) or "": _text(v) for k, v in fields.items()}
-            until = _float(text.get("until"), 0.0)
+            until = _float(text.get("until"), math.nan)
+            since = _float(text.get("since"), math.nan)
+            count = _count(text.get("n"))
+            if count is None or not sane_entry(until, since, count, sane_now):
+                self._drop(key, text.get("until") or "")
+                continue
             if until <= now:
                 continue
-            out.append(
-                StoreEntry(
-                    (_text(name) or "")[len(self._prefix) :],
-                    until,
-                    _float(text.get("since"), now),
-                    int(_float(text.get("n"), 0.0)),
-                    text.get("owner"),
-                    text.get("note") or "",
-                )
-            )
+            owner, note = text.get("owner"), text.get("note") or ""
+            out.append(StoreEntry(key, until, since, count, owner, note))
         return sorted(out, key=lambda entry: entry.key)
 
     def clear(self) -> int:
@@ -274,6 +358,17 @@ def _text(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
+
+
+def _count(text: str | None) -> int | None:
+    """A counter as stored (absent: 0), or None when it is not a whole number fluid writes."""
+    if text is None:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if 0 <= value <= MOST else None
 
 
 def _float(text: str | None, default: float) -> float:

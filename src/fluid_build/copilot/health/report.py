@@ -10,19 +10,33 @@ clears them, for every process that shares the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from fluid_build.copilot.agents.errors import MAX_RETRY_AFTER
 from fluid_build.copilot.health.breaker import FAILS, HALF, OPEN, TRIAL
 from fluid_build.copilot.health.keys import COOLDOWN, CooldownKey
-from fluid_build.copilot.health.ratelimit import OWN_REQUESTS, OWN_TOKENS, REQUESTS, TOKENS
+from fluid_build.copilot.health.ratelimit import (
+    OWN_REQUESTS,
+    OWN_TOKENS,
+    REQUESTS,
+    TOKENS,
+    WINDOW,
+)
 from fluid_build.copilot.health.store import CooldownStore, StoreEntry, trusted
 
 if TYPE_CHECKING:
     from fluid_build.copilot.health.breaker import CircuitBreaker
 
-__all__ = ["KeyHealth", "entry_reports", "read_health", "reset_health"]
+__all__ = [
+    "KeyHealth",
+    "clear_health",
+    "entry_caps",
+    "entry_reports",
+    "read_health",
+    "reset_health",
+]
 
 # The budget's entries, by the name doctor gives them.
 _BUDGETS = {
@@ -68,12 +82,41 @@ def _split(name: str) -> tuple[str, str] | None:
     return None
 
 
-def read_health(store: CooldownStore, now: float) -> list[KeyHealth]:
-    """Every key with live shared state, sorted by key."""
+def entry_caps(breaker: CircuitBreaker | None = None) -> dict[str, float]:
+    """The longest each kind of entry lasts as a call trusts it, in seconds.
+
+    A window read back longer than this (a skewed clock, a planted value) is cut
+    down to it by every call (:func:`trusted`), so ``fluid doctor`` shows it so.
+    Without ``breaker``, the longest its settings allow.
+    """
+    cool_off = breaker.cool_off if breaker is not None else 3600.0
+    window = breaker.window if breaker is not None else 3600.0
+    lease = breaker.lease_ttl() if breaker is not None else 3605.0
+    return {
+        COOLDOWN: MAX_RETRY_AFTER,
+        FAILS: window,
+        OPEN: cool_off,
+        HALF: cool_off + window,
+        TRIAL: lease,
+        REQUESTS: MAX_RETRY_AFTER,
+        TOKENS: MAX_RETRY_AFTER,
+        OWN_REQUESTS: WINDOW,
+        OWN_TOKENS: WINDOW,
+    }
+
+
+def read_health(
+    store: CooldownStore, now: float, caps: Mapping[str, float] | None = None
+) -> list[KeyHealth]:
+    """Every key with live shared state, sorted by key; each end capped as calls trust it."""
+    caps = entry_caps() if caps is None else caps
     grouped: dict[str, dict[str, StoreEntry]] = {}
     for entry in store.entries(now):
         split = _split(entry.key)
         if split is not None:
+            cap = caps.get(split[0])
+            if cap is not None and entry.until > now + cap:
+                entry = replace(entry, until=now + cap)
             grouped.setdefault(split[1], {})[split[0]] = entry
     out: list[KeyHealth] = []
     for key, kinds in sorted(grouped.items()):
@@ -167,16 +210,38 @@ def reset_health(
     Returns how many store entries were removed. With no filter the whole
     store is emptied, including entries an older fluid_build left behind.
     """
+    return clear_health(store, provider=provider, model=model, endpoint=endpoint)[0]
+
+
+def clear_health(
+    store: CooldownStore,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    endpoint: str | None = None,
+    now: float | None = None,
+) -> tuple[int, int]:
+    """:func:`reset_health`, returning ``(entries removed, keys)``.
+
+    ``keys`` counts the keys that had live state at ``now``: the keys ``fluid
+    doctor`` listed (one key holds up to nine entries: its breaker's four, its
+    cooldown, its four budgets).
+    """
+    import time
+
+    now = time.time() if now is None else now
     if provider is None and model is None and endpoint is None:
-        return store.clear()
+        keys = {split[1] for e in store.entries(now) if (split := _split(e.key)) is not None}
+        return store.clear(), len(keys)
     from fluid_build.copilot.health.keys import normalize_endpoint
 
     wanted_endpoint = normalize_endpoint(endpoint) if endpoint else None
     doomed: list[str] = []
+    live: set[str] = set()
     for entry in store.entries(-1.0):  # ended entries too: nothing matching is left
         split = _split(entry.key)
         parsed = CooldownKey.parse(split[1]) if split is not None else None
-        if parsed is None:
+        if split is None or parsed is None:
             continue
         if provider is not None and parsed.provider != provider:
             continue
@@ -185,6 +250,8 @@ def reset_health(
         if wanted_endpoint is not None and parsed.endpoint != wanted_endpoint:
             continue
         doomed.append(entry.key)
+        if entry.until > now:
+            live.add(split[1])
     if doomed:
         store.delete(*doomed)
-    return len(doomed)
+    return len(doomed), len(live)

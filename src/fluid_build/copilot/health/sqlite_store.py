@@ -12,18 +12,38 @@ import mmap
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from fluid_build.copilot.health.store import MAX_ENTRIES, StoreEntry, valid_seconds
+from fluid_build._private import private_dir
+from fluid_build.copilot.health.store import (
+    LONGEST,
+    MAX_ENTRIES,
+    MOST,
+    StoreEntry,
+    sane_entry,
+    valid_seconds,
+)
+from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
     import sqlite3
 
 T = TypeVar("T")
 
-__all__ = ["SqliteCooldownStore", "default_cooldown_path"]
+__all__ = ["SqliteCooldownStore", "StoreFileError", "default_cooldown_path"]
+
+
+class StoreFileError(FluidError):
+    """The store's path holds something fluid will not open as its database.
+
+    A symbolic link (followed, it would turn its target into a database, or
+    create it), a FIFO, a device, a directory, or a file another user owns.
+    :class:`ResilientCooldownStore` then keeps the state in memory, with one
+    warning that carries this message.
+    """
 
 
 def default_cooldown_path(env: Mapping[str, str] | None = None) -> Path:
@@ -85,6 +105,17 @@ _PUT_SQL: Final = (
 )
 
 
+# What a row must hold to be an entry fluid wrote (:func:`sane_entry`, in SQL). A
+# row planted or corrupted otherwise is never read, and the next change deletes it.
+_SANE: Final = (
+    "(typeof(key) = 'text' AND typeof(until) IN ('integer', 'real') "
+    "AND typeof(since) IN ('integer', 'real') AND typeof(n) = 'integer' "
+    "AND (owner IS NULL OR typeof(owner) = 'text') AND (note IS NULL OR typeof(note) = 'text') "
+    f"AND until <= :now + {LONGEST!r} AND since BETWEEN 0 AND :now + {LONGEST!r} "
+    f"AND n BETWEEN 0 AND {MOST})"
+)
+_PURGE_SQL: Final = f"DELETE FROM fluid_state WHERE until < :ended OR NOT {_SANE}"  # noqa: S608 - constants
+
 _O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
 _O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
@@ -111,6 +142,43 @@ def _map_stamp(path: Path) -> mmap.mmap:
         return mmap.mmap(fd, _STAMP_SIZE)  # keeps its own descriptor
     finally:
         os.close(fd)
+
+
+def _claim(path: Path) -> os.stat_result:
+    """Open (or create, mode 0600) ``path`` as the database, never through a link.
+
+    Refused with :class:`StoreFileError` unless it is a regular file this user
+    owns with one name: sqlite opens a path and follows links, so whatever is
+    there is checked first, without blocking (a FIFO) and without following.
+    """
+    flags = os.O_RDWR | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+    what = None
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            what = "is a symbolic link (fluid never follows one there)"
+        elif exc.errno == errno.EISDIR:
+            what = "is a directory"
+        else:
+            raise
+    else:
+        try:
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            what = "is not a regular file (a FIFO, socket or device)"
+        elif hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            what = f"belongs to another user (uid {info.st_uid})"
+        elif info.st_nlink > 1:
+            what = "has other names (hard links)"
+        else:
+            return info
+    raise StoreFileError(
+        f"{path} {what}: not used as the cooldown store; remove it, or set "
+        "FLUID_COOLDOWN_URL to another file"
+    )
 
 
 #: Seconds a process waits for another to finish making the file, once per process.
@@ -174,7 +242,8 @@ class SqliteCooldownStore:
         if self._conn is None or self._pid != os.getpid():  # a forked child opens its own
             import sqlite3
 
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
+            claimed = _claim(self.path)
             timeout = max(self.busy_timeout, 0.0)
             # Making the file (WAL mode, the table) happens once per process and
             # may meet another process doing the same: it waits up to SETUP_WAIT
@@ -182,6 +251,14 @@ class SqliteCooldownStore:
             setup = max(timeout, SETUP_WAIT)
             conn = sqlite3.connect(self.path, timeout=setup, check_same_thread=False)
             try:
+                # sqlite opened the path itself: still the file just checked, not a
+                # link swapped in meanwhile. Its -wal and -shm take this file's mode.
+                now = os.stat(self.path, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) != (claimed.st_dev, claimed.st_ino):
+                    raise StoreFileError(
+                        f"{self.path} was replaced while it was opened: not used as the "
+                        "cooldown store; try again, or set FLUID_COOLDOWN_URL to another file"
+                    )
                 conn.execute(f"PRAGMA busy_timeout={int(setup * 1000)}")
                 conn.execute("PRAGMA journal_mode=WAL")
                 # Advisory state: a power cut may lose the last changes, never the file.
@@ -217,28 +294,44 @@ class SqliteCooldownStore:
             # sets a new stamp, which the next call sees.
             seen = self._stamp[:_STAMP_SIZE]
             rows = conn.execute(
-                "SELECT key, until, n FROM fluid_state WHERE until > ?", (now,)
+                f"SELECT key, until, n, {_SANE} FROM fluid_state WHERE until > :now",  # noqa: S608 - constants
+                {"now": now},
             ).fetchall()
-            self._cache = {key: (float(until), int(n)) for key, until, n in rows}
+            self._cache = {key: (float(until), int(n)) for key, until, n, sane in rows if sane}
+            if not all(sane for *_, sane in rows):
+                self._purge(conn, now)
             self._seen_stamp = seen
         finally:
             self._lock.release()
+
+    def _purge(self, conn: sqlite3.Connection, now: float) -> None:
+        """Delete rows no fluid wrote (skipped by every read); busy: the next change does it."""
+        import sqlite3
+
+        try:
+            with conn:
+                gone = conn.execute(_PURGE_SQL, {"now": now, "ended": now - 60.0}).rowcount
+        except sqlite3.OperationalError:
+            return
+        if gone:
+            self._bump()
 
     def _write(
         self, sql: str, params: Mapping[str, Any] | tuple[Any, ...], now: float | None
     ) -> Any:
         """Run one change in its own transaction; return its first row.
 
-        With ``now``, entries that ended over a minute before it are purged too.
+        With ``now``, entries that ended over a minute before it, and rows no fluid
+        wrote, are purged first: a change never builds on a planted value.
         """
         self._acquire()
         try:
             conn = self._connection()
             with conn:
+                if now is not None:
+                    conn.execute(_PURGE_SQL, {"now": now, "ended": now - 60.0})
                 row = conn.execute(sql, params).fetchone()
                 self._writes += 1
-                if now is not None:
-                    conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
                 if self._writes % 100 == 0:
                     conn.execute(
                         "DELETE FROM fluid_state WHERE key NOT IN "
@@ -257,9 +350,9 @@ class SqliteCooldownStore:
             conn = self._connection()
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
+                conn.execute(_PURGE_SQL, {"now": now, "ended": now - 60.0})
                 result = work(conn)
                 self._writes += 1
-                conn.execute("DELETE FROM fluid_state WHERE until < ?", (now - 60.0,))
             self._bump()
         finally:
             self._lock.release()
@@ -373,16 +466,18 @@ class SqliteCooldownStore:
             rows = (
                 self._connection()
                 .execute(
-                    "SELECT key, until, since, n, owner, note FROM fluid_state WHERE until > ? "
-                    "ORDER BY key LIMIT ?",
-                    (now, MAX_ENTRIES),
+                    "SELECT key, until, since, n, owner, note FROM fluid_state "  # noqa: S608 - constants
+                    f"WHERE until > :then AND {_SANE} ORDER BY key LIMIT :most",
+                    {"then": now, "now": max(now, time.time()), "most": MAX_ENTRIES},
                 )
                 .fetchall()
             )
         finally:
             self._lock.release()
         return [
-            StoreEntry(k, float(u), float(s), int(n), o, str(t or "")) for k, u, s, n, o, t in rows
+            StoreEntry(k, float(u), float(s), int(n), o, str(t or ""))
+            for k, u, s, n, o, t in rows
+            if sane_entry(u, s, n, max(now, time.time()))
         ]
 
     def clear(self) -> int:

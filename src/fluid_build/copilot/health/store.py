@@ -17,10 +17,13 @@ from typing import Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 __all__ = [
+    "LONGEST",
     "MAX_ENTRIES",
     "CooldownStore",
     "MemoryCooldownStore",
     "StoreEntry",
+    "readable_seconds",
+    "sane_entry",
     "trusted",
     "valid_seconds",
     "without_password",
@@ -30,6 +33,52 @@ LOG = logging.getLogger("fluid_build.cooldown")
 
 # A store holds at most this many live entries; the ones ending soonest go first.
 MAX_ENTRIES: Final = 10_000
+
+#: Seconds ahead past which an entry is not fluid's. The longest entry fluid writes
+#: is a half-open window at its settings' maxima (1 h cool-off + 1 h window); a day
+#: leaves room for any clock skew. An entry ending later (1e300, inf), or holding
+#: something that is not a number, is skipped and deleted by every store.
+LONGEST: Final = 86_400.0
+#: The largest counter or budget a store keeps (larger than any real budget).
+MOST: Final = 10**15
+
+
+def sane_entry(until: object, since: object, count: object, now: float) -> bool:
+    """Whether these fields, read back from a shared store, can be an entry fluid wrote."""
+    if not (_number(until) and _number(since)) or not isinstance(count, int):
+        return False
+    assert isinstance(until, int | float)
+    assert isinstance(since, int | float)
+    return (
+        math.isfinite(until)
+        and math.isfinite(since)
+        and until <= now + LONGEST
+        and 0 <= since <= now + LONGEST
+        and 0 <= count <= MOST
+    )
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def readable_seconds(seconds: float) -> str:
+    """``seconds`` as an operator reads a wait: "45 s", "5 min", "13 h 53 min", "more than 1 day".
+
+    Never a 300-digit number: anything past a day (:data:`LONGEST`) is "more than 1 day".
+    """
+    if math.isnan(seconds):
+        return "an unknown time"
+    if seconds > LONGEST:
+        return "more than 1 day"
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes <= 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +188,12 @@ def trusted(store: CooldownStore, key: str, left: float, cap: float, now: float)
         if key not in _CLAMPED and len(_CLAMPED) < 1000:
             _CLAMPED.add(key)
             LOG.warning(
-                "shared state %s ends in %.0f s, beyond its %g s cap (a skewed clock or a "
-                "planted entry); cut down to %g s",
+                "shared state %s ends in %s, beyond its %s cap (a skewed clock or a "
+                "planted entry); cut down to %s",
                 key,
-                left,
-                cap,
-                cap,
+                readable_seconds(left),
+                readable_seconds(cap),
+                readable_seconds(cap),
             )
         store.cap(key, cap, now)
     return cap
