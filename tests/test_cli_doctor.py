@@ -329,7 +329,12 @@ def test_doctor_reset_clears_by_provider_model_and_endpoint(
     _trip_openai(cache, model="gpt-4o-mini")
     code, out = run("--reset", "--provider", "openai", "--model", "gpt-4o")
     assert code == 0
-    assert "cleared 4 breaker and cooldown entries (provider openai, model gpt-4o)" in out
+    # Counted as the listing counts them: one key (its open, half-open and failure
+    # entries and its cooldown are four store entries).
+    assert (
+        "cleared 1 key(s) (4 entries: breaker, cooldown and rate-limit state; "
+        "provider openai, model gpt-4o)" in out
+    )
     assert [e["model"] for e in report()["shared_state"]["entries"]] == ["gpt-4o-mini"]
     code, out = run("--reset", "--endpoint", "https://api.openai.com/v1/")
     assert code == 0
@@ -666,3 +671,50 @@ def test_doctor_logs_each_bad_variable_once_at_the_source(
     about = [r for r in records if r.startswith(f"{variable}=")]
     assert len(about) == 1, records
     assert [w for w in report["config_warnings"] if w.startswith(f"{variable}=")] == about
+
+
+# -- issue 22: what doctor says is what applies ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("abc", "120 s (default): FLUID_LLM_TIMEOUT_SECONDS='abc' was rejected (not a number)"),
+        ("inf", "120 s (default): FLUID_LLM_TIMEOUT_SECONDS='inf' was rejected (not a finite"),
+        ("1e400", "120 s (default): FLUID_LLM_TIMEOUT_SECONDS='1e400' was rejected (not a fin"),
+        ("-1", "1 s (FLUID_LLM_TIMEOUT_SECONDS): FLUID_LLM_TIMEOUT_SECONDS='-1' is outside 1..36"),
+        ("45", "45 s (FLUID_LLM_TIMEOUT_SECONDS)"),
+    ],
+)
+def test_doctor_shows_a_rejected_timeout_as_rejected_and_what_applies(
+    tmp_path: Path, value: str, shown: str
+) -> None:
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    env = fresh_env(tmp_path, FLUID_LLM_TIMEOUT_SECONDS=value)
+    done = fluid(tmp_path, "doctor", env=env)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("timeout:")]
+    assert line.startswith(f"timeout: {shown}"), line
+    data = json.loads(fluid(tmp_path, "doctor", "--json", env=env).stdout)
+    # The library's own decision, as a call makes it.
+    applies = resolve_provider_config("openai", model="m", api_key="k", env=env).timeout
+    assert data["timeout_seconds"] == applies
+
+
+def test_doctor_reset_counts_the_keys_the_listing_shows(tmp_path: Path) -> None:
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    cache = tmp_path / ".cache"
+    _trip_openai(cache)  # one key: its failures, open and half-open windows, its cooldown
+    env = fresh_env(tmp_path)
+    listed = fluid(tmp_path, "doctor", env=env)
+    assert "shared state: 1 key(s)" in listed.stdout
+    done = fluid(tmp_path, "doctor", "--reset", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "cleared 1 key(s) (4 entries: breaker, cooldown and rate-limit state; all)" in (
+        done.stdout
+    )
+    data = json.loads(fluid(tmp_path, "doctor", "--reset", "--json", env=env).stdout)
+    assert (data["keys"], data["cleared"]) == (0, 0)

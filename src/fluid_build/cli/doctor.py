@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
+    from fluid_build.copilot.health.breaker import CircuitBreaker
     from fluid_build.copilot.health.store import CooldownStore
 
 __all__ = ["collect_report", "command", "public_url"]
@@ -78,7 +79,7 @@ def command(
 def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str | None) -> None:
     from fluid_build._redact import redact
     from fluid_build.copilot.health.cooldown import cooldown_store_from_env
-    from fluid_build.copilot.health.report import reset_health
+    from fluid_build.copilot.health.report import clear_health
     from fluid_build.copilot.health.resilient import ResilientCooldownStore
     from fluid_build.copilot.health.sqlite_store import SqliteCooldownStore
 
@@ -95,7 +96,12 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
             store, unusable = None, redact(f"FLUID_COOLDOWN_URL: {type(exc).__name__}: {exc}")
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
-    result: dict[str, Any] = {"store": repr(store), "scope": scope or "all", "cleared": 0}
+    result: dict[str, Any] = {
+        "store": repr(store),
+        "scope": scope or "all",
+        "cleared": 0,
+        "keys": 0,
+    }
     if unusable is not None:
         result.update(store="FLUID_COOLDOWN_URL", error=unusable)
     elif store is None:
@@ -106,7 +112,7 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
         if isinstance(probe, SqliteCooldownStore):
             probe.busy_timeout = 2.0  # a deliberate reset may wait out a busy writer
         try:
-            result["cleared"] = reset_health(
+            result["cleared"], result["keys"] = clear_health(
                 probe, provider=provider, model=model, endpoint=endpoint
             )
         except Exception as exc:  # noqa: BLE001 - say why, exit 1
@@ -123,9 +129,10 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
     elif result.get("error"):
         click.echo(result["error"])
     else:
+        # Counted as `fluid doctor` lists them: keys; a key holds several entries.
         click.echo(
-            f"cleared {result['cleared']} breaker and cooldown entries ({result['scope']}) "
-            f"from {result['store']}"
+            f"cleared {result['keys']} key(s) ({result['cleared']} entries: breaker, cooldown "
+            f"and rate-limit state; {result['scope']}) from {result['store']}"
         )
     if failed:
         raise SystemExit(1)
@@ -399,6 +406,31 @@ def collect_report(env: Mapping[str, str]) -> dict[str, Any]:
     return report
 
 
+def _timeout_source(env: Mapping[str, str], applied: float | None) -> tuple[str, str | None]:
+    """Where the timeout ``env_float`` decided on came from, and what became of the variable.
+
+    ``applied`` is the library's own decision; this only says it: a value it
+    rejected (not a number, not finite) left the default in place, one out of
+    range was clamped.
+    """
+    import math
+
+    name = "FLUID_LLM_TIMEOUT_SECONDS"
+    raw = _set(env, name)
+    if raw is None:
+        return "default", None
+    shown = _printable(repr(raw.strip()[:60]))
+    try:
+        asked = float(raw.strip())
+    except ValueError:
+        return "default", f"{name}={shown} was rejected (not a number); the default applies"
+    if not math.isfinite(asked):
+        return "default", f"{name}={shown} was rejected (not a finite number); the default applies"
+    if applied is not None and asked != applied:
+        return name, f"{name}={shown} is outside 1..3600; clamped to {applied:g}"
+    return name, None
+
+
 def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     from fluid_build.aiconfig import AIConfig, apply_stored_config, load_ai_config
     from fluid_build.config import env_float
@@ -415,6 +447,7 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     timeout = env_float(
         effective, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
     )
+    timeout_source, timeout_note = _timeout_source(effective, timeout)
     selection = _guarded(
         "selection",
         lambda: _selection(effective, timeout),
@@ -467,9 +500,8 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
         "providers": providers,
         "selected": selection,
         "timeout_seconds": timeout,
-        "timeout_source": "FLUID_LLM_TIMEOUT_SECONDS"
-        if _set(effective, "FLUID_LLM_TIMEOUT_SECONDS")
-        else "default",
+        "timeout_source": timeout_source,
+        "timeout_note": timeout_note,
         "stored_config": {
             "path": stored.path,
             "exists": stored.exists,
@@ -491,6 +523,8 @@ def _parts(
     env: Mapping[str, str], effective: Mapping[str, str], timeout: float | None, made: _Store
 ) -> dict[str, Any]:
     """The parts that use the shared store (made once, closed by the caller)."""
+    # One breaker for both parts, so that a bad FLUID_BREAKER_* value is read (and warns) once.
+    breaker = _guarded("health", lambda: _breaker(effective, made), lambda f: None)
     return {
         "cooldown": _guarded(
             "cooldown store",
@@ -513,7 +547,7 @@ def _parts(
         ),
         "health": _guarded(
             "health",
-            lambda: _health(effective, timeout, made),
+            lambda: _health(effective, timeout, made, breaker),
             lambda f: {"entries": [], "error": f["message"]},
         ),
         "transport": _guarded(
@@ -521,7 +555,7 @@ def _parts(
         ),
         "shared_state": _guarded(
             "shared state",
-            lambda: _shared_state(made),
+            lambda: _shared_state(made, breaker),
             lambda f: {"entries": [], "now": time.time(), "error": f["message"]},
         ),
     }
@@ -596,10 +630,19 @@ def _transport() -> dict[str, Any]:
 _TRANSPORT_SEEN: dict[tuple[tuple[str, str | None, str | None], ...], str | None] = {}
 
 
-def _shared_state(made: _Store) -> dict[str, Any]:
-    """Every breaker and cooldown entry in the shared store, whoever wrote it."""
+def _breaker(env: Mapping[str, str], made: _Store) -> CircuitBreaker | None:
+    from fluid_build.copilot.health.breaker import CircuitBreaker
+
+    return None if made.store is None else CircuitBreaker.from_env(made.store, env)
+
+
+def _shared_state(made: _Store, breaker: CircuitBreaker | None) -> dict[str, Any]:
+    """Every breaker and cooldown entry in the shared store, whoever wrote it.
+
+    Each end is shown as a call with ``breaker``'s settings trusts it: capped.
+    """
     from fluid_build._redact import redact
-    from fluid_build.copilot.health.report import read_health
+    from fluid_build.copilot.health.report import entry_caps, read_health
 
     now = time.time()
     if made.error is not None:
@@ -608,13 +651,16 @@ def _shared_state(made: _Store) -> dict[str, Any]:
     if probe is None:
         return {"entries": [], "now": now, "error": None}
     try:
-        entries = [item.to_dict() for item in read_health(probe, now)]
+        caps = entry_caps(breaker)
+        entries = [item.to_dict() for item in read_health(probe, now, caps)]
     except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
         return {"entries": [], "now": now, "error": redact(f"{type(exc).__name__}: {exc}")}
     return {"entries": entries, "now": now, "error": None}
 
 
-def _health(env: Mapping[str, str], timeout: float | None, made: _Store) -> dict[str, Any]:
+def _health(
+    env: Mapping[str, str], timeout: float | None, made: _Store, breaker: CircuitBreaker | None
+) -> dict[str, Any]:
     """Breaker and cooldown of the configured entry and its fallbacks, from the shared store."""
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
@@ -622,7 +668,7 @@ def _health(env: Mapping[str, str], timeout: float | None, made: _Store) -> dict
     if made.error is not None:
         return {"entries": [], "error": made.error}
     try:
-        envelope = RetryEnvelope.from_env(env, cooldown=made.store)
+        envelope = RetryEnvelope.from_env(env, cooldown=made.store, breaker=breaker)
         client = LLMClient(timeout=timeout, env=env, envelope=envelope)
     except Exception as exc:  # noqa: BLE001 - a report: say why there is nothing to show
         from fluid_build._redact import redact
@@ -651,6 +697,7 @@ def _render(report: Mapping[str, Any]) -> None:
     from rich.text import Text
 
     from fluid_build.cli._console import make_console
+    from fluid_build.copilot.health.store import readable_seconds
 
     # At a terminal, wrapped to its width; in a pipe, plain and never wrapped.
     console = make_console()
@@ -684,6 +731,8 @@ def _render(report: Mapping[str, Any]) -> None:
         if error.get("variable") and error.get("example") and valid not in line:
             line += f" (a valid value: {valid})"
     timeout = f"timeout: {report['timeout_seconds']:g} s ({report['timeout_source']})"
+    if report.get("timeout_note"):
+        timeout += f": {report['timeout_note']}"
 
     config = report["stored_config"]
     if not config["exists"]:
@@ -727,12 +776,12 @@ def _render(report: Mapping[str, Any]) -> None:
     for entry in health.get("entries", []):
         breaker = entry.get("breaker") or "no breaker"
         if breaker == "open":
-            breaker = f"OPEN, half-opens in {entry.get('opens_in', 0):.0f} s"
+            breaker = f"OPEN, half-opens in {readable_seconds(entry.get('opens_in', 0))}"
         elif breaker == "half_open":
             holder = entry.get("trial_owner")
             breaker = f"HALF-OPEN, trial held by {holder}" if holder else "HALF-OPEN"
         cooling = entry.get("cooldown_remaining") or 0
-        wait = f", cooling down {cooling:.0f} s" if cooling else ""
+        wait = f", cooling down {readable_seconds(cooling)}" if cooling else ""
         lines.append(
             f"health {entry['entry']}: circuit {breaker} ({entry.get('failures', 0)} recent "
             f"failures){wait}"
@@ -789,8 +838,12 @@ def _at(wall: float | None, now: float) -> str:
         stamp = datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")
     except (OverflowError, OSError, ValueError):
         stamp = "?"
+    from fluid_build.copilot.health.store import readable_seconds
+
     delta = wall - now
-    return f"{stamp} (in {delta:.0f} s)" if delta >= 0 else f"{stamp} ({-delta:.0f} s ago)"
+    if delta >= 0:
+        return f"{stamp} (in {readable_seconds(delta)})"
+    return f"{stamp} ({readable_seconds(-delta)} ago)"
 
 
 def _shared_lines(shared: Mapping[str, Any]) -> list[str]:
