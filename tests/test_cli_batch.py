@@ -20,6 +20,7 @@ import pytest
 
 from fluid_build.cli.exit_codes import EXIT_CODES
 from tests.docs_model import Request, model_server
+from tests.loopback import Seen, base_url, http_server
 from tests.test_cli_conventions import _DEFAULT_SIGINT, FLUID
 from tests.test_docs_commands import OPENAI_KEY, Place, _environment, run
 
@@ -226,3 +227,49 @@ def test_ctrl_c_mid_batch_exits_130_at_once(place: Place) -> None:
     assert stderr.strip().splitlines()[-1] == "fluid: interrupted"
     assert "Traceback" not in stderr
     assert stdout == ""
+
+
+def test_a_wait_too_short_to_show_prints_no_wait_line(place: Place) -> None:
+    """A 429 asking for 20 ms (retry-after-ms): the retry waits for it, and the key's
+    shared cooldown too, but neither prints `wait 0.0 s`."""
+    answered = json.dumps(
+        {
+            "id": "chatcmpl-short",
+            "object": "chat.completion",
+            "model": "gpt-4o",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "ok"}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }
+    ).encode()
+    throttled = b'{"error": {"message": "Rate limit reached", "type": "requests", "code": null}}'
+
+    def reply(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        if len(server.seen) == 1:
+            return 429, {"retry-after-ms": "20", "content-type": "application/json"}, throttled
+        return 200, {"content-type": "application/json"}, answered
+
+    with http_server(reply) as server:
+        place.env["OPENAI_BASE_URL"] = f"{base_url(server)}/v1"
+        place.env["FLUID_LLM_MAX_ATTEMPTS"] = "2"
+        done = run(place, "fluid batch - --json", stdin="one\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(server.seen) == 2  # it did wait and retry
+    assert "wait 0.0 s" not in done.stderr, done.stderr
+    assert "0.0 s" not in done.stderr
+
+
+@pytest.mark.parametrize(("wait", "shown"), [(0.004, ""), (0.049, ""), (1.5, "1.5")])
+def test_a_cooldown_wait_line_is_printed_only_when_it_is_not_zero(wait: float, shown: str) -> None:
+    """The key's shared cooldown nearly over: the few ms left are waited, not printed."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from fluid_build.cli.forge import _wait_printer
+    from fluid_build.copilot.call.envelope import RetryEvent
+
+    seen = StringIO()
+    hook = _wait_printer(Console(file=seen, width=200, color_system=None))
+    hook(RetryEvent(wait, "cooldown", 1, None, "k", "openai", "gpt-4o"))
+    expected = f"  wait {shown} s after [cooldown] (key cooling down)\n" if shown else ""
+    assert seen.getvalue() == expected

@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.cli.forge import EXAMPLE_CASSETTE, EXAMPLE_INTENT
+from tests.docs_model import model_server
+from tests.test_docs_commands import Place, _environment, run
 
 _register()
 
@@ -388,3 +390,54 @@ def test_a_symlink_swapped_in_after_the_check_is_never_written_through(
             app._write_all(run, output)
         assert files_under(out) == []  # the staged contract was removed, nothing renamed in
     assert files_under(elsewhere) == []
+
+
+# -- --replay without an INTENT_FILE ------------------------------------------------------
+
+
+def test_the_bundled_cassette_holds_the_example_intent() -> None:
+    from fluid_build.corpus.cassette import load_cassette
+    from fluid_build.forge.cassette import recorded_intent
+    from fluid_build.forge.intent import load_intent
+
+    assert recorded_intent(load_cassette(EXAMPLE_CASSETTE)) == load_intent(EXAMPLE_INTENT)
+
+
+def test_replay_without_an_intent_takes_the_one_it_was_recorded_with(tmp_path: Path) -> None:
+    """Recorded from an intent that is not the bundled example: replayed with no
+    INTENT_FILE, it is the recorded intent that is sent again, so the replay matches."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    intent = yaml.safe_load(EXAMPLE_INTENT.read_text(encoding="utf-8"))
+    intent["data_product"]["description"] = "Order lines, with revenue, for the weekly review."
+    (tmp_path / "work" / "mine.yaml").write_text(yaml.safe_dump(intent), encoding="utf-8")
+    with model_server() as (base, model):
+        place = Place(tmp_path / "work", tmp_path / "home", base, model, _environment(tmp_path))
+        place.openai()
+        recorded = run(place, "fluid forge mine.yaml --record run.json --out first")
+        assert recorded.returncode == 0, recorded.stderr
+        sent = len(model.requests)
+        done = run(place, "fluid forge --replay run.json --out again")
+        assert len(model.requests) == sent  # offline
+    assert done.returncode == 0, done.stderr
+    assert "intent: the one recorded in run.json (sales_orders)" in done.stderr
+    assert "bundled example" not in done.stderr
+    first = (tmp_path / "work" / "first" / "contract.fluid.yaml").read_text(encoding="utf-8")
+    again = (tmp_path / "work" / "again" / "contract.fluid.yaml").read_text(encoding="utf-8")
+    assert again == first
+
+
+def test_replay_of_a_cassette_without_its_intent_says_it_uses_the_example(
+    tmp_path: Path,
+) -> None:
+    cassette = json.loads(EXAMPLE_CASSETTE.read_text(encoding="utf-8"))
+    cassette["call"]["messages"][0]["content"] = "Forge the sales orders."
+    (tmp_path / "edited.json").write_text(json.dumps(cassette), encoding="utf-8")
+    done = _console_script(tmp_path, "forge", "--replay", "edited.json", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "bundled example intent" in line]
+    assert said == [
+        "fluid: edited.json does not hold the intent it was recorded with: replaying it with "
+        "the bundled example intent (sales_orders.intent.yaml); give the intent file first "
+        "to replay it with another"
+    ]

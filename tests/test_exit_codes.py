@@ -83,6 +83,8 @@ SCENARIOS: dict[str, tuple[int, Any, dict[str, str], str]] = {
         "RateLimitError",
     ),
     "unreachable": (12, None, {"OPENAI_BASE_URL": "closed"}, "llm.network_error"),
+    # A setting that cannot be used is configuration, as a missing key is: 10, not 15.
+    "malformed endpoint": (10, None, {"OPENAI_BASE_URL": "http://["}, "llm.bad_endpoint"),
     "context overflow": (
         13,
         _error(

@@ -13,6 +13,15 @@ Every reader here:
 
 Errors name the path as the caller chose to show it (``name=``), the limit,
 and what to do.
+
+Writing to user paths (``--out``) is checked before any work is paid for:
+:func:`check_output_file` and :func:`check_output_dir` refuse, with an
+:class:`OutputPathError`, a target that cannot be written (its directory
+missing, a file where a directory must be, a read-only place), by really
+creating and removing a probe there. A regular file is then replaced whole
+(:func:`write_atomic`); a FIFO, a terminal or ``/dev/stdout`` is streamed into
+(:func:`open_output`, :func:`write_all`), never replaced. :func:`save_aside`
+keeps bytes that could not reach their target in a private file.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import os
 import re
 import stat
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Final
 
 import yaml
@@ -37,15 +47,22 @@ __all__ = [
     "MAX_DEPTH",
     "FileTooLargeError",
     "NotRegularFileError",
+    "OutputFile",
+    "OutputPathError",
     "TooDeepError",
     "UnsafeFileError",
+    "check_output_dir",
+    "check_output_file",
     "file_kind",
     "load_json",
     "load_yaml",
+    "open_output",
     "open_regular",
     "read_at_most",
     "read_regular",
     "read_text_head",
+    "save_aside",
+    "write_all",
     "write_atomic",
 ]
 
@@ -369,3 +386,227 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+# -- writing to user paths ---------------------------------------------------------
+
+
+class OutputPathError(FluidError):
+    """An output path that cannot be written: refused before any work, or failed at the end.
+
+    ``path`` is the name shown; ``reason`` what is wrong without the path; ``hint`` what to
+    do; ``saved_to`` where the bytes that could not be written were kept instead, if any.
+    The ``fluid`` command exits 4 (docs/cli.md).
+    """
+
+    def __init__(self, path: str, reason: str, hint: str, *, saved_to: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        self.hint = hint
+        self.saved_to = saved_to
+        super().__init__(f"{path} {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_output_error, (self.path, self.reason, self.hint, self.saved_to))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``error`` of ``--json``: the class, the message, the path, where data went."""
+        return {
+            "error": type(self).__name__,
+            "message": str(self),
+            "path": self.path,
+            "saved_to": self.saved_to,
+        }
+
+
+def _rebuild_output_error(
+    path: str, reason: str, hint: str, saved_to: str | None
+) -> OutputPathError:
+    return OutputPathError(path, reason, hint, saved_to=saved_to)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    """Where an output file goes, once checked.
+
+    ``path`` is what is written: the regular file a symbolic link points to (so the
+    link stays), or the path itself. ``stream`` is true for a FIFO, a character device
+    (a terminal, ``/dev/null``) or a descriptor (``/dev/stdout``, ``/dev/fd/N``): those
+    are opened and written into (:func:`open_output`), never replaced.
+    """
+
+    path: str
+    stream: bool
+
+
+# Paths that name an open descriptor of this process (what /dev/stdout resolves to).
+_DESCRIPTOR_DIRS: Final = ("/proc/", "/dev/fd/")
+_O_WRITE_STREAM: Final = (
+    os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _names_a_descriptor(path: str) -> bool:
+    """Whether ``path``, or a symbolic link on the way from it, is under /proc or /dev/fd."""
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if current.startswith(_DESCRIPTOR_DIRS):
+            return True
+        try:
+            link = os.readlink(current)
+        except (OSError, ValueError):
+            return False
+        current = os.path.normpath(os.path.join(os.path.dirname(current), link))
+    return False
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+_WRITE_HINT: Final = "choose a path in a directory you can write"
+
+
+def _unwritable(shown: str, directory: str, exc: OSError, hint: str) -> OutputPathError:
+    where = directory or "."
+    # ENOENT from a directory that exists: a place no file can be created in (/proc).
+    if exc.errno == errno.ENOENT and not os.path.isdir(where):
+        reason = f"cannot be written: {where} does not exist"
+    elif exc.errno == errno.ENOTDIR:
+        reason = f"cannot be written: {where} is not a directory"
+    else:
+        reason = f"cannot be written: no file can be created in {where} ({_why(exc)})"
+    return OutputPathError(shown, reason, hint)
+
+
+def _probe_file(shown: str, directory: str, hint: str) -> None:
+    """Create and remove a file in ``directory``, as :func:`write_atomic` will: the real check."""
+    try:
+        fd, temp = tempfile.mkstemp(dir=directory or ".", prefix=".fluid-probe-", suffix=".tmp")
+    except OSError as exc:
+        raise _unwritable(shown, directory, exc, hint) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(temp)
+
+
+def check_output_file(
+    path: str | os.PathLike[str], *, name: str | None = None, hint: str = _WRITE_HINT
+) -> OutputFile:
+    """Check, before any work, that a file can be written at ``path``; say how to write it.
+
+    A FIFO, a character device or a descriptor path is a stream. Anything else must be a
+    regular file or nothing yet, in a directory where a file can be created (a probe file
+    is created and removed there: permissions, a read-only file system, ``/proc`` are all
+    found out now). Refusals are :class:`OutputPathError` with ``hint``; nothing is left
+    behind.
+    """
+    target = os.fspath(path)
+    shown = name if name is not None else target
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        info = None  # nothing there yet, or a link to nothing: created as the shell would
+    except OSError as exc:
+        raise _unwritable(shown, os.path.dirname(target), exc, hint) from None
+    if info is not None:
+        if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode):
+            return OutputFile(target, stream=True)
+        if _names_a_descriptor(target):
+            return OutputFile(target, stream=True)
+        if not stat.S_ISREG(info.st_mode):
+            raise OutputPathError(
+                shown,
+                f"is {file_kind(info.st_mode)}",
+                "give the path of a file, a FIFO or /dev/stdout",
+            )
+    # Through a symbolic link, the file it points to is replaced and the link stays.
+    real = os.path.realpath(target) if os.path.islink(target) else target
+    _probe_file(shown, os.path.dirname(real), hint)
+    return OutputFile(real, stream=False)
+
+
+def open_output(output: OutputFile) -> int:
+    """A descriptor to stream into ``output`` (a FIFO, a device, a descriptor path).
+
+    Never creates or truncates. ``/dev/stdout`` and ``/dev/stderr`` (anything that is
+    this process's standard output or error) share that descriptor, as a shell
+    redirection would, so what else is printed there keeps its order. Opening a FIFO
+    waits for its reader, as ``> fifo`` in a shell does. The caller closes it.
+    """
+    try:
+        info = os.stat(output.path)
+    except OSError:
+        info = None
+    if info is not None:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if os.path.samestat(info, os.fstat(fd)):
+                    return os.dup(fd)
+    return os.open(output.path, _O_WRITE_STREAM)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a pipe may take it in several writes)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def save_aside(data: bytes, *, prefix: str, suffix: str) -> str | None:
+    """Keep ``data`` in a new private file (mode 0600): in the working directory, else in
+    the temporary directory. Its path, or None when neither can take it."""
+    for directory in (os.getcwd(), tempfile.gettempdir()):
+        try:
+            fd, path = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+        except OSError:
+            continue
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        return path
+    return None
+
+
+def check_output_dir(
+    path: str | os.PathLike[str], *, name: str | None = None, hint: str = _WRITE_HINT
+) -> None:
+    """Check, before any work, that files can be written under the directory ``path``.
+
+    An existing directory must take a probe file; a missing one must be creatable: its
+    nearest existing ancestor must be a directory that takes a probe directory. Links
+    are followed here; refusing them is the writer's business. Refusals are
+    :class:`OutputPathError` with ``hint``; nothing is left behind.
+    """
+    target = os.path.normpath(os.fspath(path))
+    shown = name if name is not None else os.fspath(path)
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    except OSError as exc:
+        raise OutputPathError(shown, f"cannot be used ({_why(exc)})", hint) from None
+    if info is not None:
+        if not stat.S_ISDIR(info.st_mode):
+            raise OutputPathError(shown, f"is {file_kind(info.st_mode)}, not a directory", hint)
+        _probe_file(shown, target, hint)
+        return
+    ancestor = os.path.dirname(target) or "."
+    while not os.path.lexists(ancestor) and ancestor not in (".", os.path.dirname(ancestor)):
+        ancestor = os.path.dirname(ancestor) or "."
+    if not os.path.isdir(ancestor):
+        raise OutputPathError(shown, f"cannot be created: {ancestor} is not a directory", hint)
+    try:
+        probe = tempfile.mkdtemp(dir=ancestor, prefix=".fluid-probe-")
+    except OSError as exc:
+        reason = f"cannot be created: no directory can be made in {ancestor} ({_why(exc)})"
+        raise OutputPathError(shown, reason, hint) from None
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)

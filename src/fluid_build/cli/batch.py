@@ -8,6 +8,7 @@ process alive until each call's deadline.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -16,35 +17,22 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 
 from fluid_build.cli._options import model_option, provider_option
-from fluid_build.cli.exit_codes import report_error
-from fluid_build.errors import FluidError
+from fluid_build.cli.exit_codes import PromptsFileError, report_error
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from fluid_build._files import OutputFile
     from fluid_build.copilot.batch import Batch, Outcome
     from fluid_build.copilot.client import LLMClient
     from fluid_build.copilot.llm.types import Completion
+    from fluid_build.errors import FluidError
 
 __all__ = ["MAX_PROMPTS_BYTES", "PromptsFileError", "command", "read_prompts"]
 
 #: The most of a prompts file (or of stdin) read; at most one byte more is ever read.
 MAX_PROMPTS_BYTES: Final = 10_000_000
 _STDIN: Final = "standard input"
-
-
-class PromptsFileError(FluidError):
-    """The prompts file cannot be used: missing, not a regular file, too large, not text, empty.
-
-    ``hint`` says what to do; the exit code is 5 (docs/cli.md).
-    """
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.hint))
 
 
 def _read_bytes(source: str) -> bytes:
@@ -189,6 +177,57 @@ def _print_summary(batch: Batch[Completion]) -> None:
                 click.echo(text, err=True)
 
 
+def _check_out(out: Path) -> OutputFile:
+    from fluid_build._files import check_output_file
+
+    return check_output_file(
+        out, name=str(out), hint="choose an --out you can write and run again; nothing was sent"
+    )
+
+
+def _open_stream(target: OutputFile, shown: str) -> int:
+    """Open a FIFO, a device or /dev/stdout to write into; a FIFO waits for its reader."""
+    from fluid_build._files import OutputPathError, open_output
+
+    try:
+        return open_output(target)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise OutputPathError(
+            shown, f"cannot be opened for writing ({reason})", "choose another --out"
+        ) from None
+
+
+def _write_results(
+    target: OutputFile, stream: int | None, shown: str, data: bytes, count: int
+) -> None:
+    """Write the JSON lines to --out; when that fails, keep them aside and say where."""
+    from fluid_build._files import OutputPathError, save_aside, write_all, write_atomic
+
+    try:
+        if stream is not None:
+            write_all(stream, data)
+        else:
+            write_atomic(target.path, data)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        # The answers are paid for: a file nobody asked for beats losing them.
+        saved = save_aside(data, prefix="fluid-batch-", suffix=".jsonl")
+        if saved is None:
+            raise OutputPathError(
+                shown,
+                f"could not be written ({reason}), nor could the {count} results be saved "
+                "in the working or the temporary directory",
+                "free some space or choose an --out you can write, and run again",
+            ) from None
+        raise OutputPathError(
+            shown,
+            f"could not be written ({reason}); the {count} results were saved in {saved}",
+            f"take the results from {saved}; choose an --out you can write next time",
+            saved_to=saved,
+        ) from None
+
+
 @click.command("batch")
 @click.argument("prompts", metavar="PROMPTS")
 @provider_option
@@ -203,7 +242,8 @@ def _print_summary(batch: Batch[Completion]) -> None:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the JSON lines to this file instead of stdout.",
+    help="Write the JSON lines to this file (replaced whole; a FIFO or /dev/stdout is "
+    "written into) instead of stdout. Checked before any request.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: the summary as JSON too.")
 def command(
@@ -224,7 +264,6 @@ def command(
     """
     import asyncio
 
-    from fluid_build._files import write_atomic
     from fluid_build.cli._console import make_console
     from fluid_build.cli.forge import _stored_env, _wait_printer
     from fluid_build.copilot.batch import DEFAULT_CONCURRENCY
@@ -233,16 +272,19 @@ def command(
 
     console = make_console(stderr=True)
     client: LLMClient | None = None
+    stream: int | None = None
     try:
-        if out is not None and not out.resolve().parent.is_dir():
-            raise click.BadParameter(f"{out.parent} is not a directory", param_hint="--out")
         items = read_prompts(prompts)
+        # Before any request: results nobody can write would be paid for and lost.
+        target = _check_out(out) if out is not None else None
         env = _stored_env()
         # The wait lines print above the bar; a live countdown would be a second live display.
         envelope = RetryEnvelope.from_env(env, hook=_wait_printer(console))
         client = LLMClient(provider, model, envelope=envelope, env=env)
         if not as_json:
             client.run_start_warnings()
+        if target is not None and target.stream:
+            stream = _open_stream(target, str(out))
         workers = concurrency or DEFAULT_CONCURRENCY
         console.print(
             f"{len(items)} prompt(s) to {client.provider}:{client.model}, {workers} at a time"
@@ -250,6 +292,12 @@ def command(
         bar = console.is_terminal and not as_json
         texts = [text for _, text in items]
         batch = asyncio.run(_run(client, texts, workers, fail_fast, bar))
+        lines = "".join(
+            json.dumps(_record(outcome, line)) + "\n"
+            for outcome, (line, _) in zip(batch, items, strict=True)
+        )
+        if target is not None:
+            _write_results(target, stream, str(out), lines.encode("utf-8"), len(items))
     except click.UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
@@ -257,17 +305,9 @@ def command(
     finally:
         if client is not None:
             client.close()
-    lines = "".join(
-        json.dumps(_record(outcome, line)) + "\n"
-        for outcome, (line, _) in zip(batch, items, strict=True)
-    )
-    if out is not None:
-        try:
-            write_atomic(out, lines.encode("utf-8"))
-        except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            raise click.BadParameter(f"cannot write {out} ({reason})", param_hint="--out") from None
-    else:
+        if stream is not None:
+            os.close(stream)  # a FIFO's reader sees the end here
+    if target is None:
         click.echo(lines, nl=False)
     code = _exit_code(batch)
     if as_json:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Final
+from typing import Any, Final
 
 import click
 
-__all__ = ["EXIT_CODES", "exit_code_for", "report_error"]
+from fluid_build.errors import FluidError
+
+__all__ = ["CONFIGURATION_CODES", "EXIT_CODES", "PromptsFileError", "exit_code_for", "report_error"]
 
 #: Exit codes by failure family (docs/cli.md lists them for scripts).
 EXIT_CODES: Final = {
@@ -16,9 +18,9 @@ EXIT_CODES: Final = {
     "internal": 1,  # a bug: please report it
     "usage": 2,  # click's own: a wrong option or argument
     "intent": 3,  # the intent (or cassette) file is missing or invalid (CassetteError)
-    "output": 4,  # the output directory cannot be written safely (a symlink in it)
+    "output": 4,  # an --out that cannot be written (OutputTreeError, OutputPathError)
     "prompts": 5,  # fluid batch: the prompts file is missing, not a regular file, too large, empty
-    "auth": 10,  # ProviderAuthError, and configuration the provider needs
+    "auth": 10,  # ProviderAuthError, and a setting that cannot be used (CONFIGURATION_CODES)
     "rate_limit": 11,  # RateLimitError, quota exhausted included
     "timeout": 12,  # ProviderTimeoutError, and connection failures
     "context_overflow": 13,  # ContextOverflowError
@@ -33,10 +35,31 @@ EXIT_CODES: Final = {
     "interrupted": 130,  # Ctrl-C (SIGINT): one line, nothing half-written
 }
 
+#: Reason codes of a configuration problem, not of the provider's answer: a setting that
+#: cannot be used (a malformed base URL, no provider or model resolved). They exit 10,
+#: with a missing or rejected key: what to fix is in the environment, not the request.
+CONFIGURATION_CODES: Final = frozenset({"llm.not_configured", "llm.bad_endpoint"})
+
+
+class PromptsFileError(FluidError):
+    """``fluid batch``: the prompts file cannot be used (missing, not a regular file, too
+    large, not text, empty).
+
+    Defined here, below :mod:`fluid_build.cli.batch`, so that the exit-code map needs no
+    command module. ``hint`` says what to do; the exit code is 5 (docs/cli.md).
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.hint))
+
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an exception that ended a command."""
-    from fluid_build.cli.batch import PromptsFileError
+    from fluid_build._files import OutputPathError
     from fluid_build.copilot.agents.errors import (
         AgentExecutionError,
         ContextOverflowError,
@@ -55,7 +78,7 @@ def exit_code_for(exc: BaseException) -> int:
 
     if isinstance(exc, IntentError | CassetteError):
         return EXIT_CODES["intent"]
-    if isinstance(exc, OutputTreeError):
+    if isinstance(exc, OutputTreeError | OutputPathError):
         return EXIT_CODES["output"]
     if isinstance(exc, PromptsFileError):
         return EXIT_CODES["prompts"]
@@ -76,7 +99,7 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, ProviderError):
         if exc.code == "llm.network_error":
             return EXIT_CODES["timeout"]
-        if exc.code == "llm.not_configured":
+        if exc.code in CONFIGURATION_CODES:
             return EXIT_CODES["auth"]
         return EXIT_CODES["provider"]
     if isinstance(exc, AgentExecutionError):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.client import LLMClient
+    from fluid_build.corpus.cassette import Cassette
     from fluid_build.corpus.record import Recorder
     from fluid_build.corpus.replay import ReplayTransport
     from fluid_build.forge.app import ForgeOutput
@@ -87,6 +88,8 @@ def _countdown_sleep(console: Console) -> Any:
 
 def _wait_printer(console: Console) -> Any:
     def hook(event: RetryEvent) -> None:
+        if round(event.wait, 1) <= 0:
+            return  # shown as "wait 0.0 s": a wait too short to tell anyone about
         why = _REASONS.get(event.reason, event.reason)
         if event.error is None and event.reason == "rate_limit":
             console.print(f"  [yellow]wait[/] {event.wait:.1f} s ({why})")
@@ -97,15 +100,9 @@ def _wait_printer(console: Console) -> Any:
     return hook
 
 
-def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, ReplayTransport]:
-    """A client answered by the cassette (virtual clock, no jitter) and its transport."""
-    import httpx
-
-    from fluid_build.copilot.call.envelope import RetryEnvelope
-    from fluid_build.copilot.client import LLMClient
-    from fluid_build.copilot.health.store import MemoryCooldownStore
+def _load_replay(cassette_path: Path) -> Cassette:
+    """The cassette to replay; ``CassetteError`` when it holds no model output."""
     from fluid_build.corpus.cassette import CassetteError, load_cassette
-    from fluid_build.corpus.replay import ReplayTransport, VirtualClock
 
     cassette = load_cassette(cassette_path)
     if not cassette.bodies:
@@ -114,6 +111,37 @@ def _replay_client(cassette_path: Path, console: Console) -> tuple[LLMClient, Re
             "`fluid forge` to replay; record the run again without --no-bodies",
             path=str(cassette_path),
         )
+    return cassette
+
+
+def _replay_intent(cassette: Cassette, cassette_path: Path, console: Console) -> Intent:
+    """With --replay and no INTENT_FILE: the intent the cassette was recorded with, or
+    (said in one line) the bundled example's when the cassette does not hold it whole."""
+    from fluid_build.forge.cassette import recorded_intent
+    from fluid_build.forge.intent import load_intent
+
+    intent = recorded_intent(cassette)
+    if intent is not None:
+        console.print(f"intent: the one recorded in {cassette_path} ({intent.data_product.name})")
+        return intent
+    click.echo(
+        f"fluid: {cassette_path} does not hold the intent it was recorded with: replaying it "
+        f"with the bundled example intent ({EXAMPLE_INTENT.name}); give the intent file "
+        "first to replay it with another",
+        err=True,
+    )
+    return load_intent(EXAMPLE_INTENT)
+
+
+def _replay_client(cassette: Cassette, console: Console) -> tuple[LLMClient, ReplayTransport]:
+    """A client answered by the cassette (virtual clock, no jitter) and its transport."""
+    import httpx
+
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.health.store import MemoryCooldownStore
+    from fluid_build.corpus.replay import ReplayTransport, VirtualClock
+
     clock = VirtualClock()
     envelope = RetryEnvelope(
         cooldown=MemoryCooldownStore(),
@@ -222,6 +250,32 @@ class _Recording:
             self.http.close()
 
 
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse, before any model call, an --out forge could not write into."""
+    from fluid_build._files import check_output_dir
+    from fluid_build.forge.app import OutputTreeError
+
+    if out_dir.is_symlink():  # forge would refuse it at the write step, after the calls
+        raise OutputTreeError(out_dir, ".", "is a symbolic link")
+    check_output_dir(
+        out_dir,
+        name=str(out_dir),
+        hint="choose an --out in a directory you can write and run again; no model was called",
+    )
+
+
+def _write_failed(out_dir: Path, exc: OSError) -> Exception:
+    """The typed error for a write step that failed (the directory changed during the run)."""
+    from fluid_build._files import OutputPathError
+
+    reason = exc.strerror or type(exc).__name__
+    return OutputPathError(
+        str(out_dir),
+        f"could not be written at the end of the run ({reason})",
+        "make the directory writable again (or choose another --out) and run again",
+    )
+
+
 def _stored_env() -> dict[str, str]:
     try:
         from fluid_build.aiconfig import apply_stored_config
@@ -290,6 +344,7 @@ def command(
     transport: ReplayTransport | None = None
     recording: _Recording | None = None
     workspace: Path | None = None
+    stages: list[str] = []
     try:
         env = _stored_env()
         if no_bodies and record_to is None:
@@ -314,13 +369,17 @@ def command(
             cassette, intent_file = EXAMPLE_CASSETTE, EXAMPLE_INTENT
             if agent_loop:
                 cassette, workspace = EXAMPLE_AGENT_CASSETTE, EXAMPLE_WORKSPACE
-        if intent_file is None:
-            if cassette is None:
-                raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
-            intent_file = EXAMPLE_INTENT
-        intent = load_intent(intent_file)
-        if cassette is not None:
-            client, transport = _replay_client(cassette, console)
+        recorded = _load_replay(cassette) if cassette is not None else None
+        if intent_file is not None:
+            intent = load_intent(intent_file)
+        elif recorded is not None and cassette is not None:
+            intent = _replay_intent(recorded, cassette, console)
+        else:
+            raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
+        # Before any model call: an output nobody can write would be paid for and lost.
+        _check_out_dir(out_dir)
+        if recorded is not None:
+            client, transport = _replay_client(recorded, console)
         else:
             if record_to is not None:
                 recording = _Recording(record_to, bodies=not no_bodies)
@@ -332,6 +391,7 @@ def command(
         with console.status("starting") as status:
 
             def on_stage(stage: str) -> None:
+                stages.append(stage)
                 status.update(f"{stage} ...")
                 console.print(f"  [cyan]stage[/] {stage}")
 
@@ -346,7 +406,8 @@ def command(
                 on_note=on_note,
                 replay=str(cassette) if cassette else None,
                 agent_loop=agent_loop,
-                workspace=workspace or intent_file.resolve().parent,
+                workspace=workspace
+                or (intent_file.resolve().parent if intent_file is not None else Path.cwd()),
                 # A replay that stopped short of the cassette differs: say so, write nothing.
                 before_write=transport.finish if transport is not None else None,
             )
@@ -358,6 +419,8 @@ def command(
         raise
     except Exception as exc:  # noqa: BLE001 - every failure leaves through one exit-code map
         failure: BaseException = exc
+        if isinstance(exc, OSError) and stages[-1:] == ["write"]:
+            failure = _write_failed(out_dir, exc)
         if transport is not None and transport.first_mismatch is not None:
             # The client reports a refused replay as an unexpected error; the transport
             # knows which request differed, and how.

@@ -9,9 +9,12 @@ no model output (then a forge replay has nothing to answer with).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from pydantic import ValidationError
 
 from fluid_build.corpus.cassette import CallRecipe, Cassette
 from fluid_build.corpus.record import Recorder, recipe_env
@@ -21,7 +24,16 @@ if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient
     from fluid_build.forge.app import ForgeOutput
 
-__all__ = ["forge_cassette", "forge_recorder"]
+__all__ = ["forge_cassette", "forge_recorder", "recorded_intent"]
+
+# Intent.summary(), read back: the recipe's message of a forge cassette.
+_SUMMARY: Final = re.compile(
+    r"Data product: (?P<name>\S+) \(domain (?P<domain>.*), owner (?P<owner>.*)\)\n"
+    r"Description: (?P<description>.*)\nGrain: (?P<grain>.*)\n"
+    r"Dimensions: (?P<dimensions>.*)\nMetrics: (?P<metrics>.*)\n"
+    r"Modeling technique: (?P<technique>\S+)",
+    re.DOTALL,
+)
 
 
 def forge_recorder(*, secrets: Sequence[str | None] = (), bodies: bool = True) -> Recorder:
@@ -70,3 +82,37 @@ def forge_cassette(
         ),
         now=now,
     )
+
+
+def recorded_intent(cassette: Cassette) -> Intent | None:
+    """The intent a forge cassette was recorded with, or None when it does not hold it whole.
+
+    :func:`forge_cassette` keeps the intent's :meth:`~Intent.summary` as the recipe's
+    message, and every field of the intent is in it. It is read back, and kept only when
+    it gives the very same summary again: what forge sends is then what it sent when
+    recording. A cassette of another kind, redacted text, or a list item holding ``", "``
+    gives None.
+    """
+    messages = cassette.call.messages
+    text = messages[0].get("content") if len(messages) == 1 else None
+    match = _SUMMARY.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    try:
+        intent = Intent.model_validate(
+            {
+                "data_product": {
+                    "name": match["name"],
+                    "domain": match["domain"],
+                    "description": match["description"],
+                    "owner": match["owner"],
+                },
+                "grain": match["grain"],
+                "dimensions": match["dimensions"].split(", "),
+                "metrics": match["metrics"].split(", "),
+                "modeling_technique": match["technique"],
+            }
+        )
+    except ValidationError:
+        return None
+    return intent if intent.summary() == text else None
