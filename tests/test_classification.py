@@ -667,3 +667,80 @@ def test_a_wait_beyond_the_cap_is_capped_but_remembered() -> None:
     assert "asked to wait 86400 s; capped at 300 s" in str(error)
     unhinted = classify(status_error(503, headers={"retry-after": "12"}))
     assert "retry_after_requested" not in unhinted.details
+
+
+# -- details say what the body said, nothing inferred --------------------------------------
+
+OPENAI_BAD_KEY = {
+    "error": {
+        "message": "Incorrect API key provided: sk-proj-****. You can find your API key at ...",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+}
+
+
+def test_a_401_whose_body_states_no_status_has_no_body_status() -> None:
+    """OpenAI types a bad key 'invalid_request_error': that names no status, least of all 400."""
+    error = classify(status_error(401, OPENAI_BAD_KEY))
+    assert isinstance(error, ProviderAuthError)
+    assert error.status_code == 401
+    assert error.details["status_code"] == 401
+    assert "body_status" not in error.details
+
+
+@pytest.mark.parametrize(
+    ("body", "stated"),
+    [
+        (
+            {"error": {"code": 401, "message": "API key not valid", "status": "UNAUTHENTICATED"}},
+            401,
+        ),
+        ({"error": {"message": "bad", "code": "401"}}, 401),
+        ({"code": 429, "message": "relayed"}, 429),
+    ],
+)
+def test_a_status_the_body_states_is_kept(body: dict[str, Any], stated: int) -> None:
+    assert (
+        classify(status_error(503 if stated == 429 else 401, body)).details["body_status"] == stated
+    )
+
+
+def test_an_error_type_still_judges_a_stream_error_and_a_relayed_limit() -> None:
+    """The type's meaning is still used to judge; it is only not reported as the body's status."""
+    relayed = classify(
+        status_error(502, {"error": {"message": "slow", "type": "rate_limit_error"}})
+    )
+    assert isinstance(relayed, RateLimitError)
+    assert "body_status" not in relayed.details
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    in_stream = classify_response(httpx.Response(200, json=overloaded, request=request()))
+    assert isinstance(in_stream, ProviderServerError)
+    assert in_stream.code == "llm.overloaded"
+
+
+def test_a_401_through_fluid_forge_json_tells_the_truth(tmp_path: Any) -> None:
+    import shutil
+
+    from fluid_build.cli.exit_codes import EXIT_CODES
+    from fluid_build.cli.forge import EXAMPLE_INTENT
+    from tests.docs_model import model_server
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    intent = tmp_path / "intent.yaml"
+    shutil.copy(EXAMPLE_INTENT, intent)
+    with model_server() as (base, model):
+        model.script = lambda request: (401, OPENAI_BAD_KEY)
+        env = fresh_env(
+            home, OPENAI_API_KEY=SECRET_KEY, OPENAI_BASE_URL=f"{base}/v1", NO_PROXY="127.0.0.1"
+        )
+        done = fluid(home, "forge", str(intent), "--json", env=env)
+    assert done.returncode == EXIT_CODES["auth"], done.stdout + done.stderr
+    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    assert error["status_code"] == error["details"]["status_code"] == 401
+    assert "body_status" not in error["details"]
+    assert error["provider_error_code"] == "invalid_api_key"
+    assert SECRET_KEY not in done.stdout + done.stderr

@@ -306,7 +306,8 @@ _RESOURCES = _rx(r"requires more system memory", r"out of memory", r"insufficien
 def _redirected(evidence: Evidence) -> bool:
     """A 3xx whose body names no error of its own."""
     fields = evidence.fields
-    return 300 <= evidence.status < 400 and fields.body_status is None and not fields.message
+    named = fields.body_status is not None or fields.type_status is not None
+    return 300 <= evidence.status < 400 and not named and not fields.message
 
 
 def _prompt_too_long(evidence: Evidence) -> bool:

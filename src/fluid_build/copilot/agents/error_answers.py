@@ -365,7 +365,12 @@ class ErrorFields:
     type: str = ""
     code: str = ""
     param: str = ""
+    #: The HTTP status the body states (``"code": 429``, ``"status": "401"``).
     body_status: int | None = None
+    #: The status the body's error type stands for (``rate_limit_error`` -> 429), used
+    #: to judge an error that came without one (a stream's error event); the body did
+    #: not state it, so it is never reported as the body's status.
+    type_status: int | None = None
     retry_delay: float | None = None
     quota_ids: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
@@ -501,9 +506,7 @@ def extract_fields(data: Any) -> ErrorFields:
         if isinstance(candidate, str) and candidate.isdigit() and 100 <= int(candidate) <= 599:
             info.body_status = int(candidate)
             break
-    if info.body_status is None:
-        mapped = _GOOGLE_STATUS.get(info.type) or _TYPE_STATUS.get(info.type.lower())
-        info.body_status = mapped
+    info.type_status = _GOOGLE_STATUS.get(info.type) or _TYPE_STATUS.get(info.type.lower())
     _walk_google_details(source.get("details"), info)
     inner = source.get("innererror")
     if isinstance(inner, dict):  # Azure content filter
@@ -631,9 +634,12 @@ def _judged_status(status: int, fields: ErrorFields) -> int:
     a gateway that relays an upstream 429 as a 5xx is a rate limit.
     """
     if 400 <= status <= 599:
-        relayed_limit = fields.body_status == 429 or fields.type == "RESOURCE_EXHAUSTED"
+        relayed_limit = 429 in (fields.body_status, fields.type_status)
         return 429 if status >= 500 and relayed_limit else status
-    return fields.body_status if fields.body_status is not None else 500
+    for stated in (fields.body_status, fields.type_status):
+        if stated is not None:
+            return stated
+    return 500
 
 
 class Evidence:
