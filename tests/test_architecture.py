@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "fluid_build.config",
         "fluid_build.errors",
         "fluid_build._files",
+        "fluid_build._private",
         "fluid_build._redact",
         "fluid_build._lazy",
     ),
