@@ -8,6 +8,7 @@ provider does; one attempt per call, so no test waits.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from fluid_build.cli.exit_codes import EXIT_CODES
 from tests.docs_model import Request, model_server
 from tests.loopback import Seen, base_url, http_server
-from tests.test_cli_conventions import _DEFAULT_SIGINT, FLUID
+from tests.test_cli_conventions import _AT_A_TERMINAL, _DEFAULT_SIGINT, FLUID
 from tests.test_docs_commands import OPENAI_KEY, Place, _environment, run
 
 PROMPTS = ["first prompt", "second prompt", "third prompt", "fourth prompt"]
@@ -273,3 +274,77 @@ def test_a_cooldown_wait_line_is_printed_only_when_it_is_not_zero(wait: float, s
     hook(RetryEvent(wait, "cooldown", 1, None, "k", "openai", "gpt-4o"))
     expected = f"  wait {shown} s after [cooldown] (key cooling down)\n" if shown else ""
     assert seen.getvalue() == expected
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[@-~]|\x1b.")
+
+
+def _ctrl_c_at_a_terminal(place: Place, *args: str) -> str:
+    """Run ``fluid batch prompts.txt ARGS`` at a terminal (a pty), type Ctrl-C there once
+    the first request arrived; what the terminal showed, escapes removed, \\r\\n as \\n."""
+    arrived, release = threading.Event(), threading.Event()
+
+    def stall(request: Request) -> None:
+        arrived.set()
+        release.wait(60)
+
+    place.model.script = stall
+    assert FLUID is not None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _AT_A_TERMINAL, FLUID, "batch", "prompts.txt", *args],
+        cwd=place.cwd,
+        env=place.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    try:
+        assert arrived.wait(60), "the batch never sent a request"
+        proc.stdin.write(b"\x03")  # Ctrl-C, typed at that terminal
+        proc.stdin.flush()
+        shown, _ = proc.communicate(timeout=60)
+    finally:
+        release.set()
+        proc.kill()
+    assert proc.returncode == EXIT_CODES["interrupted"], shown
+    return _ANSI.sub("", shown.decode("utf-8", "replace")).replace("\r\n", "\n")
+
+
+def test_ctrl_c_under_the_bar_prints_no_blank_line(place: Place) -> None:
+    """The bar's last line ends the line: `fluid: interrupted` comes right under it."""
+    text = _ctrl_c_at_a_terminal(place)
+    before = text[: text.index("fluid: interrupted")]
+    assert "0/4" in before, text  # the bar was shown
+    assert before.endswith("\n"), text
+    assert not before.endswith("\n\n"), f"a blank line before the message: {text!r}"
+    assert not before.replace("\r", "").endswith("\n\n"), text
+
+
+def test_ctrl_c_after_an_echoed_ctrl_c_starts_a_fresh_line(place: Place) -> None:
+    """Without a bar (--json), the terminal's echoed ^C ends the screen mid-line."""
+    text = _ctrl_c_at_a_terminal(place, "--json")
+    assert "\nfluid: interrupted" in text, repr(text)
+    assert "^Cfluid" not in text, repr(text)
+    assert "\n\nfluid: interrupted" not in text.replace("\r", ""), repr(text)
+
+
+@pytest.mark.parametrize(
+    ("before", "text", "after"),
+    [
+        (False, "enter your key: ", True),  # a prompt
+        (True, "line\n", False),
+        (True, "0/4  \n\x1b[?25h", False),  # a bar's last line, then the cursor shown again
+        (True, "\r\x1b[2K", False),  # a live display erasing its line
+        (False, "x\x1b[1A\x1b[2K", True),  # up a line, erased: the column is not known to move
+        (True, "\x1b[G", False),
+        (True, "", True),
+        (False, "\x1b[0m", False),
+    ],
+)
+def test_the_cursor_is_followed_through_what_is_written(
+    before: bool, text: str, after: bool
+) -> None:
+    from fluid_build.cli._console import _mid_line_after
+
+    assert _mid_line_after(text, before) is after

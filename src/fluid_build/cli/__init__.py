@@ -12,7 +12,6 @@ wrapping in a pipe (:mod:`fluid_build.cli._console`); each warning once per run.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Final
@@ -20,8 +19,16 @@ from typing import Final
 import click
 
 from fluid_build import __version__
-from fluid_build.cli._console import COLOR_MODES, ColorMode, set_color_mode, warnings_once
-from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.cli._console import (
+    COLOR_MODES,
+    ColorMode,
+    cursor_mid_line,
+    following_the_cursor,
+    interrupt_echoed,
+    set_color_mode,
+    warnings_once,
+)
+from fluid_build.cli.exit_codes import EXIT_CODES, Interrupted
 
 __all__ = ["EXIT_INTERRUPTED", "main"]
 
@@ -76,16 +83,13 @@ def _register() -> None:
         cli.add_command(command)
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C. Not a KeyboardInterrupt: click would print "Aborted!" and exit 1."""
-
-
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise _Interrupted
+    interrupt_echoed()
+    raise Interrupted
 
 
 def _catch_sigint() -> Callable[[], None]:
-    """Route SIGINT to :class:`_Interrupted`; returns what puts the old handler back.
+    """Route SIGINT to :class:`Interrupted`; returns what puts the old handler back.
 
     Left alone where Python's default handler is not in place: a SIGINT that
     was ignored (a background job) stays ignored, and an embedding program
@@ -105,8 +109,9 @@ def _catch_sigint() -> Callable[[], None]:
 
 
 def _interrupted() -> int:
-    # At a terminal the cursor sits after the echoed ^C: start a fresh line.
-    lead = "\n" if sys.stderr.isatty() else ""
+    # A fresh line when the cursor sits after an echoed ^C or a prompt; after a line that
+    # ended (a progress bar's last one), none: it would show as a blank line.
+    lead = "\n" if cursor_mid_line() else ""
     click.echo(f"{lead}fluid: interrupted", err=True)
     return EXIT_INTERRUPTED
 
@@ -140,10 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _register()
     restore = _catch_sigint()
     try:
-        with warnings_once():
-            return _run(argv)
-    except (_Interrupted, KeyboardInterrupt, click.Abort):
-        # click.Abort: Ctrl-C or end of input at a prompt.
-        return _interrupted()
+        with following_the_cursor():
+            try:
+                with warnings_once():
+                    return _run(argv)
+            except (Interrupted, KeyboardInterrupt, click.Abort):
+                # click.Abort: Ctrl-C or end of input at a prompt.
+                return _interrupted()
     finally:
         restore()

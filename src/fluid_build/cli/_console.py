@@ -19,16 +19,22 @@ there.
 
 Warnings: during one run, each warning the library logs is printed once, as
 ``warning: ...`` on standard error (:func:`warnings_once`).
+
+The cursor: at a terminal, a run follows whether the cursor sits mid-line
+(:func:`following_the_cursor`): after a prompt, after an echoed ``^C``, or not
+(after a line ended, or a live display erased itself). ``fluid: interrupted``
+starts a fresh line only in the first case, so it never follows a blank line.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Final, Literal, TextIO, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, cast
 
 import click
 
@@ -40,6 +46,9 @@ __all__ = [
     "COLOR_MODES",
     "ColorMode",
     "color_mode",
+    "cursor_mid_line",
+    "following_the_cursor",
+    "interrupt_echoed",
     "make_console",
     "set_color_mode",
     "warnings_once",
@@ -174,3 +183,91 @@ def warnings_once() -> Iterator[None]:
         yield
     finally:
         root.removeHandler(handler)
+
+
+# -- where the cursor is ------------------------------------------------------------
+
+# One token of terminal output: a CSI sequence (its final byte), another escape, a line
+# end, or one character that is shown.
+_TOKEN: Final = re.compile(r"\x1b\[([0-9;?]*)([@-~])|\x1b.|([\r\n])|([^\x1b\r\n])", re.DOTALL)
+
+
+def _mid_line_after(text: str, mid_line: bool) -> bool:
+    """Whether the cursor is mid-line after ``text`` is written, from ``mid_line`` before."""
+    for match in _TOKEN.finditer(text):
+        params, final, line_end, shown = match.groups()
+        if line_end or (final in ("E", "F") or (final == "G" and params in ("", "1"))):
+            mid_line = False  # a new line, or back to its first column
+        elif shown is not None and shown.isprintable():
+            mid_line = True
+    return mid_line
+
+
+class _Cursor:
+    mid_line = False
+    following = False
+
+
+_CURSOR: Final = _Cursor()
+
+
+class _Followed:
+    """A text stream that notes, on every write, where the terminal's cursor ends."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        _CURSOR.mid_line = _mid_line_after(text, _CURSOR.mid_line)
+        return written
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def cursor_mid_line() -> bool:
+    """Whether, at a terminal, the cursor sits mid-line; False when not followed."""
+    return _CURSOR.following and _CURSOR.mid_line
+
+
+def interrupt_echoed() -> None:
+    """Note a SIGINT: a terminal that echoes control characters has just printed ``^C``.
+
+    Called from the SIGINT handlers. With echo off (a hidden prompt) nothing was printed.
+    """
+    if not _CURSOR.following:
+        return
+    try:
+        import termios
+
+        local = termios.tcgetattr(sys.__stderr__.fileno())[3]  # type: ignore[union-attr]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return
+    echoctl = getattr(termios, "ECHOCTL", 0)
+    if local & termios.ECHO and local & echoctl:
+        _CURSOR.mid_line = True
+
+
+@contextmanager
+def following_the_cursor() -> Iterator[None]:
+    """For one run at a terminal: follow every write to stdout and stderr (see the top).
+
+    Nothing changes anywhere else (a pipe, a file, a test's captured streams).
+    """
+    if not (_isatty(sys.stderr) and _isatty(sys.stdout)):
+        yield
+        return
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout = cast("TextIO", _Followed(stdout))
+    sys.stderr = cast("TextIO", _Followed(stderr))
+    _CURSOR.following, _CURSOR.mid_line = True, False
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+        _CURSOR.following = False

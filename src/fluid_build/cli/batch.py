@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 
 from fluid_build.cli._options import model_option, provider_option
-from fluid_build.cli.exit_codes import PromptsFileError, report_error
+from fluid_build.cli.exit_codes import Interrupted, PromptsFileError, report_error
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -106,11 +106,11 @@ async def _run(
     fail_fast: bool,
     bar: bool,
 ) -> Batch[Completion]:
-    """``client.amap`` with the bar; Ctrl-C cancels it and is raised as KeyboardInterrupt."""
+    """``client.amap`` with the bar; Ctrl-C cancels it and is raised as ``Interrupted``."""
     import asyncio
     import signal
 
-    from fluid_build.cli._console import make_console
+    from fluid_build.cli._console import interrupt_echoed, make_console
     from fluid_build.copilot.batch import progress_bar
 
     shown = (
@@ -125,6 +125,7 @@ async def _run(
     interrupted: list[bool] = []
 
     def on_sigint() -> None:
+        interrupt_echoed()
         interrupted.append(True)
         if task is not None:
             task.cancel()
@@ -142,7 +143,7 @@ async def _run(
             )
     except asyncio.CancelledError:
         if interrupted:
-            raise KeyboardInterrupt from None
+            raise Interrupted from None
         raise
     finally:
         if watching:

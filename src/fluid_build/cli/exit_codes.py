@@ -10,7 +10,14 @@ import click
 
 from fluid_build.errors import FluidError
 
-__all__ = ["CONFIGURATION_CODES", "EXIT_CODES", "PromptsFileError", "exit_code_for", "report_error"]
+__all__ = [
+    "CONFIGURATION_CODES",
+    "EXIT_CODES",
+    "Interrupted",
+    "PromptsFileError",
+    "exit_code_for",
+    "report_error",
+]
 
 #: Exit codes by failure family (docs/cli.md lists them for scripts).
 EXIT_CODES: Final = {
@@ -39,6 +46,14 @@ EXIT_CODES: Final = {
 #: cannot be used (a malformed base URL, no provider or model resolved). They exit 10,
 #: with a missing or rejected key: what to fix is in the environment, not the request.
 CONFIGURATION_CODES: Final = frozenset({"llm.not_configured", "llm.bad_endpoint"})
+
+
+class Interrupted(BaseException):
+    """Ctrl-C, as ``fluid`` raises it to end a command (exit 130).
+
+    Not a KeyboardInterrupt: click answers that with a line of its own (a blank one, or
+    ``Aborted!``), where ``fluid: interrupted`` must be the only one.
+    """
 
 
 class PromptsFileError(FluidError):
