@@ -470,3 +470,101 @@ def test_a_hostile_stored_configuration_is_ignored_with_a_reason(tmp_path: Path,
     config = finishes(lambda: load_ai_config({"FLUID_HOME": str(home)}))
     assert config.provider is None
     assert any(problem in p for p in config.problems), config.problems
+
+
+# -- writing to user paths ----------------------------------------------------------------
+
+
+def test_an_output_error_pickles_with_where_the_data_went() -> None:
+    import pickle
+
+    from fluid_build._files import OutputPathError
+
+    error = OutputPathError("out.jsonl", "could not be written (x)", "do y", saved_to="/tmp/s")
+    again = pickle.loads(pickle.dumps(error))  # noqa: S301 - our own bytes
+    assert (type(again), str(again), again.hint, again.saved_to) == (
+        OutputPathError,
+        "out.jsonl could not be written (x)",
+        "do y",
+        "/tmp/s",
+    )
+    assert again.to_dict()["saved_to"] == "/tmp/s"
+
+
+def test_what_an_output_file_is_decides_how_it_is_written(tmp_path: Path) -> None:
+    from fluid_build._files import OutputFile, check_output_file
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "real").write_text("old")
+    (tmp_path / "link").symlink_to("real")
+    (tmp_path / "to-nothing").symlink_to("absent")
+    assert check_output_file(tmp_path / "fifo") == OutputFile(str(tmp_path / "fifo"), True)
+    assert check_output_file("/dev/null") == OutputFile("/dev/null", True)
+    assert check_output_file(tmp_path / "new") == OutputFile(str(tmp_path / "new"), False)
+    assert check_output_file(tmp_path / "link") == OutputFile(str(tmp_path / "real"), False)
+    assert check_output_file(tmp_path / "to-nothing").path == str(tmp_path / "absent")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link", "real", "to-nothing"]
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("adir", "is a directory"),
+        ("asocket", "is a socket"),
+        ("afile/x", "cannot be written: {tmp}/afile is not a directory"),
+        ("gone/x", "cannot be written: {tmp}/gone does not exist"),
+    ],
+)
+def test_an_output_file_that_cannot_be_written_is_refused(
+    tmp_path: Path, where: str, says: str
+) -> None:
+    from fluid_build._files import OutputPathError, check_output_file
+
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "asocket"))
+        with pytest.raises(OutputPathError) as caught:
+            check_output_file(tmp_path / where, name=where)
+    assert str(caught.value) == f"{where} {says.format(tmp=tmp_path)}"
+
+
+def test_an_output_directory_is_checked_by_making_one(tmp_path: Path) -> None:
+    from fluid_build._files import OutputPathError, check_output_dir
+
+    check_output_dir(tmp_path / "a" / "b" / "c")  # creatable: fine, and nothing is made
+    check_output_dir(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputPathError, match="afile is not a directory"):
+        check_output_dir(tmp_path / "afile" / "deeper" / "out")
+    with pytest.raises(OutputPathError, match="is a regular file, not a directory"):
+        check_output_dir(tmp_path / "afile")
+    with pytest.raises(OutputPathError, match="no directory can be made in /proc"):
+        check_output_dir("/proc/nope/out")
+
+
+def test_a_stream_shares_standard_output_when_it_is_standard_output(tmp_path: Path) -> None:
+    """In a child whose stdout is a file, /dev/stdout is written at stdout's own offset."""
+    code = (
+        "import sys; from fluid_build._files import OutputFile, open_output, write_all;"
+        "print('before', flush=True);"
+        "fd = open_output(OutputFile('/dev/stdout', True)); write_all(fd, b'lines\\n');"
+        "print('after', flush=True)"
+    )
+    with open(tmp_path / "out.txt", "wb") as stdout:
+        subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, timeout=60)
+    assert (tmp_path / "out.txt").read_text() == "before\nlines\nafter\n"
+
+
+def test_save_aside_keeps_the_bytes_in_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fluid_build._files import save_aside
+
+    monkeypatch.chdir(tmp_path)
+    saved = save_aside(b"kept\n", prefix="fluid-batch-", suffix=".jsonl")
+    assert saved is not None
+    assert Path(saved).parent == tmp_path
+    assert Path(saved).read_bytes() == b"kept\n"
+    assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
