@@ -57,9 +57,9 @@ def _one_failure(stderr: str) -> str:
 def test_record_out_below_a_file_is_refused_before_any_request(place: Place) -> None:
     (place.cwd / "afile").write_text("not a directory\n", encoding="utf-8")
     done = run(place, f"{RECORD} --out afile/x.json hi")
-    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    assert done.returncode == EXIT_CODES["output"], done.stderr
     headline = _one_failure(done.stderr)
-    assert "CassetteError" in headline
+    assert "OutputPathError" in headline
     assert "afile is not a directory" in headline
     assert place.model.requests == []
     assert (place.cwd / "afile").read_text(encoding="utf-8") == "not a directory\n"
@@ -69,7 +69,7 @@ def test_record_out_where_nothing_can_be_created_is_refused_before_any_request(
     place: Place,
 ) -> None:
     done = run(place, f"{RECORD} --out /proc/x.json hi")
-    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    assert done.returncode == EXIT_CODES["output"], done.stderr
     headline = _one_failure(done.stderr)
     assert "/proc/x.json" in headline
     assert "cannot be written" in headline
@@ -79,13 +79,33 @@ def test_record_out_where_nothing_can_be_created_is_refused_before_any_request(
 def test_record_out_on_a_fifo_is_refused_and_the_fifo_stays(place: Place) -> None:
     fifo = place.cwd / "pipe.json"
     os.mkfifo(fifo)
-    done = run(place, f"{RECORD} --out pipe.json --force hi")
-    assert done.returncode == EXIT_CODES["intent"], done.stderr
+    done = run(place, f"{RECORD} --out pipe.json hi")  # refused before --force is asked for
+    assert done.returncode == EXIT_CODES["output"], done.stderr
     headline = _one_failure(done.stderr)
     assert "pipe.json" in headline
     assert "FIFO" in headline
     assert place.model.requests == []
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_record_out_as_dev_stdout_is_refused_before_any_request(place: Place) -> None:
+    done = run(place, f"{RECORD} --out /dev/stdout hi")
+    assert done.returncode == EXIT_CODES["output"], done.stderr
+    _one_failure(done.stderr)
+    assert "/dev/stdout" in done.stderr
+    assert done.stdout == ""
+    assert place.model.requests == []
+
+
+def test_record_out_through_a_link_keeps_the_link(place: Place) -> None:
+    (place.cwd / "cassettes").mkdir()
+    (place.cwd / "cassettes" / "real.json").write_text("{}", encoding="utf-8")
+    (place.cwd / "link.json").symlink_to(place.cwd / "cassettes" / "real.json")
+    done = run(place, f"{RECORD} --out link.json --force --response-model Plan hi")
+    assert done.returncode == 0, done.stderr
+    assert (place.cwd / "link.json").is_symlink()
+    written = json.loads((place.cwd / "cassettes" / "real.json").read_text(encoding="utf-8"))
+    assert written["version"] == 1
 
 
 def test_record_out_in_a_new_directory_still_records(place: Place) -> None:

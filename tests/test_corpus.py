@@ -22,6 +22,7 @@ import pytest
 import respx
 from click.testing import CliRunner
 
+from fluid_build._files import OutputPathError
 from fluid_build._redact import redact
 from fluid_build.cli import corpus as corpus_cli
 from fluid_build.cli.exit_codes import EXIT_CODES
@@ -599,19 +600,19 @@ def test_record_refuses_a_success_after_a_request_without_an_answer() -> None:
     [
         ("afile/x.json", "afile is not a directory"),
         ("afile/deeper/x.json", "afile is not a directory"),
-        ("fifo.json", "is a FIFO (named pipe)"),
-        ("link.json", "is a symbolic link"),
+        ("fifo.json", "is a FIFO (named pipe), not a file"),
+        ("link-to-fifo.json", "is a FIFO (named pipe), not a file"),
         ("adir", "is a directory"),
     ],
 )
 def test_record_checks_out_before_the_call(tmp_path: Path, where: str, message: str) -> None:
     (tmp_path / "afile").write_text("kept\n", encoding="utf-8")
     os.mkfifo(tmp_path / "fifo.json")
-    (tmp_path / "link.json").symlink_to(tmp_path / "afile")
+    (tmp_path / "link-to-fifo.json").symlink_to(tmp_path / "fifo.json")
     (tmp_path / "adir").mkdir()
     with respx.mock(assert_all_called=False) as router:
         route = router.post(OPENAI_URL).mock(return_value=_openai_ok(PLAN_JSON))
-        with pytest.raises(CassetteError, match=re.escape(message)) as caught:
+        with pytest.raises(OutputPathError, match=re.escape(message)) as caught:
             record(
                 "hi",
                 provider="openai",
@@ -622,8 +623,9 @@ def test_record_checks_out_before_the_call(tmp_path: Path, where: str, message: 
     assert not route.called
     assert caught.value.path == str(tmp_path / where)
     assert (tmp_path / "afile").read_text(encoding="utf-8") == "kept\n"
-    assert (tmp_path / "link.json").is_symlink()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "fifo.json", "link.json"]
+    assert (tmp_path / "link-to-fifo.json").is_symlink()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["adir", "afile", "fifo.json", "link-to-fifo.json"]
 
 
 def test_write_cassette_failure_is_a_cassette_error(tmp_path: Path) -> None:

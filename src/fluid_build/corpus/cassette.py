@@ -372,11 +372,16 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+_OUT_HINT: Final = "choose a path in a directory you can write, and run again"
+
+
 def _nearest_directory(target: Path) -> Path:
     """The closest existing ancestor of ``target``: where the file, or its directories, go.
 
     Refuses one that is not a directory (``afile/x.json`` where ``afile`` is a file).
     """
+    from fluid_build._files import OutputPathError
+
     where = str(target)
     parent = target.parent
     while True:
@@ -385,55 +390,75 @@ def _nearest_directory(target: Path) -> Path:
             mode = os.stat(parent).st_mode
         except (FileNotFoundError, NotADirectoryError) as exc:
             if parent.parent == parent:
-                raise CassetteError(f"cannot be written ({_reason(exc)})", path=where) from None
+                raise OutputPathError(
+                    where, f"cannot be written ({_reason(exc)})", _OUT_HINT
+                ) from None
             parent = parent.parent
             continue
         except OSError as exc:
-            raise CassetteError(
-                f"cannot be written: {parent} cannot be reached ({_reason(exc)})", path=where
+            raise OutputPathError(
+                where, f"cannot be written: {parent} cannot be reached ({_reason(exc)})", _OUT_HINT
             ) from None
         if not stat.S_ISDIR(mode):
-            raise CassetteError(f"cannot be written: {parent} is not a directory", path=where)
+            raise OutputPathError(
+                where, f"cannot be written: {parent} is not a directory", _OUT_HINT
+            )
         return parent
 
 
 def check_writable(path: str | Path) -> Path:
-    """Refuse a path a cassette cannot be written to, before anything is recorded.
+    """Refuse, before anything is recorded, a path a cassette cannot be written to.
 
-    The path is a regular file or does not exist yet: a FIFO, a device, a
-    directory or a symbolic link is refused, never replaced (the cassette is
-    renamed into place). Its closest existing directory must take a new file,
-    which is tried for real (a hidden file made and removed there): permission
-    bits say nothing of ``/proc`` or a read-only mount, nor for root.
-    Raises :class:`CassetteError` naming the path and what is wrong.
+    As every ``--out`` (:func:`fluid_build._files.check_output_file`): the file is
+    created for real in its directory and removed (permission bits say nothing of
+    ``/proc`` or a read-only mount, nor for root), a symbolic link to a file keeps
+    the link and the file it points to is replaced. Unlike a stream output, a
+    cassette is a file to replay: a FIFO, a device or ``/dev/stdout`` is refused,
+    never replaced. Directories that do not exist yet are made when it is written,
+    so the closest one that exists must take a new file. Returns the path to
+    write; raises :class:`~fluid_build._files.OutputPathError` (``fluid`` exits 4).
     """
-    from fluid_build._files import file_kind
+    from fluid_build._files import OutputPathError, check_output_file, file_kind
 
     target = Path(path)
-    where = str(target)
-    try:
-        mode: int | None = os.lstat(target).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        mode = None  # a path through a file is named by _nearest_directory below
-    except OSError as exc:
-        raise CassetteError(f"cannot be written ({_reason(exc)})", path=where) from None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise CassetteError(
-            f"is {file_kind(mode)}, and a cassette is written as a regular file in its place",
-            path=where,
-            hint="give another path: a new file, or a regular file to replace.",
-        )
     directory = _nearest_directory(target)
+    if directory != target.parent:  # made when written: nothing there to check but this
+        _probe(target, directory)
+        return target
+    checked = check_output_file(target, hint=_OUT_HINT)
+    if checked.stream:
+        try:
+            mode = os.stat(target).st_mode
+        except OSError:
+            mode = 0
+        # /dev/stdout may resolve to a regular file: it still names a descriptor.
+        named = (
+            f"is {file_kind(mode)}"
+            if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+            else "names an open descriptor"
+        )
+        raise OutputPathError(
+            str(target),
+            f"{named}, not a file: a cassette is written whole, to be replayed",
+            "give the path of a regular file, new or to replace, and run again",
+        )
+    return Path(checked.path)
+
+
+def _probe(target: Path, directory: Path) -> None:
+    """Create and remove a file where the cassette's missing directories will be made."""
+    from fluid_build._files import OutputPathError
+
     try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".fluid-check-", suffix=".tmp")
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".fluid-probe-", suffix=".tmp")
     except OSError as exc:
-        raise CassetteError(
+        raise OutputPathError(
+            str(target),
             f"cannot be written: no file can be created in {directory} ({_reason(exc)})",
-            path=where,
+            _OUT_HINT,
         ) from None
     os.close(fd)
     os.unlink(probe)
-    return target
 
 
 def write_cassette(cassette: Cassette, path: str | Path) -> Path:
@@ -441,17 +466,21 @@ def write_cassette(cassette: Cassette, path: str | Path) -> Path:
 
     The text goes to a temporary file in the same directory (mode 0600), which
     is then renamed over ``path``; nothing is left behind if writing is
-    interrupted. A path that cannot take it (see :func:`check_writable`), or a
-    write that fails, is a :class:`CassetteError` naming the path.
+    interrupted. Through a symbolic link to a file, that file is replaced and the
+    link stays. A path that cannot take it (see :func:`check_writable`), or a
+    write that fails, is a :class:`CassetteError` naming the path: by then the
+    run is over, and its callers report that the cassette was not written.
     """
-    from fluid_build._files import write_atomic
+    from fluid_build._files import OutputPathError, write_atomic
 
-    target = check_writable(path)
     try:
+        target = check_writable(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, dump_cassette(cassette).encode("utf-8"))
+    except OutputPathError as exc:
+        raise CassetteError(exc.reason, path=exc.path) from None
     except OSError as exc:
-        raise CassetteError(f"cannot be written ({_reason(exc)})", path=str(target)) from None
+        raise CassetteError(f"cannot be written ({_reason(exc)})", path=str(path)) from None
     return target
 
 
