@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,11 +16,15 @@ import pytest
 import respx
 from rich.console import Console
 
+from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.copilot import Completion, LLMClient
-from fluid_build.copilot.agents.errors import ProviderError, RateLimitError
+from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError, RateLimitError
 from fluid_build.copilot.batch import Batch, Outcome, amap_calls, map_calls, progress_bar
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.errors import FluidError
+from tests.docs_model import Request, model_server
+from tests.test_docs_commands import Place, _environment, run
+from tests.test_messages import check_operator_text
 
 KEY = "sk-proj-BATCHKEY0123456789abcdef"
 URL = "https://api.openai.com/v1/chat/completions"
@@ -177,7 +183,8 @@ def test_map_fail_fast_sends_nothing_new_after_the_first_failure() -> None:
         assert skipped.code == "llm.cancelled"
         assert skipped.error is not None
         assert skipped.error.details == {"skipped": True, "first_failure": 0}
-        assert "prompt 0 failed and fail_fast=True" in str(skipped.error)
+        assert "prompt 0 failed first" in str(skipped.error)
+        assert "fail_fast" not in str(skipped.error)
     assert sum(batch.summary().values()) == 4
 
 
@@ -301,3 +308,99 @@ def test_the_progress_bar_counts_every_outcome_and_names_the_failures() -> None:
     assert "forge" in shown
     assert "4/4" in shown
     assert "llm.invalid_request 2" in shown
+
+
+# -- what a skipped prompt and an overflow say, in Python and from the command line -------------
+
+
+def test_a_skipped_prompt_says_which_failed_first_and_how_to_run_the_rest() -> None:
+    batch = asyncio.run(
+        amap_calls(_async(failing), ["a", "fail", "b"], concurrency=1, fail_fast=True)
+    )
+    error = batch[2].error
+    assert isinstance(error, AgentExecutionError)
+    assert error.code == "llm.cancelled"
+    assert error.message == (
+        "not sent: prompt 1 failed first, and the batch stops at its first failure (fail fast)"
+    )
+    hint = error.hint()
+    assert hint.startswith("Nothing to fix in this prompt: prompt 1 failed first;")
+    assert "without --fail-fast" in hint
+    assert "Nothing to fix: run the command again" not in hint
+    check_operator_text(hint)
+
+
+async def _call_async(fn: Any, prompt: str) -> Any:
+    return fn(prompt)
+
+
+def _async(fn: Any) -> Any:
+    return lambda prompt: _call_async(fn, prompt)
+
+
+CONTEXT_LENGTH = {
+    "error": {
+        "message": "This model's maximum context length is 128000 tokens. However, your "
+        "messages resulted in 130000 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Iterator[Place]:
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    with model_server() as (base, model):
+        found = Place(cwd, home, base, model, _environment(home))
+        found.openai()
+        found.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"
+        (cwd / "prompts.txt").write_text("first\nsecond\nthird\n", encoding="utf-8")
+        yield found
+
+
+def _records(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    *records, _ = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return records
+
+
+def test_fail_fast_results_name_the_flag_and_the_first_failure(place: Place) -> None:
+    def script(request: Request) -> tuple[int, dict[str, Any]] | None:
+        body = {"error": {"message": "boom", "type": "server_error", "code": None}}
+        return (500, body) if request.path.endswith("/chat/completions") else None
+
+    place.model.script = script
+    done = run(place, "fluid batch prompts.txt --json --fail-fast --concurrency 1")
+    assert done.returncode == EXIT_CODES["server"], done.stdout + done.stderr
+    first, *skipped = _records(done)
+    assert first["error"]["code"] == "llm.server_error"
+    assert len(skipped) == 2
+    for record in skipped:
+        error = record["error"]
+        assert error["code"] == "llm.cancelled"
+        assert "fail_fast" not in json.dumps(error)
+        assert "prompt 0 failed first" in error["message"]
+        assert error["hint"].startswith("nothing to fix in this prompt: prompt 0 failed first;")
+        assert "without --fail-fast" in error["hint"]
+        check_operator_text(error["hint"])
+
+
+def test_an_overflow_in_a_batch_names_no_agent_loop_setting(place: Place) -> None:
+    def script(request: Request) -> tuple[int, dict[str, Any]] | None:
+        return (400, CONTEXT_LENGTH) if request.path.endswith("/chat/completions") else None
+
+    place.model.script = script
+    done = run(place, "fluid batch prompts.txt --json --model gpt-4o")
+    assert done.returncode == EXIT_CODES["context_overflow"], done.stdout + done.stderr
+    records = _records(done)
+    assert [r["error"]["code"] for r in records] == ["llm.context_overflow"] * 3
+    for record in records:
+        hint = record["error"]["hint"]
+        assert "FLUID_AGENT_COMPACT_AFTER" not in hint
+        assert "agent loop" not in hint
+        assert "shorten the inputs" in hint.lower()
+        assert "--model" in hint
+    assert "FLUID_AGENT_COMPACT_AFTER" not in done.stderr

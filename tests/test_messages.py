@@ -680,3 +680,43 @@ def test_an_open_breaker_from_the_command_line(tmp_path: Path) -> None:
     ends = datetime.fromtimestamp(math.ceil(error["details"]["until"]), UTC)
     assert error["hint"].startswith(f"wait until {ends:%H:%M:%S} UTC (")
     assert KEY not in done.stdout + done.stderr
+
+
+# -- an overflow's advice fits where it happened -------------------------------------------------
+
+
+def test_compaction_is_advised_only_for_an_overflow_inside_an_agent_loop(tmp_path: Path) -> None:
+    from fluid_build.copilot.loop.agent import AgentLoop, Budget, LoopSettings
+    from tests.test_loop import ScriptedClient, count_rows
+
+    plain = ContextOverflowError("maximum context length", provider="openai")
+    assert "FLUID_AGENT_COMPACT_AFTER" not in plain.hint()
+    assert "agent loop" not in plain.hint()
+    check_operator_text(plain.hint())
+
+    refused = ContextOverflowError("the prompt does not fit", prompt_tokens=9, context_window=8)
+    client = ScriptedClient(refused, refused)  # still too long after compacting once
+    agent = AgentLoop(
+        client,  # type: ignore[arg-type]
+        tools=[count_rows],
+        workspace=tmp_path,
+        settings=LoopSettings(),
+        budget=Budget(max_llm_calls=3),
+    )
+    with pytest.raises(ContextOverflowError) as caught:
+        agent.run("count")
+    assert caught.value.details["agent_loop"] is True
+    hint = caught.value.hint()
+    assert "FLUID_AGENT_COMPACT_AFTER=4" in hint
+    check_operator_text(hint)
+    assert describe(caught.value).hint is not None
+    assert "FLUID_AGENT_COMPACT_AFTER=4" in (describe(caught.value).hint or "")
+
+
+def test_a_preflight_overflow_outside_a_loop_offers_the_model_not_compaction() -> None:
+    hint = _overflow("ollama", "phi3").hint()
+    assert hint.startswith("Run again with a larger-window model (--provider ollama --model ")
+    assert "FLUID_AGENT_COMPACT_AFTER" not in hint
+    looped = _overflow("ollama", "phi3").with_details(agent_loop=True).hint()
+    assert "FLUID_AGENT_COMPACT_AFTER=4" in looped
+    check_operator_text(looped)

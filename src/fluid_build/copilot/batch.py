@@ -123,8 +123,10 @@ def _checked(concurrency: int) -> int:
 
 def _skipped(index: int, first_failure: int | None) -> Outcome[Any]:
     """The outcome of a prompt that was never sent because the batch stopped."""
+    # Neither the flag nor the argument: the same words serve `fluid batch --fail-fast`
+    # and `amap(..., fail_fast=True)`; the hint names the prompt and the flag.
     why = (
-        f"prompt {first_failure} failed and fail_fast=True"
+        f"prompt {first_failure} failed first, and the batch stops at its first failure (fail fast)"
         if first_failure is not None
         else "the batch was stopped"
     )

@@ -111,6 +111,11 @@ _VARIABLE: Final = re.compile(r"[A-Z][A-Z0-9_]{1,63}")
 
 #: How an operator tells fluid_build a model's real window (docs/capability-warnings.md).
 _WINDOW_SETTING: Final = """FLUID_CAPABILITY_MATRIX='{"context_window": <tokens>}'"""
+#: Added to an overflow's advice when it happened inside an agent loop (details["agent_loop"]):
+#: the one place compacting earlier helps.
+_COMPACT_EARLIER: Final = (
+    " The agent loop compacts its conversation earlier with FLUID_AGENT_COMPACT_AFTER=4."
+)
 
 
 #: The one form a message names a Python argument in; ``fluid`` leaves it out.
@@ -310,13 +315,30 @@ class AgentExecutionError(FluidGenerationError):
         """What an operator should do about this error, in one line: flags, variables, commands.
 
         Where waiting helps and the wait is known, it says how long (``"Wait 2 s and
-        run again; ..."``), never the table's general "a minute".
+        run again; ..."``), never the table's general "a minute". A prompt a batch
+        skipped after another failed (``details["skipped"]``) names that prompt.
         """
+        skipped = self._skipped_advice()
+        if skipped is not None:
+            return skipped
         row = REASON_CODES.get(self.code) or REASON_CODES[self.default_code]
         wait = self._known_wait()
         if row.waited is not None and wait is not None:
             return row.waited.format(wait=_duration(wait))
         return row.action
+
+    def _skipped_advice(self) -> str | None:
+        """For a prompt a fail-fast batch never sent: which one failed, and how to run the rest."""
+        first = self.details.get("first_failure")
+        if self.code != "llm.cancelled" or self.details.get("skipped") is not True:
+            return None
+        if isinstance(first, bool) or not isinstance(first, int):
+            return None
+        return (
+            f"Nothing to fix in this prompt: prompt {first} failed first; fix what its error "
+            "says and run again, or run without --fail-fast so every prompt runs whatever "
+            "the others do."
+        )
 
     def _known_wait(self) -> float | None:
         """The wait to advise: ``retry_after``, or the longer one asked before the cap."""
@@ -572,7 +594,15 @@ class ContextOverflowError(ProviderError):
 
         A model fluid_build does not know gets the variable that sets its real
         window; otherwise the nearest larger-window model it suggested, as flags.
+        Compacting earlier is advised only for an overflow inside an agent loop
+        (``details["agent_loop"]``): a plain call or a batch has nothing to compact.
         """
+        advice = self._window_advice()
+        if self.code == "llm.context_overflow" and self.details.get("agent_loop") is True:
+            advice += _COMPACT_EARLIER
+        return advice
+
+    def _window_advice(self) -> str:
         if self.code != "llm.context_overflow" or self.details.get("source") != "preflight":
             return super().action
         if self.details.get("window_source") == "default":
@@ -589,8 +619,7 @@ class ContextOverflowError(ProviderError):
             if provider and model:
                 return (
                     f"Run again with a larger-window model (--provider {provider} --model "
-                    f"{model}), or shorten the inputs (FLUID_AGENT_COMPACT_AFTER=4 compacts "
-                    "agent loops earlier)."
+                    f"{model}), or shorten the inputs."
                 )
         return super().action
 

@@ -150,8 +150,7 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "llm.context_overflow",
         False,
         "The prompt does not fit the model's context window.",
-        "Shorten the inputs (FLUID_AGENT_COMPACT_AFTER=4 compacts agent loops earlier), or "
-        "run again with a larger-window model (--model).",
+        "Shorten the inputs, or run again with a larger-window model (--model).",
     ),
     ReasonCode(
         "llm.invalid_request",

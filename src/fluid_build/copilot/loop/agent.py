@@ -734,7 +734,9 @@ class AgentLoop:
             except ContextOverflowError as error:
                 self._not_sent(state, error)
                 if not self._retry_after_overflow(state):
-                    raise
+                    # Marked as the loop's: only here does compacting earlier help, so
+                    # only this overflow's hint names FLUID_AGENT_COMPACT_AFTER.
+                    raise error.with_details(agent_loop=True) from error.__cause__
                 continue
             state.overflow_retried = False
             calls = self._after_completion(state, completion)
