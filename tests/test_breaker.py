@@ -386,3 +386,21 @@ def test_doctor_shows_a_breaker_opened_by_another_process(
     assert entries[0]["breaker"] == "open"
     text = CliRunner().invoke(cli, ["doctor"]).output
     assert "health openai:gpt-4o: circuit OPEN, half-opens in" in text
+
+
+def test_an_open_breakers_refusal_starts_no_shared_cooldown() -> None:
+    """Only a server's answer writes a cooldown: the breaker's own wait stays the breaker's.
+
+    Shared as a cooldown, it would refuse every process on the store, those that run
+    without a breaker (FLUID_BREAKER_THRESHOLD=0) too, saying another call got Retry-After.
+    """
+    clock = FakeClock()
+    store = MemoryCooldownStore()
+    env = envelope(clock, store)
+    for _ in range(3):
+        fail(env, httpx.ConnectError("refused"))
+    refused = fail(env, RuntimeError("unused"))
+    assert refused.code == "llm.circuit_open"
+    assert refused.retry_after == 30.0
+    assert refused.own_wait
+    assert not [e.key for e in store.entries(clock()) if e.key.startswith("cooldown:")]

@@ -347,8 +347,15 @@ class AgentExecutionError(FluidGenerationError):
         requested = _finite(self.details.get("retry_after_requested"))
         return max(self.retry_after, requested or 0.0)
 
-    def _own_wait(self) -> bool:
-        """Whether fluid set the wait itself (see ``_OWN_WAITS``), not this call's server."""
+    @property
+    def own_wait(self) -> bool:
+        """Whether fluid set this wait itself, not a server's answer.
+
+        True for a refusal by the circuit breaker, by the client's own rate-limit
+        budget, or by a shared cooldown another call's answer started (see
+        ``_OWN_WAITS``): no request was sent, so the wait is no news about the
+        provider, and it is never shared as a new cooldown.
+        """
         return any(self.details.get(name) not in (None, False) for name in _OWN_WAITS)
 
     def hint(self, *, now: float | None = None) -> str:
@@ -366,7 +373,7 @@ class AgentExecutionError(FluidGenerationError):
         if row is None or row.waited is None or wait is None:
             return self.action
         until = _finite(self.details.get("until"))
-        if until is not None and self._own_wait():
+        if until is not None and self.own_wait:
             start = until - wait
         else:
             start = time.time() if now is None else now
@@ -382,7 +389,7 @@ class AgentExecutionError(FluidGenerationError):
         parts = [
             self.message or REASON_CODES.get(self.code, REASON_CODES[self.default_code]).meaning
         ]
-        if self.retry_after is not None and not self._own_wait():
+        if self.retry_after is not None and not self.own_wait:
             requested = _finite(self.details.get("retry_after_requested"))
             if requested is not None and requested > self.retry_after:
                 asked = (

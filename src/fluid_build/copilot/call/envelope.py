@@ -327,11 +327,15 @@ class _Run:
         ):
             self.trial = None  # reopened: the breaker gave the lease back
         store = env.cooldown
+        # Only a server's answer starts a cooldown: a wait fluid set itself (the
+        # breaker, this process's own rate-limit budget, a cooldown already shared)
+        # sent nothing, and shared it would refuse processes that run without it.
         if (
             store is not None
             and error.retryable
             and error.retry_after is not None
             and error.retry_after > 0
+            and not error.own_wait
         ):
             name = COOLDOWN + self.key
             now = env.wall()
