@@ -24,8 +24,8 @@ import respx
 from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
-from fluid_build.cli._messages import BUG_LINE, describe, render_error
-from fluid_build.cli.exit_codes import EXIT_CODES, report_error
+from fluid_build.cli._messages import BUG_LINE, describe, render_error, report_error
+from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.cli.forge import EXAMPLE_INTENT
 from fluid_build.copilot.agents.errors import (
     REASON_CODES,

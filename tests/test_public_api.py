@@ -129,7 +129,12 @@ def test_import_fluid_build_loads_no_heavy_module() -> None:
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
     assert heavy == []
     ours = sorted(m for m in imported if m.startswith("fluid_build"))
-    assert ours == ["fluid_build", "fluid_build._lazy", "fluid_build.errors"]
+    assert ours == [
+        "fluid_build",
+        "fluid_build._lazy",
+        "fluid_build._version",
+        "fluid_build.errors",
+    ]
 
 
 def test_a_name_loads_only_what_it_needs() -> None:

@@ -73,7 +73,7 @@ __all__ = [
     "parse_retry_after",
 ]
 
-__version__ = "0.1.0"
+from fluid_build._version import __version__
 
 _ERRORS: Final = "fluid_build.copilot.agents.errors"
 # Each lazy name and the module that defines it.

@@ -18,7 +18,7 @@ from typing import Final
 
 import click
 
-from fluid_build import __version__
+from fluid_build._version import __version__
 from fluid_build.cli._console import (
     COLOR_MODES,
     ColorMode,

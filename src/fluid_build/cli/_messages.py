@@ -17,12 +17,16 @@ is left out).
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
 from typing import Final
 
+import click
+
 from fluid_build._redact import one_line, redact
 
-__all__ = ["BUG_LINE", "OperatorMessage", "describe", "render_error"]
+__all__ = ["BUG_LINE", "OperatorMessage", "describe", "render_error", "report_error"]
 
 #: Printed after an error fluid_build did not expect: a bug, whatever it says.
 BUG_LINE: Final = "fluid: this looks like a bug in fluid_build; please report it."
@@ -131,3 +135,31 @@ def _own_hint(exc: BaseException, now: float | None) -> str | None:
 def render_error(exc: BaseException, *, now: float | None = None) -> list[str]:
     """The lines ``fluid`` prints on standard error for ``exc``: what happened, then the hint."""
     return describe(exc, now=now).lines()
+
+
+def report_error(exc: BaseException, *, as_json: bool = False) -> int:
+    """Print the operator message for ``exc`` (or its JSON) and return the exit code.
+
+    The message is the class, the reason code and what happened, then a ``hint:``
+    line; the JSON carries the hint too, and its ``message`` names flags and
+    variables as the lines do (no ``(provider= in Python)``).
+    """
+    from fluid_build.cli.exit_codes import exit_code_for
+    from fluid_build.copilot.agents.errors import without_python_asides
+
+    code = exit_code_for(exc)
+    message = describe(exc)
+    if as_json:
+        to_dict = getattr(exc, "to_dict", None)
+        payload = to_dict() if callable(to_dict) else None
+        if not isinstance(payload, dict):
+            payload = {"error": type(exc).__name__, "message": redact(str(exc))}
+        if isinstance(payload.get("message"), str):
+            payload["message"] = without_python_asides(payload["message"])
+        payload["hint"] = message.hint
+        click.echo(json.dumps({"ok": False, "exit_code": code, "error": payload}))
+    else:
+        for line in message.lines():
+            click.echo(line, err=True)
+    sys.stderr.flush()
+    return code

@@ -61,7 +61,7 @@ def setup(
     The key is read without echo, or as one line from standard input when it
     is not a terminal. Environment variables always win over what is stored.
     """
-    from fluid_build.cli.exit_codes import report_error
+    from fluid_build.cli._messages import report_error
 
     try:
         code = (

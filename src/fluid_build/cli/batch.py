@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 
+from fluid_build.cli._messages import report_error
 from fluid_build.cli._options import model_option, provider_option
-from fluid_build.cli.exit_codes import Interrupted, PromptsFileError, report_error
+from fluid_build.cli.exit_codes import Interrupted, PromptsFileError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import click
 
+from fluid_build.cli._messages import report_error
 from fluid_build.cli._options import model_option
-from fluid_build.cli.exit_codes import EXIT_CODES, report_error
+from fluid_build.cli.exit_codes import EXIT_CODES
 
 if TYPE_CHECKING:
     from fluid_build.corpus.cassette import Cassette, CassetteError

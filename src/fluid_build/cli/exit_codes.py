@@ -1,12 +1,12 @@
-"""One place that maps every failure to the ``fluid`` command's exit code and message."""
+"""One place that maps every failure to the ``fluid`` command's exit code.
+
+The words printed with it come from :mod:`fluid_build.cli._messages`, which
+imports this module (never the other way).
+"""
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any, Final
-
-import click
 
 from fluid_build.errors import FluidError
 
@@ -16,7 +16,6 @@ __all__ = [
     "Interrupted",
     "PromptsFileError",
     "exit_code_for",
-    "report_error",
 ]
 
 #: Exit codes by failure family (docs/cli.md lists them for scripts).
@@ -120,28 +119,3 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, AgentExecutionError):
         return EXIT_CODES["agent"]
     return EXIT_CODES["internal"]
-
-
-def report_error(exc: BaseException, *, as_json: bool = False) -> int:
-    """Print the operator message for ``exc`` (or its JSON) and return the exit code.
-
-    The message is the class, the reason code and what happened, then a ``hint:``
-    line (see :mod:`fluid_build.cli._messages`); the JSON carries the hint too.
-    """
-    from fluid_build._redact import redact
-    from fluid_build.cli._messages import describe
-
-    code = exit_code_for(exc)
-    message = describe(exc)
-    if as_json:
-        to_dict = getattr(exc, "to_dict", None)
-        payload = to_dict() if callable(to_dict) else None
-        if not isinstance(payload, dict):
-            payload = {"error": type(exc).__name__, "message": redact(str(exc))}
-        payload["hint"] = message.hint
-        click.echo(json.dumps({"ok": False, "exit_code": code, "error": payload}))
-    else:
-        for line in message.lines():
-            click.echo(line, err=True)
-    sys.stderr.flush()
-    return code

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fluid_build.cli._messages import report_error
 from fluid_build.cli._options import model_option, provider_option
-from fluid_build.cli.exit_codes import report_error
 
 if TYPE_CHECKING:
     import httpx

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fluid_build import __version__
 from fluid_build._redact import one_line, redact, truncate
+from fluid_build._version import __version__
 from fluid_build.config import yes_no
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.errors import FluidError

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from fluid_build import __version__
+from fluid_build._version import __version__
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
 from fluid_build.copilot.call.envelope import RetryEvent
 from fluid_build.copilot.client import LLMClient
