@@ -93,7 +93,7 @@ def test_every_transition(caplog: pytest.LogCaptureFixture) -> None:
     assert isinstance(error, ProviderServerError)
     assert error.retryable
     assert error.retry_after == 30.0
-    assert "(in 30 s)" in str(error)
+    assert "UTC (30 s)" in str(error)
     assert "fluid doctor --reset" in str(error)
     with pytest.raises(ProviderServerError):
         env.call(script, key=KEY)
@@ -404,3 +404,45 @@ def test_an_open_breakers_refusal_starts_no_shared_cooldown() -> None:
     assert refused.retry_after == 30.0
     assert refused.own_wait
     assert not [e.key for e in store.entries(clock()) if e.key.startswith("cooldown:")]
+
+
+@pytest.mark.parametrize("cool_off", [30.0, 900.0])
+@pytest.mark.parametrize("opened_at", [1_767_225_600.0, 1_767_225_600.25, 1_767_225_600.75])
+def test_an_open_breakers_message_and_hint_name_the_same_time(
+    opened_at: float, cool_off: float
+) -> None:
+    """The message and its hint are worked out from one wait: the same clock time, the
+    same duration, past the 300 s cap on retry_after too."""
+    import re
+
+    clock = FakeClock()
+    clock.now = opened_at
+    breaker = CircuitBreaker(MemoryCooldownStore(), threshold=1, cool_off=cool_off, clock=clock)
+    breaker.record_failure(KEY, ProviderServerError("boom"))
+    clock.now += 0.6
+    with pytest.raises(ProviderServerError) as caught:
+        breaker.check(KEY, provider="openai", model="gpt-4o")
+    error = caught.value
+    said = re.search(r"half-opens at (\d\d:\d\d:\d\d UTC \([^)]*\))", str(error))
+    assert said is not None, str(error)
+    for later in (0.0, 0.3, 5.0):  # the hint is printed a moment after the refusal
+        hint = error.hint(now=clock.now + later)
+        assert f"until {said.group(1)}" in hint, (str(error), hint)
+
+
+def test_a_trial_in_progress_message_and_hint_name_the_same_time() -> None:
+    import re
+
+    clock = FakeClock()
+    clock.now = 1_767_225_600.4
+    breaker = CircuitBreaker(MemoryCooldownStore(), threshold=1, cool_off=30, clock=clock)
+    breaker.record_failure(KEY, ProviderServerError("boom"))
+    clock.now += 30.0
+    breaker.check(KEY)  # this caller holds the trial lease
+    clock.now += 0.3
+    with pytest.raises(ProviderServerError, match="trial call is in progress") as caught:
+        breaker.check(KEY, provider="openai", model="gpt-4o")
+    error = caught.value
+    said = re.search(r"ends by (\d\d:\d\d:\d\d UTC \([^)]*\))", str(error))
+    assert said is not None, str(error)
+    assert f"until {said.group(1)}" in error.hint(now=clock.now + 1.0)

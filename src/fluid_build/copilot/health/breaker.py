@@ -28,11 +28,15 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Final, Literal
 
 from fluid_build.config import env_float, env_int
-from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
+from fluid_build.copilot.agents.errors import (
+    MAX_RETRY_AFTER,
+    AgentExecutionError,
+    ProviderServerError,
+    until_text,
+)
 from fluid_build.copilot.health.resilient import reset_keys
 from fluid_build.copilot.health.store import CooldownStore, trusted
 
@@ -65,13 +69,6 @@ def new_owner() -> str:
         except OSError:
             _HOST.append("host")
     return f"{_HOST[0]}:{os.getpid()}:{next(_OWNER_IDS)}"
-
-
-def _clock_text(wall: float) -> str:
-    try:
-        return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):
-        return "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,15 +248,24 @@ class CircuitBreaker:
         lease_left: float,
     ) -> ProviderServerError:
         who = f"{provider or 'provider'} ({model})" if model else (provider or "provider")
+        # One wait, worded once: the message and the hint (counted from details["until"])
+        # name the same clock time and duration.
         if open_left > 0:
-            when = f"it half-opens at {_clock_text(now + open_left)} (in {open_left:.0f} s)"
             wait: float = open_left
+            when = f"it half-opens at {until_text(now, wait)}"
         else:
-            when = (
-                f"a trial call is in progress; its lease ends by "
-                f"{_clock_text(now + lease_left)} (in {lease_left:.0f} s)"
-            )
             wait = max(lease_left, 1.0)
+            when = f"a trial call is in progress; its lease ends by {until_text(now, wait)}"
+        details: dict[str, object] = {
+            "breaker_key": key,
+            "threshold": self.threshold,
+            "cool_off": self.cool_off,
+            "until": now + wait,
+            "trial_owner": holder,
+            "reset": RESET_HINT,
+        }
+        if wait > MAX_RETRY_AFTER:  # retry_after is capped; the hint names the real wait
+            details["retry_after_requested"] = wait
         return ProviderServerError(
             f"circuit open for {who} after {self.threshold} consecutive failures; {when}. "
             f"`{RESET_HINT}` closes it now",
@@ -268,14 +274,7 @@ class CircuitBreaker:
             code="llm.circuit_open",
             retryable=True,
             retry_after=wait,
-            details={
-                "breaker_key": key,
-                "threshold": self.threshold,
-                "cool_off": self.cool_off,
-                "until": round(now + wait, 3),
-                "trial_owner": holder,
-                "reset": RESET_HINT,
-            },
+            details=details,
         )
 
     # -- recording -----------------------------------------------------------------
@@ -327,13 +326,11 @@ class CircuitBreaker:
             else (f"{failures} consecutive failures")
         )
         LOG.warning(
-            "circuit for %s opened: %s [%s]; it half-opens at %s (in %.0f s); "
-            "`%s` closes it by hand",
+            "circuit for %s opened: %s [%s]; it half-opens at %s; `%s` closes it by hand",
             key,
             how,
             error.code,
-            _clock_text(now + self.cool_off),
-            self.cool_off,
+            until_text(now, self.cool_off),
             RESET_HINT,
         )
         return True
