@@ -284,7 +284,11 @@ def test_a_tight_window_is_flagged(model: str) -> None:
     assert caps.context_window < TIGHT_CONTEXT
     [warning] = run_start_warnings(caps)
     assert "tight window" in warning
-    assert "FLUID_AGENT_COMPACT_AFTER" in warning
+    # No tools, no agent loop: compaction is no advice for a plain call or a batch.
+    assert "FLUID_AGENT_COMPACT_AFTER" not in warning
+    assert "shorten them" in warning
+    looped = run_start_warnings(caps, uses_tools=True)
+    assert "FLUID_AGENT_COMPACT_AFTER=4" in looped[0]
 
 
 def test_tools_warnings_only_when_the_run_uses_tools() -> None:

@@ -650,10 +650,16 @@ def run_start_warnings(
         )
     else:
         if caps.context_window < TIGHT_CONTEXT:
+            # Compaction is the agent loop's (a run with tools): a plain call or a batch
+            # has no conversation to compact, so it is not advised there.
             out.append(
                 f"{label} has a tight window of {caps.context_window:,} tokens: long inputs "
-                "and agent loops overflow it. Use a larger-context model (--model), or compact "
-                "earlier (FLUID_AGENT_COMPACT_AFTER=4)."
+                + (
+                    "and agent loops overflow it. Use a larger-context model (--model), or "
+                    "compact earlier (FLUID_AGENT_COMPACT_AFTER=4)."
+                    if uses_tools
+                    else "overflow it. Use a larger-context model (--model), or shorten them."
+                )
             )
         if uses_tools and not caps.tools:
             out.append(

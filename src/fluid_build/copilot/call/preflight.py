@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from fluid_build.copilot.agents.errors import ContextOverflowError
+from fluid_build.copilot.agents.errors import ContextOverflowError, python_aside
 from fluid_build.copilot.call.capabilities import (
     ModelCapabilities,
     capabilities_for,
@@ -489,7 +489,7 @@ def _overflow(
     elif not caps.known:
         parts.append(
             "The window is a default: the model is not in the capability matrix; set its real "
-            f"size with {_WINDOW_SETTING} (capability_matrix= in Python)."
+            f"size with {_WINDOW_SETTING} {python_aside('capability_matrix')}."
         )
     if larger:
         parts.append(f"Larger windows: {', '.join(larger)}.")
@@ -629,10 +629,11 @@ def check_context(
             ("unknown", caps.provider, caps.model),
             logging.WARNING,
             "pre-flight: %s is not in the capability matrix; assuming a window of %s tokens "
-            "(set its real size with %s, or capability_matrix= in Python)",
+            "(set its real size with %s %s)",
             caps.label,
             f"{caps.context_window:,}",
             _WINDOW_SETTING,
+            python_aside("capability_matrix"),
         )
     prompt = _walk(system, messages, tools)
     if _fits_by_bytes(prompt, budget):
