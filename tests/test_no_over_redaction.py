@@ -266,6 +266,7 @@ def test_the_first_run_messages_show_no_redaction(
     assert REDACTED not in output
     assert "Traceback" not in output
     assert "fluid ai setup" in output
+    assert "in Python" not in output  # the command line names flags and variables only
     if "--json" in args:
         payload = json.loads(done.stdout)
         assert REDACTED not in json.dumps(payload)
