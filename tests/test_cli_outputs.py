@@ -270,3 +270,18 @@ def test_forge_whose_out_goes_away_during_the_run_is_a_typed_error(place: Place)
         "fluid: OutputPathError: parent/out could not be written at the end of the run"
     )
     _clean(done)
+
+
+@pytest.mark.parametrize("record", ["afile/run.json", "/proc/run.json", "/dev/stdout"])
+def test_forge_refuses_a_record_file_it_cannot_write_before_any_model_call(
+    place: Place, record: str
+) -> None:
+    place.intent()
+    (place.cwd / "afile").write_text("a file, not a directory\n", encoding="utf-8")
+    done = run(place, f"fluid forge my-intent.yaml --record {record}")
+    assert done.returncode == EXIT_CODES["output"] == 4, done.stdout + done.stderr
+    assert _error_line(done.stderr).startswith(f"fluid: OutputPathError: {record} ")
+    assert "stage plan" not in done.stderr
+    _clean(done)
+    assert place.model.requests == []
+    assert not (place.cwd / "forge-out").exists()

@@ -378,6 +378,10 @@ def command(
             raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
         # Before any model call: an output nobody can write would be paid for and lost.
         _check_out_dir(out_dir)
+        if record_to is not None:  # and a cassette nobody can write would lose the run
+            from fluid_build.corpus.cassette import check_writable
+
+            check_writable(record_to)
         if recorded is not None:
             client, transport = _replay_client(recorded, console)
         else:
