@@ -557,16 +557,25 @@ def test_a_failed_run_that_cannot_be_recorded_reports_its_own_error(
     assert not (in_process.project / "run.json").exists()
 
 
-def test_a_cassette_that_cannot_be_written_is_exit_3(
-    in_process: Machine, serve: Callable[..., Scripted]
+def test_a_cassette_that_cannot_be_written_at_the_end_is_exit_3(
+    in_process: Machine, serve: Callable[..., Scripted], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """FILE passed the check before the run, then the disk filled up: a CassetteError."""
+    import errno
+
+    from fluid_build import _files
+
     model = _corrected_run(serve)
-    (in_process.project / "taken").write_text("a file, not a directory")
+
+    def full(path: object, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_files, "write_atomic", full)
     result = CliRunner().invoke(
-        cli, ["forge", "intent.yaml", "--record", "taken/run.json"], env=in_process.live(model)
+        cli, ["forge", "intent.yaml", "--record", "run.json"], env=in_process.live(model)
     )
     assert result.exit_code == EXIT_CODES["intent"], result.output
-    assert "taken/run.json: cannot be written" in result.output
+    assert "run.json: cannot be written (No space left on device)" in result.output
 
 
 if sys.platform == "win32":  # pragma: no cover - signals and the console script differ
