@@ -511,3 +511,24 @@ def test_doctor_shows_planted_extreme_times_capped_and_readable(tmp_path: Path) 
     assert "cooling down" not in line
     assert "ghost" not in line
     assert "tokens budget" not in line
+
+
+def test_a_store_an_older_fluid_left_readable_is_made_private(tmp_path: Path) -> None:
+    """A database, -wal and -shm made 0644 before fluid made them private: 0600 after a run."""
+    cache = tmp_path / "cache"
+    store = cache / "fluid_build" / "cooldown.sqlite3"
+    store.parent.mkdir(parents=True)
+    with sqlite3.connect(store) as made:  # an older fluid's file, as its umask left it
+        made.execute("PRAGMA journal_mode=WAL")
+        made.execute("CREATE TABLE old (x)")
+    sidecars = [store.with_name(store.name + suffix) for suffix in ("-wal", "-shm")]
+    for path in (store, *sidecars):
+        path.touch()
+        path.chmod(0o644)
+    with provider() as server:
+        for _ in range(2):  # twice on the same store
+            (record,), err = call(loopback.base_url(server), "m", worker_env(cache))
+            assert record["outcome"] == "ok", err
+    assert mode(store) == 0o600
+    for path in sidecars:
+        assert not path.exists() or mode(path) == 0o600, path

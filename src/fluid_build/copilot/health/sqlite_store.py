@@ -7,6 +7,7 @@ re-read the table only when another writer changed it (see
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -144,6 +145,32 @@ def _map_stamp(path: Path) -> mmap.mmap:
         os.close(fd)
 
 
+def _tighten(fd: int, info: os.stat_result) -> None:
+    """Make a file an older fluid left readable by others (0644) private again."""
+    if stat.S_IMODE(info.st_mode) & 0o077 and hasattr(os, "fchmod"):
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)
+
+
+def _tighten_sidecars(path: Path) -> None:
+    """The -wal and -shm an older fluid left 0644: made 0600 when this user's files.
+
+    sqlite gives new ones the database's mode; these were made before it was private.
+    """
+    for suffix in ("-wal", "-shm"):
+        try:
+            fd = os.open(f"{path}{suffix}", os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC)
+        except OSError:
+            continue  # none there, or not a file fluid opens: sqlite judges it
+        try:
+            info = os.fstat(fd)
+            owned = not hasattr(os, "geteuid") or info.st_uid == os.geteuid()
+            if stat.S_ISREG(info.st_mode) and owned:
+                _tighten(fd, info)
+        finally:
+            os.close(fd)
+
+
 def _claim(path: Path) -> os.stat_result:
     """Open (or create, mode 0600) ``path`` as the database, never through a link.
 
@@ -165,16 +192,18 @@ def _claim(path: Path) -> os.stat_result:
     else:
         try:
             info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                what = "is not a regular file (a FIFO, socket or device)"
+            elif hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+                what = f"belongs to another user (uid {info.st_uid})"
+            elif info.st_nlink > 1:
+                what = "has other names (hard links)"
+            else:
+                _tighten(fd, info)
+                _tighten_sidecars(path)
+                return info
         finally:
             os.close(fd)
-        if not stat.S_ISREG(info.st_mode):
-            what = "is not a regular file (a FIFO, socket or device)"
-        elif hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-            what = f"belongs to another user (uid {info.st_uid})"
-        elif info.st_nlink > 1:
-            what = "has other names (hard links)"
-        else:
-            return info
     raise StoreFileError(
         f"{path} {what}: not used as the cooldown store; remove it, or set "
         "FLUID_COOLDOWN_URL to another file"
