@@ -173,6 +173,18 @@ def test_replay_refuses_what_fluid_forge_record_wrote_and_forge_replays_it(place
     assert len(place.model.requests) == sent  # both replays stayed offline
 
 
+def test_replay_refuses_a_forge_run_recorded_without_bodies(place: Place) -> None:
+    """--no-bodies keeps no request body: the cassette still says it is a forge run."""
+    shutil.copy(EXAMPLE_INTENT, place.cwd / "intent.yaml")
+    recorded = run(place, "fluid forge intent.yaml --record flow.json --no-bodies --out out1")
+    assert recorded.returncode == 0, recorded.stderr
+    assert json.loads((place.cwd / "flow.json").read_text(encoding="utf-8"))["forge_run"] is True
+    sent = len(place.model.requests)
+    done = run(place, "fluid corpus replay flow.json")
+    _refused_as_a_forge_run(done, "flow.json")
+    assert len(place.model.requests) == sent
+
+
 def test_replay_refuses_a_forge_run_in_a_directory_and_replays_nothing(place: Place) -> None:
     place.corpus("mixed")
     shutil.copy(EXAMPLE_CASSETTE, place.cwd / "mixed" / "zz-forge.json")

@@ -260,6 +260,9 @@ class Cassette(_Strict):
     expect: Expectation
     #: False: recorded without bodies (no prompt, no model output); replay checks the flow only.
     bodies: bool = True
+    #: True: a whole ``fluid forge`` run (``fluid forge --record``), replayed only by
+    #: ``fluid forge --replay``; False: one call, replayed by ``fluid corpus replay``.
+    forge_run: bool = False
 
     @model_validator(mode="after")
     def _version(self) -> Cassette:
@@ -279,11 +282,15 @@ class Cassette(_Strict):
 def is_forge_run(cassette: Cassette) -> bool:
     """Whether ``cassette`` records a ``fluid forge`` run rather than one call.
 
-    Only a forge recording keeps request bodies (``fluid forge --record``, the
-    bundled examples): its ``call`` is a summary of the intent, not what was
-    sent, so only ``fluid forge --replay`` can replay it, through forge's stages.
+    A forge recording says so (``forge_run: true``, written by ``fluid forge
+    --record`` since it was added, with or without bodies); one made before keeps
+    request bodies, which only forge recordings do. Its ``call`` is a summary of
+    the intent, not what was sent, so only ``fluid forge --replay`` can replay it,
+    through forge's stages.
     """
-    return any(exchange.request.body is not None for exchange in cassette.exchanges)
+    return cassette.forge_run or any(
+        exchange.request.body is not None for exchange in cassette.exchanges
+    )
 
 
 def _version_message(version: object) -> str:
@@ -354,12 +361,14 @@ def load_cassette(path: str | Path) -> Cassette:
 def dump_cassette(cassette: Cassette) -> str:
     """The cassette as the JSON text this module writes (stable: same cassette, same bytes).
 
-    ``bodies`` and ``omitted`` are written only when they say something
-    (false, true), so cassettes recorded with bodies read as they always did.
+    ``bodies``, ``omitted`` and ``forge_run`` are written only when they say
+    something (false, true, true), so a call recorded with bodies reads as it always did.
     """
     data = cassette.model_dump(mode="json")
     if data.get("bodies") is True:
         del data["bodies"]
+    if data.get("forge_run") is False:
+        del data["forge_run"]
     for exchange in data["exchanges"]:
         if exchange["response"].get("omitted") is False:
             del exchange["response"]["omitted"]

@@ -385,6 +385,7 @@ class Recorder:
         expect: Expectation,
         description: str = "",
         now: datetime | None = None,
+        forge_run: bool = False,
     ) -> Cassette:
         """The cassette of what was recorded; refuses when a request got no answer.
 
@@ -408,6 +409,7 @@ class Recorder:
             exchanges=self.exchanges,
             expect=expect,
             bodies=self.bodies,
+            forge_run=forge_run,
         )
 
 

@@ -81,6 +81,7 @@ def forge_cassette(
             waits=waits,
         ),
         now=now,
+        forge_run=True,
     )
 
 
