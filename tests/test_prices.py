@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -386,3 +387,23 @@ def test_a_stream_done_event_carries_cost_usd(mock: respx.MockRouter) -> None:
     assert done.completion.cost_usd == pytest.approx(
         expected(listed("openai", "gpt-4o"), Usage(input_tokens=2_000, output_tokens=500))
     )
+
+
+# -- fluid doctor shows the price data -------------------------------------------------------
+
+
+def test_fluid_doctor_shows_the_price_data_version_and_given_prices(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    given = json.dumps({"my-model": {"input": 0.5, "output": 1.5}})
+    shown = fluid(home, "doctor", env=fresh_env(home, FLUID_PRICES=given))
+    line = next(text for text in shown.stdout.splitlines() if text.startswith("prices: "))
+    assert line.startswith(f"prices: genai-prices {version('genai-prices')} (bundled data:")
+    assert line.endswith("; FLUID_PRICES prices my-model")
+    report = json.loads(fluid(home, "doctor", "--json").stdout)
+    assert report["prices"]["version"].startswith("genai-prices ")
+    assert report["prices"]["given"] == []

@@ -511,12 +511,20 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             "problems": list(stored.problems),
         },
         **report,
+        "prices": _guarded("prices", lambda: _prices(effective), lambda f: {"error": f["message"]}),
         "paths": _guarded(
             "paths",
             lambda: _paths(env, report["cooldown"], report["encodings"]),
             lambda f: {"error": f["message"]},
         ),
     }
+
+
+def _prices(env: Mapping[str, str]) -> dict[str, Any]:
+    """Which price data prices each answer, and the FLUID_PRICES entries over it."""
+    from fluid_build.copilot.call.prices import prices_from_env, prices_version
+
+    return {"version": prices_version(), "given": sorted(prices_from_env(env))}
 
 
 def _parts(
@@ -794,6 +802,12 @@ def _render(report: Mapping[str, Any]) -> None:
         )
     elif transport.get("variables"):
         lines.append(f"http transport: ok (from {', '.join(transport['variables'])})")
+    prices = report.get("prices") or {}
+    if prices.get("error"):
+        lines.append(f"prices: {prices['error']}")
+    elif prices:
+        given = f"; FLUID_PRICES prices {', '.join(prices['given'])}" if prices["given"] else ""
+        lines.append(f"prices: {prices['version']}{given}")
     lines.extend(_shared_lines(report.get("shared_state") or {}))
     lines.extend(_path_lines(report.get("paths") or {}))
     lines.extend(f"config warning: {text}" for text in report.get("config_warnings") or [])

@@ -91,9 +91,9 @@ Prices = Mapping[str, ModelPrice]
 
 def _bad_prices(reason: str, variable: str | None) -> ProviderError:
     where = variable or "prices="
+    example = f"{variable}='{PRICES_EXAMPLE}'" if variable else f"prices={PRICES_EXAMPLE}"
     return ProviderError(
-        f"{where} cannot be used ({reason}): give USD per million tokens per model, "
-        f"e.g. {where}'{PRICES_EXAMPLE}'",
+        f"{where} cannot be used ({reason}): give USD per million tokens per model, e.g. {example}",
         code="llm.not_configured",
         retryable=False,
         details={"variable": variable or "prices", "example": PRICES_EXAMPLE},
