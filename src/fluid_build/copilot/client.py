@@ -181,6 +181,8 @@ class LLMClient:
     traces each call with OpenTelemetry (see docs/telemetry.md). ``prices``
     (USD per million tokens by model, over ``FLUID_PRICES``) prices models
     genai-prices does not know, or replaces its price (see docs/budgets.md).
+    ``budget`` (or ``FLUID_BUDGET``) names the shared USD budget of
+    ``FLUID_BUDGETS`` every attempt reserves from (docs/budgets.md).
     """
 
     def __init__(
@@ -203,6 +205,7 @@ class LLMClient:
         limits: Limits | None = None,
         telemetry: Telemetry | bool | None = None,
         prices: Mapping[str, Any] | None = None,
+        budget: str | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
@@ -227,6 +230,13 @@ class LLMClient:
             **prices_from_env(source),
             **parse_prices(prices),
         }
+        if budget is not None or source.get("FLUID_BUDGET"):
+            # A shared USD budget (FLUID_BUDGETS): each attempt reserves from it.
+            from fluid_build.copilot.health.budget import BudgetGuard
+
+            self.envelope.budget = BudgetGuard.from_env(
+                budget, self.envelope.cooldown, source, prices=self.prices, wall=self.envelope.wall
+            )
         self._entry = Entry.configured(
             config,
             _adapter(info.adapter, config),
