@@ -22,8 +22,8 @@ from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError
 from fluid_build.copilot.batch import Batch, Outcome, amap_calls, map_calls, progress_bar
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.errors import FluidError
-from tests.docs_model import Request, model_server
-from tests.test_docs_commands import Place, _environment, run
+from tests.docs_model import Request
+from tests.test_docs_commands import Place, new_place, run
 from tests.test_messages import check_operator_text
 
 KEY = "sk-proj-BATCHKEY0123456789abcdef"
@@ -351,14 +351,8 @@ CONTEXT_LENGTH = {
 
 @pytest.fixture
 def place(tmp_path: Path) -> Iterator[Place]:
-    home, cwd = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    cwd.mkdir()
-    with model_server() as (base, model):
-        found = Place(cwd, home, base, model, _environment(home))
-        found.openai()
-        found.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"
-        (cwd / "prompts.txt").write_text("first\nsecond\nthird\n", encoding="utf-8")
+    with new_place(tmp_path, openai=True, attempts=1) as found:
+        (found.cwd / "prompts.txt").write_text("first\nsecond\nthird\n", encoding="utf-8")
         yield found
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from fluid_build.cli.exit_codes import EXIT_CODES
-from tests.docs_model import Request, model_server
+from tests.docs_model import Request
 from tests.loopback import Seen, base_url, http_server
 from tests.test_cli_conventions import _AT_A_TERMINAL, _DEFAULT_SIGINT, FLUID
-from tests.test_docs_commands import OPENAI_KEY, Place, _environment, run
+from tests.test_docs_commands import OPENAI_KEY, Place, new_place, run
 
 PROMPTS = ["first prompt", "second prompt", "third prompt", "fourth prompt"]
 
@@ -61,14 +61,8 @@ def _echo(fail: set[str] | None = None, status: int = 500, message: str = "boom"
 
 @pytest.fixture
 def place(tmp_path: Path) -> Iterator[Place]:
-    home, cwd = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    cwd.mkdir()
-    with model_server() as (base, model):
-        found = Place(cwd, home, base, model, _environment(home))
-        found.openai()
-        found.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"
-        (cwd / "prompts.txt").write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    with new_place(tmp_path, openai=True, attempts=1) as found:
+        (found.cwd / "prompts.txt").write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
         yield found
 
 

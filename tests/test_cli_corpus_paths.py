@@ -21,8 +21,7 @@ import pytest
 
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.cli.forge import EXAMPLE_AGENT_CASSETTE, EXAMPLE_CASSETTE
-from tests.docs_model import model_server
-from tests.test_docs_commands import EXAMPLE_INTENT, OPENAI_KEY, Place, _environment, run
+from tests.test_docs_commands import EXAMPLE_INTENT, OPENAI_KEY, Place, new_place, run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = "fluid corpus record --provider openai --model gpt-4o-mini"
@@ -30,12 +29,7 @@ RECORD = "fluid corpus record --provider openai --model gpt-4o-mini"
 
 @pytest.fixture
 def place(tmp_path: Path) -> Iterator[Place]:
-    home, cwd = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    cwd.mkdir()
-    with model_server() as (base, model):
-        place = Place(cwd, home, base, model, _environment(home))
-        place.openai()
+    with new_place(tmp_path, openai=True) as place:
         yield place
 
 

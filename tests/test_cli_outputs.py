@@ -25,22 +25,17 @@ import pytest
 
 from fluid_build.cli._messages import BUG_LINE
 from fluid_build.cli.exit_codes import EXIT_CODES
-from tests.docs_model import Request, model_server
+from tests.docs_model import Request
 from tests.test_cli_batch import PROMPTS, _echo, _lines
-from tests.test_docs_commands import OPENAI_KEY, Place, _environment, run
+from tests.test_docs_commands import OPENAI_KEY, Place, new_place, run
 
 ECHOED = [f"echo: {prompt}" for prompt in PROMPTS]
 
 
 @pytest.fixture
 def place(tmp_path: Path) -> Iterator[Place]:
-    home, cwd = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    cwd.mkdir()
-    with model_server() as (base, model):
-        found = Place(cwd, home, base, model, _environment(home))
-        found.openai()
-        found.env["FLUID_LLM_MAX_ATTEMPTS"] = "1"
+    with new_place(tmp_path, openai=True, attempts=1) as found:
+        cwd, model = found.cwd, found.model
         (cwd / "prompts.txt").write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
         (cwd / "afile").write_text("a regular file\n", encoding="utf-8")
         model.script = _echo()

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -283,14 +284,31 @@ def _environment(home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def place(tmp_path: Path) -> Iterator[Place]:
+@contextmanager
+def new_place(
+    tmp_path: Path, *, openai: bool = False, attempts: int | None = None
+) -> Iterator[Place]:
+    """A fresh HOME and working directory, a model on loopback; with ``openai``, a key for it.
+
+    ``attempts`` sets FLUID_LLM_MAX_ATTEMPTS (1: no retry, so no test waits).
+    """
     home = tmp_path / "home"
     cwd = tmp_path / "work"
     home.mkdir()
     cwd.mkdir()
     with model_server() as (base, model):
-        yield Place(cwd, home, base, model, _environment(home))
+        found = Place(cwd, home, base, model, _environment(home))
+        if openai:
+            found.openai()
+        if attempts is not None:
+            found.env["FLUID_LLM_MAX_ATTEMPTS"] = str(attempts)
+        yield found
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Iterator[Place]:
+    with new_place(tmp_path) as found:
+        yield found
 
 
 def run(place: Place, command: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
