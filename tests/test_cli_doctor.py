@@ -718,3 +718,44 @@ def test_doctor_reset_counts_the_keys_the_listing_shows(tmp_path: Path) -> None:
     )
     data = json.loads(fluid(tmp_path, "doctor", "--reset", "--json", env=env).stdout)
     assert (data["keys"], data["cleared"]) == (0, 0)
+
+
+# -- shared USD budgets (issue 24) ---------------------------------------------------------
+
+
+def test_doctor_lists_each_budget_and_resets_one_with_budget(tmp_path: Path) -> None:
+    import time
+
+    from fluid_build.copilot.health.budget import BudgetSpec, ledger_for
+    from fluid_build.copilot.health.cooldown import cooldown_store_from_env
+    from tests.test_cli_conventions import fluid, fresh_env
+
+    env = fresh_env(tmp_path, FLUID_BUDGETS="team=2usd/day; ci=1usd")
+    ledger = ledger_for(cooldown_store_from_env(env))
+    assert ledger is not None
+    now = time.time()
+    assert ledger.reserve(BudgetSpec("team", 2_000_000, "day"), 500_000, "a", now + 60, now).granted
+    ledger.settle("team", "a", 250_000, now)
+    assert ledger.reserve(
+        BudgetSpec("team", 2_000_000, "day"), 100_000, "b", now + 600, now
+    ).granted
+
+    shown = fluid(tmp_path, "doctor", env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("budget ")]
+    assert lines[0].startswith("budget ci: 0 USD spent, 0 reserved of 1, until reset (1 left)")
+    assert lines[1].startswith("budget team: 0.25 USD spent, 0.1 reserved of 2/day (1.65 left)")
+    assert "window ends 00:00:00 UTC" in lines[1]
+    assert "`fluid doctor --reset --budget team` clears it" in lines[1]
+    as_json = json.loads(fluid(tmp_path, "doctor", "--json", env=env).stdout)
+    row = next(row for row in as_json["budgets"]["budgets"] if row["name"] == "team")
+    assert (row["spent_usd"], row["reserved_usd"], row["limit_usd"]) == (0.25, 0.1, 2.0)
+
+    assert fluid(tmp_path, "doctor", "--reset", env=env).returncode == 0
+    assert ledger.states(time.time())[0].spent == 250_000  # plain --reset keeps the spend
+
+    cleared = fluid(tmp_path, "doctor", "--reset", "--budget", "team", env=env)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "cleared budget team" in cleared.stdout
+    assert ledger.states(time.time()) == []
+    assert "--budget" in fluid(tmp_path, "doctor", "--budget", "team", env=env).stderr

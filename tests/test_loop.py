@@ -626,3 +626,35 @@ def test_a_call_the_preflight_refused_sent_nothing_and_does_not_count(tmp_path: 
     assert client.sent == 3
     assert agent.result.usage.llm_calls == 3
     assert agent.result.usage.compactions == 1
+
+
+def _answered_by(response: httpx.Response, model: str) -> httpx.Response:
+    body = response.json()
+    body["model"] = model
+    return httpx.Response(200, json=body)
+
+
+def test_the_loop_costs_what_its_answers_cost_from_genai_prices(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from genai_prices import data_snapshot
+
+    # A model no hand-written table knew: the answer names it, so it is what is priced.
+    turns = [tool_turn(("count_rows", {"table": "sales"}), tokens=1_000), answer("ok", 1_000)]
+    mock.post(URL).side_effect = [_answered_by(turn, "gpt-4.1-nano") for turn in turns]
+    agent = loop(tmp_path, [count_rows])
+    agent.run("count")
+    _, info = data_snapshot.get_snapshot().find_provider_model("gpt-4.1-nano", None, "openai", None)
+    listed = info.get_prices(datetime.now(tz=UTC))
+    want = 2 * float(1_000 * listed.input_mtok + 1_000 * listed.output_mtok) / 1_000_000
+    assert agent.result.usage.cost_usd == pytest.approx(want)
+
+
+def test_loop_prices_override_in_either_shape(mock: respx.MockRouter, tmp_path: Path) -> None:
+    for prices in ({"gpt-4o": (1.0, 3.0)}, {"openai:gpt-4o": {"input": 1.0, "output": 3.0}}):
+        mock.post(URL).side_effect = [answer("ok", tokens=1_000_000)]
+        agent = loop(tmp_path, [count_rows], prices=prices)
+        agent.run("count")
+        assert agent.result.usage.cost_usd == pytest.approx(4.0)

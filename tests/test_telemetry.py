@@ -523,3 +523,30 @@ def test_a_stream_closed_after_its_done_event_is_answered_not_stopped(otel: Reco
     assert "fluid.stream.stopped_early" not in attributes
     assert attributes["gen_ai.usage.output_tokens"] == 9
     assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+
+
+def test_the_call_span_carries_the_answer_s_cost_in_usd(otel: Recorded) -> None:
+    from fluid_build.copilot import LLMClient
+
+    clock = FakeClock()
+    envelope = RetryEnvelope(
+        cooldown=MemoryCooldownStore(), clock=clock, sleep=clock.sleep, random=lambda: 0.0
+    )
+    body = {**OK, "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 1_000_000}}
+    http = httpx.Client(transport=httpx.MockTransport(answers(httpx.Response(200, json=body))))
+    priced = {"gpt-4o": {"input": 2.0, "output": 8.0}}
+    with LLMClient(
+        "openai",
+        "gpt-4o",
+        api_key=KEY,
+        envelope=envelope,
+        env={},
+        http_client=http,
+        telemetry=otel.telemetry,
+        prices=priced,
+    ) as client:
+        done = client.complete("hi")
+    http.close()
+    assert done.cost_usd == pytest.approx(10.0)
+    attributes = otel.finished()["chat gpt-4o"].attributes or {}
+    assert attributes["fluid.cost_usd"] == pytest.approx(10.0)

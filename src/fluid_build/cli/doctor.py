@@ -50,12 +50,20 @@ T = TypeVar("T")
 @click.option(
     "--endpoint", "reset_endpoint", metavar="URL", help="With --reset: only this base URL."
 )
+@click.option(
+    "--budget",
+    "reset_budget",
+    metavar="NAME",
+    help="With --reset: clear this USD budget's spend and reservations (plain --reset keeps "
+    "every budget's spend).",
+)
 def command(
     as_json: bool,
     reset: bool,
     reset_provider: str | None,
     reset_model: str | None,
     reset_endpoint: str | None,
+    reset_budget: str | None,
 ) -> None:
     """Report providers, keys, models, timeouts, the shared store and token encodings.
 
@@ -64,11 +72,18 @@ def command(
     never shown, only where they were found. Exits 0 even when something is
     missing; `--reset` exits 1 only when the store cannot be reached.
     """
+    if reset and reset_budget is not None:
+        if reset_provider or reset_model or reset_endpoint:
+            raise click.UsageError(
+                "--budget clears a budget only: give it without --provider, --model or --endpoint"
+            )
+        _reset_budget(as_json, reset_budget)
+        return
     if reset:
         _reset(as_json, reset_provider, reset_model, reset_endpoint)
         return
-    if reset_provider or reset_model or reset_endpoint:
-        raise click.UsageError("--provider, --model and --endpoint go with --reset")
+    if reset_provider or reset_model or reset_endpoint or reset_budget:
+        raise click.UsageError("--provider, --model, --endpoint and --budget go with --reset")
     report = collect_report(os.environ)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -135,6 +150,37 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
             f"and rate-limit state; {result['scope']}) from {result['store']}"
         )
     if failed:
+        raise SystemExit(1)
+
+
+def _reset_budget(as_json: bool, name: str) -> None:
+    """``--reset --budget NAME``: forget one budget's spend and reservations, for every process."""
+    from fluid_build._redact import redact
+    from fluid_build.copilot.health.budget import ledger_for
+
+    made = _make_store(os.environ)
+    result: dict[str, Any] = {"store": repr(made.probe), "budget": name, "cleared": False}
+    try:
+        ledger = ledger_for(made.probe)
+        if made.error is not None:
+            result["error"] = f"FLUID_COOLDOWN_URL: {made.error}"
+        elif ledger is None:
+            result["error"] = "FLUID_COOLDOWN_URL=off: no shared store keeps budgets"
+        else:
+            result["cleared"] = ledger.reset(name)
+    except Exception as exc:  # noqa: BLE001 - say why, exit 1
+        result["error"] = redact(f"{type(exc).__name__}: {exc}")
+    finally:
+        made.close()
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result.get("error"):
+        click.echo(f"could not clear budget {name}: {result['error']}", err=True)
+    elif result["cleared"]:
+        click.echo(f"cleared budget {name} (its spend and reservations) in {result['store']}")
+    else:
+        click.echo(f"budget {name} had nothing spent or reserved in {result['store']}")
+    if result.get("error"):
         raise SystemExit(1)
 
 
@@ -511,12 +557,20 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             "problems": list(stored.problems),
         },
         **report,
+        "prices": _guarded("prices", lambda: _prices(effective), lambda f: {"error": f["message"]}),
         "paths": _guarded(
             "paths",
             lambda: _paths(env, report["cooldown"], report["encodings"]),
             lambda f: {"error": f["message"]},
         ),
     }
+
+
+def _prices(env: Mapping[str, str]) -> dict[str, Any]:
+    """Which price data prices each answer, and the FLUID_PRICES entries over it."""
+    from fluid_build.copilot.call.prices import prices_from_env, prices_version
+
+    return {"version": prices_version(), "given": sorted(prices_from_env(env))}
 
 
 def _parts(
@@ -558,7 +612,39 @@ def _parts(
             lambda: _shared_state(made, breaker),
             lambda f: {"entries": [], "now": time.time(), "error": f["message"]},
         ),
+        "budgets": _guarded(
+            "budgets",
+            lambda: _budgets(env, made),
+            lambda f: {"budgets": [], "error": f["message"]},
+        ),
     }
+
+
+def _budgets(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
+    """Each USD budget: declared in FLUID_BUDGETS, or spent from in the shared store."""
+    if not env.get("FLUID_BUDGETS") and made.probe is None:
+        return {"budgets": [], "error": None}
+    from fluid_build.copilot.health.budget import MICRO, budgets_from_env, ledger_for
+
+    declared = budgets_from_env(env)
+    ledger = ledger_for(made.probe)
+    states = {state.name: state for state in ledger.states(time.time())} if ledger else {}
+    rows = []
+    for name in sorted(set(declared) | set(states)):
+        state, spec = states.get(name), declared.get(name)
+        limit = state.limit if state is not None else spec.limit if spec is not None else 0
+        rows.append(
+            {
+                "name": name,
+                "declared": spec is not None,
+                "limit_usd": (spec.limit if spec is not None else limit) / MICRO,
+                "spent_usd": (state.spent if state else 0) / MICRO,
+                "reserved_usd": (state.reserved if state else 0) / MICRO,
+                "window": (spec.window if spec is not None else state.window if state else ""),
+                "window_end": state.ends if state is not None else None,
+            }
+        )
+    return {"budgets": rows, "error": None}
 
 
 def _paths(
@@ -794,7 +880,14 @@ def _render(report: Mapping[str, Any]) -> None:
         )
     elif transport.get("variables"):
         lines.append(f"http transport: ok (from {', '.join(transport['variables'])})")
+    prices = report.get("prices") or {}
+    if prices.get("error"):
+        lines.append(f"prices: {prices['error']}")
+    elif prices:
+        given = f"; FLUID_PRICES prices {', '.join(prices['given'])}" if prices["given"] else ""
+        lines.append(f"prices: {prices['version']}{given}")
     lines.extend(_shared_lines(report.get("shared_state") or {}))
+    lines.extend(_budget_lines(report.get("budgets") or {}))
     lines.extend(_path_lines(report.get("paths") or {}))
     lines.extend(f"config warning: {text}" for text in report.get("config_warnings") or [])
     for text in lines:
@@ -844,6 +937,23 @@ def _at(wall: float | None, now: float) -> str:
     if delta >= 0:
         return f"{stamp} (in {readable_seconds(delta)})"
     return f"{stamp} ({readable_seconds(-delta)} ago)"
+
+
+def _budget_lines(budgets: Mapping[str, Any]) -> list[str]:
+    if budgets.get("error"):
+        return [f"budgets: could not be read ({budgets['error']})"]
+    lines = []
+    for row in budgets.get("budgets") or []:
+        left = max(row["limit_usd"] - row["spent_usd"] - row["reserved_usd"], 0.0)
+        window = f"/{row['window']}" if row["window"] else ", until reset"
+        end = row["window_end"]
+        ends = f"; window ends {_at(end, time.time())}" if end is not None else ""
+        lines.append(
+            f"budget {row['name']}: {row['spent_usd']:.6g} USD spent, {row['reserved_usd']:.6g} "
+            f"reserved of {row['limit_usd']:.6g}{window} ({left:.6g} left){ends}; "
+            f"`fluid doctor --reset --budget {row['name']}` clears it"
+        )
+    return lines
 
 
 def _shared_lines(shared: Mapping[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
+    from fluid_build.copilot.call.prices import ModelPrice, parse_prices, prices_from_env
     from fluid_build.copilot.call.transport import LoopPools
     from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
     from fluid_build.copilot.health.cooldown import CooldownKey
@@ -106,7 +107,7 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    from fluid_build.copilot.call import core, drive, envelope, prepare, wire
+    from fluid_build.copilot.call import core, drive, envelope, prepare, prices, wire
     from fluid_build.copilot.llm import settings
     from fluid_build.copilot.telemetry import telemetry_from
 
@@ -120,6 +121,8 @@ def _load() -> None:
         astream=drive.astream,
         RetryEnvelope=envelope.RetryEnvelope,
         prepare=prepare.prepare,
+        parse_prices=prices.parse_prices,
+        prices_from_env=prices.prices_from_env,
         Deadline=wire.Deadline,
         Limits=wire.Limits,
         deadline_from_env=wire.deadline_from_env,
@@ -175,7 +178,11 @@ class LLMClient:
     also takes the retry policy and cooldown store from it. Pass
     ``http_client`` / ``async_http_client`` to share or mock transports.
     ``telemetry`` (True, a :class:`Telemetry`, or ``FLUID_OTEL=1`` when None)
-    traces each call with OpenTelemetry (see docs/telemetry.md).
+    traces each call with OpenTelemetry (see docs/telemetry.md). ``prices``
+    (USD per million tokens by model, over ``FLUID_PRICES``) prices models
+    genai-prices does not know, or replaces its price (see docs/budgets.md).
+    ``budget`` (or ``FLUID_BUDGET``) names the shared USD budget of
+    ``FLUID_BUDGETS`` every attempt reserves from (docs/budgets.md).
     """
 
     def __init__(
@@ -197,6 +204,8 @@ class LLMClient:
         deadline: float | None = None,
         limits: Limits | None = None,
         telemetry: Telemetry | bool | None = None,
+        prices: Mapping[str, Any] | None = None,
+        budget: str | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
@@ -216,6 +225,18 @@ class LLMClient:
         self._ahttp = async_http_client  # the caller's own, used in whatever loop they use it
         self._apools: LoopPools | None = None  # ours: one pool per event loop
         self._env = env
+        # USD per million tokens by model (docs/budgets.md): the argument's win over FLUID_PRICES.
+        self.prices: dict[str, ModelPrice] = {
+            **prices_from_env(source),
+            **parse_prices(prices),
+        }
+        if budget is not None or source.get("FLUID_BUDGET"):
+            # A shared USD budget (FLUID_BUDGETS): each attempt reserves from it.
+            from fluid_build.copilot.health.budget import BudgetGuard
+
+            self.envelope.budget = BudgetGuard.from_env(
+                budget, self.envelope.cooldown, source, prices=self.prices, wall=self.envelope.wall
+            )
         self._entry = Entry.configured(
             config,
             _adapter(info.adapter, config),
@@ -225,6 +246,7 @@ class LLMClient:
             capability_matrix=capability_matrix,
             strict_schema=strict_schema,
             limits=limits,
+            prices=self.prices,
         )
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
@@ -244,6 +266,7 @@ class LLMClient:
                     deadline=self.deadline,
                     limits=self.limits,
                     telemetry=False,  # the call's span covers the whole chain
+                    prices=self.prices,
                 )
             )
 

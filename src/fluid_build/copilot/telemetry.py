@@ -344,6 +344,9 @@ class CallTrace:
             span.set_attribute("gen_ai.response.finish_reasons", [completion.finish_reason])
         if completion.answered_by:
             span.set_attribute("fluid.answered_by", completion.answered_by)
+        # USD (docs/budgets.md); left off when no price is known rather than a false 0.
+        if completion.cost_usd is not None:
+            span.set_attribute("fluid.cost_usd", completion.cost_usd)
         if self.telemetry.capture_content:
             output = [
                 {

@@ -286,7 +286,6 @@ class _Pipeline:
         intent: Intent,
         run: ForgeRun,
         on_stage: Callable[[str], None],
-        prices: dict[str, tuple[float, float]],
         on_note: Callable[[str], None] = lambda note: None,
     ) -> None:
         self.on_note = on_note
@@ -294,17 +293,13 @@ class _Pipeline:
         self.intent = intent
         self.run = run
         self.on_stage = on_stage
-        self.prices = prices
 
     def _account(self, completion: Completion) -> None:
         self.run.input_tokens += completion.usage.input_tokens
         self.run.output_tokens += completion.usage.output_tokens
-        price = self.prices.get(self.client.model)
-        if price is not None:
-            spent = (
-                completion.usage.input_tokens * price[0] + completion.usage.output_tokens * price[1]
-            ) / 1_000_000
-            self.run.cost_usd = (self.run.cost_usd or 0.0) + spent
+        # Priced by the client (genai-prices, FLUID_PRICES); None stays None: unknown.
+        if completion.cost_usd is not None:
+            self.run.cost_usd = (self.run.cost_usd or 0.0) + completion.cost_usd
 
     def plan(self) -> Plan:
         messages: list[dict[str, Any]] = [{"role": "user", "content": self.intent.summary()}]
@@ -567,8 +562,6 @@ def run_forge(
     written: what it raises ends the run with nothing written (a replay
     checks there that it used the whole cassette).
     """
-    from fluid_build.copilot.loop.agent import DEFAULT_PRICES
-
     run = ForgeRun(
         client.provider,
         client.model,
@@ -592,7 +585,7 @@ def run_forge(
 
     client.envelope.hook = hook
     try:
-        pipeline = _Pipeline(client, intent, run, on_stage, dict(DEFAULT_PRICES), on_note)
+        pipeline = _Pipeline(client, intent, run, on_stage, on_note)
         plan = pipeline.plan()
         if agent_loop:
             output = _generate_with_tools(client, intent, plan, run, on_stage, on_note, workspace)

@@ -303,8 +303,24 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
     ReasonCode(
         "budget.cost_exhausted",
         False,
-        "The run spent all the USD its budget allows.",
-        "Run again with a cheaper model (--model), or shorten the inputs.",
+        "The run, or the shared USD budget (FLUID_BUDGETS), has no room left for this call.",
+        "Run again with a cheaper model (--model) or a shorter answer, wait for the budget's "
+        "window to reset (`fluid doctor` shows when), or raise it in FLUID_BUDGETS.",
+    ),
+    ReasonCode(
+        "budget.cost_unknown",
+        False,
+        "No price is known for the model, so a call under a shared USD budget cannot be metered.",
+        "Give the model's price in USD per million tokens: "
+        """FLUID_PRICES='{"my-model": {"input": 0.5, "output": 1.5}}' (docs/budgets.md), then """
+        "run again.",
+    ),
+    ReasonCode(
+        "budget.store_unavailable",
+        True,
+        "The shared store keeping the USD budget could not be reached; the call was not sent.",
+        "Check the store `fluid doctor` shows (FLUID_COOLDOWN_URL) and run again, or set "
+        "FLUID_BUDGET_FAIL_OPEN=1 to let calls through unmetered meanwhile.",
     ),
     ReasonCode(
         "agent.execution_failed",

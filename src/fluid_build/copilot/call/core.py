@@ -51,6 +51,7 @@ from fluid_build.copilot.call.drive import (
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
+from fluid_build.copilot.call.prices import Prices
 from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
@@ -113,6 +114,7 @@ class Entry:
         capability_matrix: dict[str, Any],
         strict_schema: bool,
         pools: Pools,
+        prices: Prices | None = None,
     ) -> None:
         self.config = config
         self.adapter = adapter
@@ -125,7 +127,8 @@ class Entry:
             config.provider, config.api_key, config.model, adapter.endpoint
         )
         self.secrets: tuple[str, ...] = (config.api_key,) if config.api_key else ()
-        self.decoder = Decoder(config.provider, config.model, adapter, self.secrets)
+        self.prices = prices
+        self.decoder = Decoder(config.provider, config.model, adapter, self.secrets, prices)
         self.last_error: dict[str, Any] | None = None
         # A local server's own context size, asked once (see llm/local_server.py).
         self.probe_urls = probe_urls(config.provider, adapter.endpoint)
@@ -145,6 +148,7 @@ class Entry:
         capability_matrix: Mapping[str, Any] | None,
         strict_schema: bool | None,
         limits: Limits | None,
+        prices: Prices | None = None,
     ) -> Entry:
         """An entry from a client's arguments; what they leave out comes from ``env``
         (``os.environ`` when None): FLUID_CAPABILITY_MATRIX's overrides for this model
@@ -169,6 +173,7 @@ class Entry:
             matrix,
             strict_schema and adapter.provider in STRICT_SCHEMA_PROVIDERS,
             pools,
+            prices,
         )
 
     @property

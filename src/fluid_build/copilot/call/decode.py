@@ -23,6 +23,7 @@ from fluid_build.copilot.agents.errors import (
     SchemaValidationError,
 )
 from fluid_build.copilot.call.prepare import Prepared, response_schema
+from fluid_build.copilot.call.prices import Prices, price_call
 from fluid_build.copilot.call.wire import Deadline, StreamReader, decode_json
 from fluid_build.copilot.llm.base import Adapter, Parsed, StreamState, first_wrong_field
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
@@ -92,13 +93,22 @@ def request_id(response: httpx.Response) -> str | None:
 class Decoder:
     """Reads one provider's answers for one model; the request's key never reaches an error."""
 
-    __slots__ = ("adapter", "model", "provider", "secrets")
+    __slots__ = ("adapter", "model", "prices", "provider", "secrets")
 
-    def __init__(self, provider: str, model: str, adapter: Adapter, secrets: Sequence[str]):
+    def __init__(
+        self,
+        provider: str,
+        model: str,
+        adapter: Adapter,
+        secrets: Sequence[str],
+        prices: Prices | None = None,
+    ):
         self.provider = provider
         self.model = model
         self.adapter = adapter
         self.secrets = tuple(secrets)
+        # The user's prices (prices=, FLUID_PRICES); genai-prices' otherwise.
+        self.prices = prices
 
     def answer(self, response: httpx.Response, prepared: Prepared) -> Parsed:
         """A whole answer's body, parsed by the adapter."""
@@ -291,6 +301,13 @@ class Decoder:
             parsed=value,
             tool_calls=parsed.tool_calls,
             usage=parsed.usage,
+            cost_usd=price_call(
+                self.provider,
+                self.model,
+                parsed.usage,
+                answered_model=parsed.model,
+                overrides=self.prices,
+            ),
             provider=self.provider,
             model=parsed.model or self.model,
             finish_reason=parsed.finish_reason,

@@ -22,6 +22,9 @@ only run: one implementation, two shells that differ in how they sleep and await
 - With a rate limiter, :meth:`RetryEnvelope.budget_waits` are the waits before
   an attempt until the announced budget holds it (see
   :mod:`fluid_build.copilot.health.ratelimit`); the call plan takes them.
+- With a ``spend`` (a shared USD budget, see
+  :mod:`fluid_build.copilot.health.budget`), every attempt reserves its worst
+  case before it runs and settles after: a retry is another billable request.
 - Deadlines and elapsed times run on ``clock`` (monotonic); only what is
   written to the shared store uses ``wall``.
 
@@ -71,6 +74,7 @@ __all__ = [
     "RetryEvent",
     "RetryHook",
     "RetryPolicy",
+    "Spend",
     "WaitReason",
     "backoff_wait",
     "decide",
@@ -79,6 +83,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     import tenacity
+
+    from fluid_build.copilot.health.budget import BudgetGuard
 
 LOG = logging.getLogger("fluid_build.retry")
 
@@ -207,6 +213,21 @@ class CallBounds(TypedDict, total=False):
     narrow: Callable[[float | None], None] | None
     secrets: Sequence[str]
     hook: RetryHook | None
+    spend: Spend | None
+
+
+class Spend(Protocol):
+    """Reservations against a USD budget, one per attempt (see ``health.budget.BudgetSpend``).
+
+    ``reserve`` raises the refusal (nothing is sent); its hold goes to
+    ``succeeded`` with the attempt's result, or to ``failed`` with its exception.
+    """
+
+    def reserve(self) -> Any: ...
+
+    def succeeded(self, hold: Any, result: object) -> None: ...
+
+    def failed(self, hold: Any, exc: BaseException) -> None: ...
 
 
 class RetryHook(Protocol):
@@ -539,6 +560,8 @@ class RetryEnvelope:
         self.cooldown = cooldown
         self.breaker = breaker
         self.limiter = limiter
+        #: The shared USD budget calls through this envelope spend from (None: no budget).
+        self.budget: BudgetGuard | None = None
         self.hook = hook
         self.clock = clock or time.monotonic
         self.wall = wall or clock or time.time
@@ -652,6 +675,7 @@ class RetryEnvelope:
         narrow: Callable[[float | None], None] | None = None,
         secrets: Sequence[str] = (),
         hook: RetryHook | None = None,
+        spend: Spend | None = None,
     ) -> Plan[T]:
         """Run the plan ``attempt()`` makes until it succeeds or the policy gives up.
 
@@ -662,6 +686,8 @@ class RetryEnvelope:
         """
         started = self.clock() if started is None else started
         skey = None if key is None else str(key)
+        if spend is not None:  # each attempt, the first and every retry, reserves
+            attempt = partial(_spending, attempt, spend)
         if self._clear(skey):
             trial, fast = None, True
         else:
@@ -745,6 +771,18 @@ class RetryEnvelope:
         """:meth:`call` for a coroutine function: the same plan, awaited sleeps."""
         plan: Plan[T] = self.plan(partial(_calling, fn), **how)
         return await arun(plan)
+
+
+def _spending(attempt: Callable[[], Plan[T]], spend: Spend) -> Plan[T]:
+    """One attempt under a budget: reserve first (a refusal sends nothing), settle after."""
+    hold = spend.reserve()
+    try:
+        result = yield from attempt()
+    except BaseException as exc:
+        spend.failed(hold, exc)
+        raise
+    spend.succeeded(hold, result)
+    return result
 
 
 def _calling(fn: Callable[[], Any]) -> Plan[Any]:

@@ -7,6 +7,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from fluid_build.copilot.health.budget import (
+    BudgetSpec,
+    BudgetState,
+    Reservation,
+    _Book,
+    window_end,
+)
 from fluid_build.copilot.health.store import (
     LONGEST,
     MAX_ENTRIES,
@@ -20,7 +27,7 @@ from fluid_build.copilot.health.store import (
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["RedisCooldownStore"]
+__all__ = ["RedisBudgetLedger", "RedisCooldownStore"]
 
 
 # Each entry is a Redis hash: its end (``until``, wall-clock seconds, as every
@@ -224,6 +231,7 @@ class RedisCooldownStore:
             self._purge,
         ) = (client.register_script(script) for script in scripts)
         self._url = without_password(url) if url else repr(client)
+        self._ledger: RedisBudgetLedger | None = None
 
     def remaining(self, key: str, now: float) -> float:
         return self.peek([key], now)[0][0]
@@ -348,6 +356,12 @@ class RedisCooldownStore:
             self._client.delete(*names)
         return len(names)
 
+    def budget_ledger(self) -> RedisBudgetLedger:
+        """The budgets kept on this Redis, under their own prefix (see :mod:`.budget`)."""
+        if self._ledger is None:
+            self._ledger = RedisBudgetLedger(self._client)
+        return self._ledger
+
     def __repr__(self) -> str:
         return f"RedisCooldownStore({self._url!r})"
 
@@ -377,3 +391,153 @@ def _float(text: str | None, default: float) -> float:
     except ValueError:
         return default
     return value if math.isfinite(value) else default
+
+
+# Budgets are hashes under their own prefix (``fluid:budget:<name>``): a budget
+# lasts a month or until reset, so the one-day sanity cap and the entry cap of
+# ``fluid:health:`` never touch them. Fields: lim, win, ends ('' for none), spent,
+# and one ``h:<id>`` = "<amount> <expires>" per live reservation. Amounts are
+# whole micro-USD (exact in Lua's doubles up to 2^53).
+_BUDGET_BOOK: Final = f"""
+local function book(key, now, win, fresh)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then redis.call('DEL', key) end
+  local spent = tonumber(redis.call('HGET', key, 'spent') or '')
+  if spent == nil or spent ~= spent or spent < 0 or spent > {MOST}
+     or math.floor(spent) ~= spent then
+    redis.call('DEL', key)
+    return nil
+  end
+  local ends = redis.call('HGET', key, 'ends') or ''
+  if win ~= nil then
+    if (redis.call('HGET', key, 'win') or '') ~= win then
+      redis.call('HSET', key, 'win', win, 'ends', fresh)
+    elseif ends ~= '' and now >= tonumber(ends) then
+      redis.call('HSET', key, 'spent', 0, 'ends', fresh)
+      spent = 0
+    end
+  end
+  local reserved = 0
+  local fields = redis.call('HGETALL', key)
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if string.sub(name, 1, 2) == 'h:' then
+      local amount, expires = string.match(fields[i + 1], '^(%d+) (%S+)$')
+      if amount == nil or tonumber(expires) == nil or tonumber(expires) <= now then
+        redis.call('HDEL', key, name)
+      else
+        reserved = reserved + tonumber(amount)
+      end
+    end
+  end
+  return spent, reserved
+end
+"""
+# ARGV: now, limit, window, fresh window end ('' none), amount, hold id, expires.
+_BUDGET_RESERVE: Final = (
+    _BUDGET_BOOK
+    + """
+local now = tonumber(ARGV[1])
+local spent, reserved = book(KEYS[1], now, ARGV[3], ARGV[4])
+if spent == nil then
+  redis.call('HSET', KEYS[1], 'spent', 0, 'win', ARGV[3], 'ends', ARGV[4])
+  spent, reserved = 0, 0
+end
+redis.call('HSET', KEYS[1], 'lim', ARGV[2])
+local ends = redis.call('HGET', KEYS[1], 'ends') or ''
+if ends ~= '' then
+  redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(ends) - now + 86400) * 1000))
+else
+  redis.call('PERSIST', KEYS[1])
+end
+local amount = tonumber(ARGV[5])
+if spent + reserved + amount > tonumber(ARGV[2]) then
+  return {0, spent, reserved, ends}
+end
+redis.call('HSET', KEYS[1], 'h:' .. ARGV[6], ARGV[5] .. ' ' .. ARGV[7])
+return {1, spent, reserved + amount, ends}
+"""
+)
+# ARGV: now, hold id, amount spent, then the fresh ends of hour, day, month.
+_BUDGET_SETTLE: Final = (
+    _BUDGET_BOOK
+    + """
+local now = tonumber(ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local win = redis.call('HGET', KEYS[1], 'win') or ''
+local fresh = ({['hour'] = ARGV[4], ['day'] = ARGV[5], ['month'] = ARGV[6]})[win] or ''
+local spent = book(KEYS[1], now, win, fresh)
+if spent == nil then return 0 end
+redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2])
+redis.call('HSET', KEYS[1], 'spent', math.min(spent + tonumber(ARGV[3]), {MOST}))
+return 1
+"""
+).replace("{MOST}", str(MOST))
+
+
+class RedisBudgetLedger:
+    """Budgets as Redis hashes under ``fluid:budget:``, each change one Lua script."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "fluid:budget:") -> None:
+        self._client = client
+        self._prefix = prefix
+        self._reserve = client.register_script(_BUDGET_RESERVE)
+        self._settle = client.register_script(_BUDGET_SETTLE)
+
+    def reserve(
+        self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+    ) -> Reservation:
+        fresh = window_end(spec.window, now)
+        args = [
+            repr(now),
+            str(spec.limit),
+            spec.window,
+            "" if fresh is None else repr(fresh),
+            str(amount),
+            hold,
+            repr(expires),
+        ]
+        granted, spent, reserved, ends = self._reserve(keys=[self._prefix + spec.name], args=args)
+        end_text = _text(ends) or ""
+        state = BudgetState(
+            spec.name,
+            spec.limit,
+            int(spent),
+            int(reserved),
+            spec.window,
+            float(end_text) if end_text else None,
+        )
+        return Reservation(bool(granted), state)
+
+    def settle(self, name: str, hold: str, amount: int, now: float) -> None:
+        ends = [repr(window_end(w, now)) for w in ("hour", "day", "month")]
+        self._settle(keys=[self._prefix + name], args=[repr(now), hold, str(amount), *ends])
+
+    def states(self, now: float) -> list[BudgetState]:
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in self._prefix) + "*"
+        out = []
+        for raw in self._client.scan_iter(match=pattern, count=1000):
+            name = (_text(raw) or "")[len(self._prefix) :]
+            if _text(self._client.type(raw)) != "hash":
+                continue  # not a budget fluid wrote
+            got = self._client.hgetall(raw).items()
+            fields = {_text(k) or "": _text(v) or "" for k, v in got}
+            lim, spent = _count(fields.get("lim")), _count(fields.get("spent"))
+            if lim is None or spent is None:
+                continue
+            holds = {}
+            for field_name, value in fields.items():
+                amount, _, expires = value.partition(" ")
+                if field_name.startswith("h:") and amount.isdigit():
+                    holds[field_name[2:]] = (int(amount), _float(expires, 0.0))
+            ends = _float(fields["ends"], 0.0) if fields.get("ends") else None
+            book = _Book(lim, fields.get("win", ""), ends, spent, holds)
+            book.roll(book.window, now)
+            out.append(book.state(name))
+        return sorted(out, key=lambda state: state.name)
+
+    def reset(self, name: str) -> bool:
+        return bool(self._client.delete(self._prefix + name))
+
+    def __repr__(self) -> str:
+        return f"RedisBudgetLedger({self._client!r})"

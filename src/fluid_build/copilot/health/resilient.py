@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build.copilot.health.store import (
     MAX_ENTRIES,
@@ -22,6 +22,9 @@ from fluid_build.copilot.health.store import (
     without_password,
 )
 from fluid_build.errors import FluidError
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.health.budget import BudgetLedger
 
 __all__ = ["RESET_WAIT", "ResilientCooldownStore", "StoreResetError", "reset_keys"]
 
@@ -308,6 +311,13 @@ class ResilientCooldownStore:
         self._unsynced.clear()
         ok, shared = self._shared("clear")
         return int(shared) if ok else local
+
+    def budget_ledger(self) -> BudgetLedger | None:
+        """The primary's budgets, never a mirror: a budget is a hard limit, so when
+        the shared store fails a call under it is refused, not spent blind."""
+        from fluid_build.copilot.health.budget import ledger_for
+
+        return ledger_for(self.primary)
 
     def close(self) -> None:
         close = getattr(self.primary, "close", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import stat
@@ -19,6 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from fluid_build._private import private_dir
+from fluid_build.copilot.health.budget import (
+    BudgetSpec,
+    BudgetState,
+    Reservation,
+    _Book,
+    _reserve,
+    _settle,
+)
 from fluid_build.copilot.health.store import (
     LONGEST,
     MAX_ENTRIES,
@@ -34,7 +43,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["SqliteCooldownStore", "StoreFileError", "default_cooldown_path"]
+__all__ = [
+    "SqliteBudgetLedger",
+    "SqliteCooldownStore",
+    "StoreFileError",
+    "default_cooldown_path",
+]
 
 
 class StoreFileError(FluidError):
@@ -257,6 +271,7 @@ class SqliteCooldownStore:
         self._seen_stamp: bytes | None = None
         self._cache: dict[str, tuple[float, int]] = {}
         self._writes = 0
+        self._ledger: SqliteBudgetLedger | None = None
 
     def _acquire(self) -> None:
         """Take this store's thread lock, waiting no longer than a busy database would."""
@@ -530,5 +545,155 @@ class SqliteCooldownStore:
                 self._seen_stamp = None
                 stamp.close()
 
+    def budget_ledger(self) -> SqliteBudgetLedger:
+        """The budgets kept in this file, in their own tables (see :mod:`.budget`)."""
+        if self._ledger is None:
+            self._ledger = SqliteBudgetLedger(self.path)
+        return self._ledger
+
     def __repr__(self) -> str:
         return f"SqliteCooldownStore({str(self.path)!r})"
+
+
+# Budgets have their own tables: a budget lasts a month or until reset, so the
+# cooldown rows' one-day sanity cap, purge and entry cap never touch them.
+_BUDGET_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS fluid_budget (name TEXT PRIMARY KEY, lim INTEGER NOT NULL, "
+    "win TEXT NOT NULL DEFAULT '', ends REAL, spent INTEGER NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS fluid_budget_hold (name TEXT NOT NULL, id TEXT NOT NULL, "
+    "amount INTEGER NOT NULL, expires REAL NOT NULL, PRIMARY KEY (name, id))",
+)
+
+
+class SqliteBudgetLedger:
+    """Budgets in the store's sqlite file: each change one ``BEGIN IMMEDIATE`` transaction.
+
+    It has its own connection, which waits up to ``busy_timeout`` seconds (5 by
+    default) for another writer: a budget is a hard limit, so a busy file is
+    waited for rather than skipped as the advisory cooldown state is.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():
+            import sqlite3
+
+            private_dir(self.path.parent)
+            _claim(self.path)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=max(self.busy_timeout, SETUP_WAIT),
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                for sql in _BUDGET_SCHEMA:
+                    conn.execute(sql)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    def _book(self, conn: sqlite3.Connection, name: str) -> _Book | None:
+        row = conn.execute(
+            "SELECT lim, win, ends, spent FROM fluid_budget WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            return None
+        lim, win, ends, spent = row
+        if not _whole(lim) or not _whole(spent) or not isinstance(win, str):
+            return None  # not a row fluid wrote: the budget starts again
+        if ends is not None and not (isinstance(ends, int | float) and math.isfinite(ends)):
+            ends = None
+        holds = {
+            str(hold): (int(amount), float(expires))
+            for hold, amount, expires in conn.execute(
+                "SELECT id, amount, expires FROM fluid_budget_hold WHERE name = ?", (name,)
+            )
+            if _whole(amount) and isinstance(expires, int | float)
+        }
+        return _Book(int(lim), win, ends, int(spent), holds)
+
+    def _save(self, conn: sqlite3.Connection, name: str, book: _Book | None) -> None:
+        if book is None:
+            return
+        conn.execute(
+            "INSERT OR REPLACE INTO fluid_budget (name, lim, win, ends, spent) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (name, book.limit, book.window, book.ends, book.spent),
+        )
+        conn.execute("DELETE FROM fluid_budget_hold WHERE name = ?", (name,))
+        conn.executemany(
+            "INSERT INTO fluid_budget_hold (name, id, amount, expires) VALUES (?, ?, ?, ?)",
+            [(name, hold, amount, expires) for hold, (amount, expires) in book.holds.items()],
+        )
+
+    def _atomic(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+    def reserve(
+        self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+    ) -> Reservation:
+        def work(conn: sqlite3.Connection) -> Reservation:
+            book, granted = _reserve(self._book(conn, spec.name), spec, amount, hold, expires, now)
+            self._save(conn, spec.name, book)
+            return Reservation(granted, book.state(spec.name))
+
+        return self._atomic(work)
+
+    def settle(self, name: str, hold: str, amount: int, now: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            self._save(conn, name, _settle(self._book(conn, name), hold, amount, now))
+
+        self._atomic(work)
+
+    def states(self, now: float) -> list[BudgetState]:
+        def work(conn: sqlite3.Connection) -> list[BudgetState]:
+            names = [row[0] for row in conn.execute("SELECT name FROM fluid_budget ORDER BY name")]
+            out = []
+            for name in names:
+                book = self._book(conn, str(name))
+                if book is not None:
+                    book.roll(book.window, now)
+                    out.append(book.state(str(name)))
+            return out
+
+        return self._atomic(work)
+
+    def reset(self, name: str) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM fluid_budget_hold WHERE name = ?", (name,))
+            return conn.execute("DELETE FROM fluid_budget WHERE name = ?", (name,)).rowcount > 0
+
+        return self._atomic(work)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __repr__(self) -> str:
+        return f"SqliteBudgetLedger({str(self.path)!r})"
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST

@@ -68,6 +68,8 @@ class Completion(BaseModel):
     parsed: Any = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    #: What this answer cost in USD; None when no price is known (docs/budgets.md).
+    cost_usd: float | None = None
     provider: str
     model: str
     finish_reason: str | None = None

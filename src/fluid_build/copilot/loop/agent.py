@@ -59,17 +59,16 @@ Strategy = Literal["truncate", "summarize", "hybrid"]
 _STRATEGIES: Final = ("truncate", "summarize", "hybrid")
 _MAX_TOOL_RESULT_CHARS: Final = 20_000
 
-# USD per million input and output tokens, for budgets; pass prices= for others.
-DEFAULT_PRICES: Final[Mapping[str, tuple[float, float]]] = {
-    "gpt-4o": (2.50, 10.00),
-    "gpt-4o-mini": (0.15, 0.60),
-    "gpt-4.1": (2.00, 8.00),
-    "gpt-4.1-mini": (0.40, 1.60),
-    "claude-sonnet-4-6": (3.00, 15.00),
-    "claude-haiku-4-5": (1.00, 5.00),
-    "gemini-2.5-pro": (1.25, 10.00),
-    "gemini-2.5-flash": (0.30, 2.50),
-}
+
+def _loop_prices(prices: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``prices=`` as call/prices reads it; the older ``(usd_in, usd_out)`` pair still works."""
+    from fluid_build.copilot.call.prices import parse_prices
+
+    shaped = {
+        model: {"input": price[0], "output": price[1]} if isinstance(price, tuple) else price
+        for model, price in (prices or {}).items()
+    }
+    return parse_prices(shaped)
 
 
 class LoopSettings(BaseModel):
@@ -357,7 +356,7 @@ class AgentLoop:
         system: str | None = None,
         settings: LoopSettings | None = None,
         budget: Budget | None = None,
-        prices: Mapping[str, tuple[float, float]] | None = None,
+        prices: Mapping[str, Any] | None = None,
         max_output_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         env: Mapping[str, str] | None = None,
@@ -377,7 +376,8 @@ class AgentLoop:
         self.system = system
         self.settings = settings or LoopSettings.from_env(env)
         self.budget = budget or Budget()
-        self.prices = {**DEFAULT_PRICES, **(prices or {})}
+        # Over the client's own (genai-prices, FLUID_PRICES): docs/budgets.md.
+        self.prices = _loop_prices(prices)
         self.max_output_tokens = max_output_tokens
         self.clock = clock
         self.check = check
@@ -435,7 +435,8 @@ class AgentLoop:
             if usage.cost_usd is None and usage.llm_calls and not state.warned_cost:
                 state.warned_cost = True
                 LOG.warning(
-                    "max_cost_usd cannot be enforced: no price is known for %s (pass prices=)",
+                    "max_cost_usd cannot be enforced: no price is known for %s "
+                    "(set FLUID_PRICES, see docs/budgets.md)",
                     self.client.model,
                 )
             if usage.cost_usd is not None and usage.cost_usd >= budget.max_cost_usd:
@@ -470,11 +471,18 @@ class AgentLoop:
         usage = state.usage
         usage.input_tokens += completion.usage.input_tokens
         usage.output_tokens += completion.usage.output_tokens
-        price = self.prices.get(self.client.model)
-        if price is not None:
-            spent = (
-                completion.usage.input_tokens * price[0] + completion.usage.output_tokens * price[1]
-            ) / 1_000_000
+        spent = completion.cost_usd
+        if self.prices:
+            from fluid_build.copilot.call.prices import price_call
+
+            spent = price_call(
+                completion.provider,
+                self.client.model,
+                completion.usage,
+                answered_model=completion.model,
+                overrides=self.prices,
+            )
+        if spent is not None:
             usage.cost_usd = (usage.cost_usd or 0.0) + spent
 
     def _request(self, state: _State) -> dict[str, Any]:
