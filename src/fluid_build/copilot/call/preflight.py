@@ -607,6 +607,7 @@ def check_context(
     capability_matrix: Mapping[str, Any] | None = None,
     max_output_tokens: int | None = None,
     server_window: int | None = None,
+    count: bool = False,
 ) -> PreflightResult:
     """Refuse, before any I/O, a prompt that cannot fit ``model``'s window.
 
@@ -618,11 +619,19 @@ def check_context(
     ["preflight"] = False`` skips the check. A malformed ``capability_matrix``
     raises ValueError. ``server_window`` is the context size a local server
     reported (see :mod:`fluid_build.copilot.llm.local_server`): it replaces
-    the matrix's window unless ``capability_matrix`` sets one.
+    the matrix's window unless ``capability_matrix`` sets one. ``count``
+    always counts the prompt (``prompt_tokens`` is set), even where the byte
+    length proves it fits or the check is off: a call under a USD budget
+    prices what it sends.
     """
     known = _budget_of(provider, model, capability_matrix, max_output_tokens, server_window)
     caps, budget = known.caps, known.budget
     if known.disabled:
+        if count:
+            encoder, plan = _resolve(caps)
+            prompt = _walk(system, messages, tools)
+            tokens = prompt.fixed_tokens + _count(encoder, plan, prompt.texts)
+            return PreflightResult(budget, tokens, plan.exact, "disabled")
         return PreflightResult(budget, None, False, "disabled")
     if known.unknown and ("unknown", caps.provider, caps.model) not in _SAID:
         _say_once(
@@ -636,7 +645,7 @@ def check_context(
             python_aside("capability_matrix"),
         )
     prompt = _walk(system, messages, tools)
-    if _fits_by_bytes(prompt, budget):
+    if not count and _fits_by_bytes(prompt, budget):
         return PreflightResult(budget, None, False, "bytes")
     encoder, plan = _resolve(caps)
     tokens = prompt.fixed_tokens + _count(encoder, plan, prompt.texts)
