@@ -659,3 +659,22 @@ def check_context(
             window_source=known.window_source,
         )
     return PreflightResult(budget, tokens, plan.exact, plan.method)
+
+
+def prompt_tokens(
+    provider: str,
+    model: str,
+    system: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    capability_matrix: Mapping[str, Any] | None = None,
+) -> tuple[int, str]:
+    """``(tokens, method)`` of a whole prompt as :func:`check_context` counts it, always
+    counted (no byte-length shortcut, no window check): what a cost limit prices.
+
+    ``tools`` are the tool definitions (and a response schema) as sent; the
+    framing tokens of each message are included.
+    """
+    encoder, plan = _resolve(capabilities_for(provider, model, capability_matrix))
+    prompt = _walk(system, messages, tools)
+    return prompt.fixed_tokens + _count(encoder, plan, prompt.texts), plan.method

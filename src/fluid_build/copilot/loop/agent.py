@@ -58,6 +58,8 @@ LOG = logging.getLogger("fluid_build.agent")
 Strategy = Literal["truncate", "summarize", "hybrid"]
 _STRATEGIES: Final = ("truncate", "summarize", "hybrid")
 _MAX_TOOL_RESULT_CHARS: Final = 20_000
+#: A compaction summary's call: short, whatever the run's max_output_tokens.
+_SUMMARY_OPTIONS: Final[Mapping[str, Any]] = {"max_output_tokens": 1024}
 
 
 def _loop_prices(prices: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -281,6 +283,16 @@ def _truncate_middle(messages: list[dict[str, Any]], keep_last: int) -> int:
 # -- the loop ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _WorstCase:
+    """The most the next call can cost, on the dearest entry of the client's chain."""
+
+    usd: float
+    label: str
+    input_tokens: int
+    max_output_tokens: int
+
+
 @dataclass
 class _State:
     messages: list[dict[str, Any]]
@@ -392,7 +404,7 @@ class AgentLoop:
         self.result = AgentResult(transcript=state.messages, usage=state.usage)
         return state
 
-    def _stop(self, state: _State, code: str, what: str) -> AgentExecutionError:
+    def _stop(self, state: _State, code: str, what: str, **details: Any) -> AgentExecutionError:
         state.usage.seconds = self.clock() - state.started
         self.result = AgentResult(
             text=state.text, transcript=list(state.messages), usage=state.usage, finished=False
@@ -402,7 +414,7 @@ class AgentLoop:
         return AgentExecutionError(
             f"the agent loop stopped: {what}; the work done so far is kept",
             code=code,
-            details={"usage": usage, "messages": len(state.messages)},
+            details={"usage": usage, "messages": len(state.messages), **details},
         )
 
     def _check_budget(self, state: _State) -> None:
@@ -431,22 +443,23 @@ class AgentLoop:
                 "budget.tokens_exhausted",
                 f"{usage.total_tokens} tokens used of {budget.max_total_tokens}",
             )
-        if budget.max_cost_usd is not None:
-            if usage.cost_usd is None and usage.llm_calls and not state.warned_cost:
-                state.warned_cost = True
-                LOG.warning(
-                    "max_cost_usd cannot be enforced: no price is known for %s "
-                    "(set FLUID_PRICES, see docs/budgets.md)",
-                    self.client.model,
-                )
-            if usage.cost_usd is not None and usage.cost_usd >= budget.max_cost_usd:
-                raise self._stop(
-                    state,
-                    "budget.cost_exhausted",
-                    f"${usage.cost_usd:.4f} spent of ${budget.max_cost_usd:g}",
-                )
+        if (
+            budget.max_cost_usd is not None
+            and usage.cost_usd is not None
+            and usage.cost_usd >= budget.max_cost_usd
+        ):
+            raise self._stop(
+                state,
+                "budget.cost_exhausted",
+                f"{usage.cost_usd:.6f} USD spent of max_cost_usd={budget.max_cost_usd:g} USD",
+                spent_usd=usage.cost_usd,
+                left_usd=0.0,
+                limit_usd=budget.max_cost_usd,
+            )
 
-    def _before_call(self, state: _State) -> None:
+    def _before_call(
+        self, state: _State, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
+    ) -> None:
         """Every budget, checked immediately before a model call; the call then counts.
 
         The summary call of a compaction goes through here too, so no strategy can
@@ -454,7 +467,90 @@ class AgentLoop:
         it answers or fails (see :meth:`_not_sent` for the one exception).
         """
         self._check_budget(state)
+        self._check_worst_case(state, messages, options)
         state.usage.llm_calls += 1
+
+    def _prices(self) -> dict[str, Any]:
+        """The client's prices (FLUID_PRICES, its ``prices=``), the loop's over them."""
+        return {**getattr(self.client, "prices", {}), **self.prices}
+
+    def _worst_case(
+        self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
+    ) -> tuple[_WorstCase | None, list[str]]:
+        """The most the call could cost, as a shared budget reserves it (docs/budgets.md):
+        the prompt it sends, counted as the pre-flight counts it, priced, plus
+        ``max_output_tokens`` (else the model's maximum output), priced. A fallback
+        may answer, so each entry is priced at its own model and the dearest counts.
+        Also the entries no price is known for."""
+        from fluid_build.copilot.call.capabilities import capabilities_for
+        from fluid_build.copilot.call.preflight import prompt_tokens
+        from fluid_build.copilot.call.prepare import response_schema, tool_spec
+        from fluid_build.copilot.call.prices import worst_case_usd
+
+        tools = [tool_spec(tool).as_dict() for tool in options.get("tools") or ()]
+        response_model = options.get("response_model")
+        wanted = options.get("max_output_tokens")
+        prices = self._prices()
+        worst: _WorstCase | None = None
+        unpriced: list[str] = []
+        for entry in (self.client, *self.client.fallbacks):
+            counted = list(tools)
+            if response_model is not None:
+                # The response schema travels with the prompt: counted like a tool.
+                schema, _, name = response_schema(response_model, entry.strict_schema)
+                counted.append({"name": name, "description": "", "parameters": schema})
+            matrix = entry.capability_matrix or None
+            tokens, _ = prompt_tokens(
+                entry.provider, entry.model, options.get("system"), messages, counted, matrix
+            )
+            most = wanted
+            if most is None:
+                most = capabilities_for(entry.provider, entry.model, matrix).max_output_tokens
+            usd = worst_case_usd(entry.provider, entry.model, tokens, most, overrides=prices)
+            label = f"{entry.provider}:{entry.model}"
+            if usd is None:
+                unpriced.append(label)
+            elif worst is None or usd > worst.usd:
+                worst = _WorstCase(usd, label, tokens, most)
+        return worst, unpriced
+
+    def _check_worst_case(
+        self, state: _State, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
+    ) -> None:
+        """Stop the run BEFORE a call whose worst case would take it past ``max_cost_usd``."""
+        limit = self.budget.max_cost_usd
+        if limit is None:
+            return  # no limit, nothing counted or priced
+        worst, unpriced = self._worst_case(messages, options)
+        if unpriced and not state.warned_cost:
+            state.warned_cost = True
+            LOG.warning(
+                "max_cost_usd cannot be enforced for %s: no price is known (calls it answers "
+                "are not counted); set FLUID_PRICES or AgentLoop(prices=...), see docs/budgets.md",
+                ", ".join(unpriced),
+            )
+        if worst is None:
+            return
+        spent = state.usage.cost_usd or 0.0
+        if spent + worst.usd <= limit:
+            return
+        left = max(limit - spent, 0.0)
+        raise self._stop(
+            state,
+            "budget.cost_exhausted",
+            f"{spent:.6f} USD spent of max_cost_usd={limit:g} USD, {left:.6f} USD left, and "
+            f"the next call to {worst.label} needs up to {worst.usd:.6f} USD "
+            f"({worst.input_tokens} input tokens and up to {worst.max_output_tokens} output "
+            "tokens, priced); no request was sent (raise max_cost_usd, lower "
+            "max_output_tokens or use a cheaper model)",
+            spent_usd=spent,
+            left_usd=left,
+            limit_usd=limit,
+            needed_usd=worst.usd,
+            model=worst.label,
+            input_tokens=worst.input_tokens,
+            max_output_tokens=worst.max_output_tokens,
+        )
 
     @staticmethod
     def _not_sent(state: _State, error: AgentExecutionError) -> None:
@@ -480,7 +576,7 @@ class AgentLoop:
                 self.client.model,
                 completion.usage,
                 answered_model=completion.model,
-                overrides=self.prices,
+                overrides=self._prices(),
             )
         if spent is not None:
             usage.cost_usd = (usage.cost_usd or 0.0) + spent
@@ -693,7 +789,7 @@ class AgentLoop:
                 )
                 _truncate_middle(state.messages, self.settings.keep_last)
             elif request is not None:
-                self._before_call(state)
+                self._before_call(state, request[0], _SUMMARY_OPTIONS)
                 return request
         self._compacted(state)
         return None
@@ -730,15 +826,17 @@ class AgentLoop:
                 request = self._begin_compaction(state)
                 if request is not None:
                     try:
-                        summary = yield _Ask(self.client, request[0], {"max_output_tokens": 1024})
+                        summary = yield _Ask(self.client, request[0], dict(_SUMMARY_OPTIONS))
                     except AgentExecutionError as error:
                         self._end_compaction(state, request, None, error)
                     else:
                         self._end_compaction(state, request, summary, None)
-            self._before_call(state)  # again: a summary may have used the last call
+            options = self._request(state)
+            # Again: a summary may have used the last call, or the cost it needs.
+            self._before_call(state, state.messages, options)
             state.usage.rounds += 1
             try:
-                completion = yield _Ask(self.client, state.messages, self._request(state))
+                completion = yield _Ask(self.client, state.messages, options)
             except ContextOverflowError as error:
                 self._not_sent(state, error)
                 if not self._retry_after_overflow(state):
