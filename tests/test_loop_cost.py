@@ -298,3 +298,28 @@ def test_no_max_cost_usd_counts_nothing(
         budget=Budget(max_llm_calls=2),
     )
     assert run_until_stopped(agent).code == "budget.llm_calls_exhausted"
+
+
+def test_a_compaction_summary_is_priced_before_it_is_sent_too(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    rate_in, rate_out = listed("gpt-4o-mini")
+    route = mock.post(URL)
+    route.side_effect = [tool_turn("gpt-4o-mini", 10, 10) for _ in range(10)]
+    # Two rounds, then a summary is due: it may write 1,024 tokens, a round only MAX_OUT.
+    settings = LoopSettings(compact_after=2, compaction="summarize", keep_last=1)
+    spent = 2 * (10 * rate_in + 10 * rate_out)
+    agent = AgentLoop(
+        client("gpt-4o-mini"),
+        tools=[count_rows],
+        workspace=tmp_path,
+        settings=settings,
+        budget=Budget(max_cost_usd=spent + 400 * rate_out),
+        max_output_tokens=MAX_OUT,
+    )
+    error = run_until_stopped(agent)
+    assert error.code == "budget.cost_exhausted"
+    assert route.call_count == 2
+    assert all("tools" in json.loads(call.request.content) for call in route.calls)
+    assert error.details["max_output_tokens"] == 1024
+    assert agent.result.usage.cost_usd == pytest.approx(spent)
