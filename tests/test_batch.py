@@ -67,13 +67,26 @@ def check_half_failed(batch: Batch[Completion]) -> None:
     ]
     assert isinstance(batch[1].error, RateLimitError)
     assert batch[3].code == "llm.invalid_request"
-    assert batch.summary() == {"success": 4, "llm.rate_limited": 2, "llm.invalid_request": 1}
-    assert list(batch.summary()) == ["success", "llm.rate_limited", "llm.invalid_request"]
+    # The answers report no usage: priced, at 0 tokens (tests/test_batch_cost.py prices usage).
+    assert batch.summary() == {
+        "success": 4,
+        "llm.rate_limited": 2,
+        "llm.invalid_request": 1,
+        "cost_usd": 0.0,
+    }
+    assert list(batch.summary()) == [
+        "success",
+        "llm.rate_limited",
+        "llm.invalid_request",
+        "cost_usd",
+    ]
     assert [o.index for o in batch.failures()] == [1, 3, 5]
     assert not batch.ok
     with pytest.raises(RateLimitError):
         batch.values()
-    assert repr(batch) == "Batch(7 calls: success=4, llm.rate_limited=2, llm.invalid_request=1)"
+    assert repr(batch) == (
+        "Batch(7 calls: success=4, llm.rate_limited=2, llm.invalid_request=1, cost_usd=0.0)"
+    )
 
 
 def test_map_keeps_input_order_and_an_outcome_per_prompt(mock: respx.MockRouter) -> None:
@@ -127,7 +140,7 @@ def test_map_never_has_more_calls_in_flight_than_the_bound(mock: respx.MockRoute
     mock.post(URL).mock(side_effect=slow)
     with client() as llm:
         batch = map_calls(llm.complete, [f"q{i}" for i in range(9)], concurrency=3)
-    assert batch.summary() == {"success": 9}
+    assert batch.summary() == {"success": 9, "cost_usd": 0.0}
     assert most == 3
 
 
@@ -150,7 +163,7 @@ def test_amap_never_has_more_calls_in_flight_than_the_bound(mock: respx.MockRout
         async with client() as llm:
             return await amap_calls(llm.acomplete, [f"q{i}" for i in range(10)], concurrency=4)
 
-    assert asyncio.run(go()).summary() == {"success": 10}
+    assert asyncio.run(go()).summary() == {"success": 10, "cost_usd": 0.0}
     assert most == 4
 
 
@@ -185,12 +198,13 @@ def test_map_fail_fast_sends_nothing_new_after_the_first_failure() -> None:
         assert skipped.error.details == {"skipped": True, "first_failure": 0}
         assert "prompt 0 failed first" in str(skipped.error)
         assert "fail_fast" not in str(skipped.error)
-    assert sum(batch.summary().values()) == 4
+    assert len(batch) == 4
+    assert sum(n for code, n in batch.summary().items() if code != "cost_usd") == 4
 
 
 def test_without_fail_fast_a_failure_stops_nothing() -> None:
     batch = map_calls(failing, ["a", "fail", "b", "fail", "c"], concurrency=2)
-    assert batch.summary() == {"success": 3, "llm.invalid_request": 2}
+    assert batch.summary() == {"success": 3, "llm.invalid_request": 2, "cost_usd": None}
     assert [o.value for o in batch if o.ok] == ["A", "B", "C"]
 
 
@@ -205,7 +219,12 @@ def test_amap_fail_fast_sends_nothing_new_after_the_first_failure() -> None:
         amap_calls(acomplete, ["a", "fail", "b", "c"], concurrency=1, fail_fast=True)
     )
     assert started == ["a", "fail"]
-    assert batch.summary() == {"success": 1, "llm.cancelled": 2, "llm.invalid_request": 1}
+    assert batch.summary() == {
+        "success": 1,
+        "llm.cancelled": 2,
+        "llm.invalid_request": 1,
+        "cost_usd": None,
+    }
     codes = ["success", "llm.invalid_request", "llm.cancelled", "llm.cancelled"]
     assert [o.code for o in batch] == codes
 
@@ -282,7 +301,7 @@ def test_a_local_fluid_error_is_an_outcome_named_by_its_class() -> None:
         raise FluidError("the cassette has no such exchange")
 
     batch = map_calls(local, ["a"])
-    assert batch.summary() == {"FluidError": 1}
+    assert batch.summary() == {"FluidError": 1, "cost_usd": None}
     assert isinstance(batch[0].error, FluidError)
 
 
@@ -294,7 +313,7 @@ def test_a_bound_that_is_not_a_positive_integer_is_refused(concurrency: Any) -> 
 
 def test_no_prompts_is_an_empty_batch() -> None:
     assert map_calls(failing, []) == Batch(())
-    assert asyncio.run(amap_calls(_abroken, [])).summary() == {}
+    assert asyncio.run(amap_calls(_abroken, [])).summary() == {"cost_usd": None}
 
 
 def test_the_progress_bar_counts_every_outcome_and_names_the_failures() -> None:
@@ -303,7 +322,7 @@ def test_the_progress_bar_counts_every_outcome_and_names_the_failures() -> None:
     prompts = ["a", "fail", "b", "fail"]
     with progress_bar(len(prompts), description="forge", console=console) as progress:
         batch = map_calls(failing, prompts, concurrency=2, progress=progress)
-    assert batch.summary() == {"success": 2, "llm.invalid_request": 2}
+    assert batch.summary() == {"success": 2, "llm.invalid_request": 2, "cost_usd": None}
     shown = out.getvalue()
     assert "forge" in shown
     assert "4/4" in shown

@@ -20,12 +20,16 @@ from typing import Any
 import pytest
 
 from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.copilot.call.prices import price_call
+from fluid_build.copilot.llm.types import Usage
 from tests.docs_model import Request
 from tests.loopback import Seen, base_url, http_server
 from tests.test_cli_conventions import _AT_A_TERMINAL, _DEFAULT_SIGINT, FLUID
 from tests.test_docs_commands import OPENAI_KEY, Place, new_place, run
 
 PROMPTS = ["first prompt", "second prompt", "third prompt", "fourth prompt"]
+#: What one echoed answer (5 tokens in, 3 out) costs from gpt-4o: 2.50 / 10.00 USD per million.
+GPT_4O_ANSWER = price_call("openai", "gpt-4o", Usage(input_tokens=5, output_tokens=3)) or 0.0
 
 
 def _prompt(request: Request) -> str:
@@ -84,7 +88,8 @@ def test_every_prompt_answered_in_input_order(place: Place) -> None:
     assert [r["index"] for r in records] == [0, 1, 2, 3]
     assert [r["text"] for r in records] == [f"echo: {p}" for p in PROMPTS]
     assert all(r["ok"] for r in records)
-    assert result == {"ok": True, "exit_code": 0, "summary": {"success": 4}}
+    summary = {"success": 4, "cost_usd": round(4 * GPT_4O_ANSWER, 6)}
+    assert result == {"ok": True, "exit_code": 0, "summary": summary}
     assert len(place.model.requests) == 4
     assert "\x1b[" not in done.stderr  # no bar, no color in a pipe
     _no_key(done)
@@ -101,7 +106,11 @@ def test_some_failed_exits_with_the_first_failures_code(place: Place) -> None:
     assert error["code"] == "llm.server_error"
     assert "boom" in error["message"]
     assert error["hint"]
-    assert result["summary"] == {"success": 2, "llm.server_error": 2}
+    assert result["summary"] == {
+        "success": 2,
+        "llm.server_error": 2,
+        "cost_usd": round(2 * GPT_4O_ANSWER, 6),
+    }
     assert result["exit_code"] == 14
     _no_key(done)
 
@@ -121,13 +130,91 @@ def test_the_summary_table_and_the_out_file(place: Place) -> None:
     assert "hint:" in done.stderr
 
 
+def test_each_answer_and_the_summary_carry_the_cost(place: Place) -> None:
+    place.model.script = _echo({"third prompt"})
+    done = run(place, "fluid batch prompts.txt --json")
+    assert done.returncode == 14, done.stdout + done.stderr
+    *records, result = _lines(done.stdout)
+    assert [r.get("cost_usd", "absent") for r in records] == [GPT_4O_ANSWER] * 2 + [
+        "absent",
+        GPT_4O_ANSWER,
+    ]
+    assert result["summary"]["cost_usd"] == round(3 * GPT_4O_ANSWER, 6) == 0.000128
+
+
+def test_the_summary_table_ends_with_the_cost(place: Place) -> None:
+    place.model.script = _echo()
+    done = run(place, "fluid batch prompts.txt --out results.jsonl")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # 4 answers of 5 tokens in, 3 out from gpt-4o: 4 x 0.0000425 USD.
+    assert done.stderr.splitlines()[-1] == "cost: 0.000170 USD"
+    assert "cost_usd" not in done.stderr  # the cost is not a row of the table of outcomes
+    records = _lines((place.cwd / "results.jsonl").read_text(encoding="utf-8"))
+    assert [r["cost_usd"] for r in records] == [GPT_4O_ANSWER] * 4
+
+
+def _private(priced: frozenset[str] = frozenset()) -> Any:
+    """Echo as a private model; the prompts in ``priced`` are answered as gpt-4o."""
+    echo = _echo()
+
+    def script(request: Request) -> tuple[int, dict[str, Any]] | None:
+        answered = echo(request)
+        if answered is not None:
+            answered[1]["model"] = "gpt-4o" if _prompt(request) in priced else "acme-private-7b"
+        return answered
+
+    return script
+
+
+def test_a_model_with_no_price_is_an_unknown_cost_not_zero(place: Place) -> None:
+    place.model.script = _private()
+    done = run(place, "fluid batch prompts.txt --model acme-private-7b --out results.jsonl")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "cost: unknown (no price for openai:acme-private-7b; "
+        "give one in FLUID_PRICES (docs/budgets.md))"
+    )
+    records = _lines((place.cwd / "results.jsonl").read_text(encoding="utf-8"))
+    assert [r["cost_usd"] for r in records] == [None] * 4
+    done = run(place, "fluid batch prompts.txt --model acme-private-7b --json")
+    assert _lines(done.stdout)[-1]["summary"] == {"success": 4, "cost_usd": None}
+
+
+def test_a_price_given_in_fluid_prices_is_used(place: Place) -> None:
+    place.model.script = _private()
+    # 1,000,000 USD per million tokens: 5 in + 3 out is 8 USD an answer.
+    place.env["FLUID_PRICES"] = '{"acme-private-7b": {"input": 1000000, "output": 1000000}}'
+    done = run(place, "fluid batch prompts.txt --model acme-private-7b --json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    *records, result = _lines(done.stdout)
+    assert [r["cost_usd"] for r in records] == [8.0] * 4
+    assert result["summary"]["cost_usd"] == 32.0
+
+
+def test_a_partly_priced_batch_says_how_many_answers_it_counts(place: Place) -> None:
+    place.model.script = _private(frozenset({"first prompt", "third prompt"}))
+    done = run(place, "fluid batch prompts.txt --model acme-private-7b --out results.jsonl")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "cost: 0.000085 USD for 2 of 4 answers (no price for openai:acme-private-7b; "
+        "give one in FLUID_PRICES (docs/budgets.md))"
+    )
+
+
+def test_no_answer_counts_no_cost(place: Place) -> None:
+    place.model.script = _echo(set(PROMPTS), status=400, message="unknown parameter")
+    done = run(place, "fluid batch prompts.txt --out results.jsonl")
+    assert done.returncode != 0
+    assert "cost: none counted (no prompt was answered)" in done.stderr.splitlines()
+
+
 def test_fail_fast_sends_nothing_after_the_first_failure(place: Place) -> None:
     place.model.script = _echo({"first prompt"})
     done = run(place, "fluid batch prompts.txt --json --fail-fast --concurrency 1")
     assert done.returncode == 14, done.stdout + done.stderr
     *records, result = _lines(done.stdout)
     assert [r["error"]["code"] for r in records] == ["llm.server_error"] + ["llm.cancelled"] * 3
-    assert result["summary"] == {"llm.cancelled": 3, "llm.server_error": 1}
+    assert result["summary"] == {"llm.cancelled": 3, "llm.server_error": 1, "cost_usd": None}
     assert len(place.model.requests) == 1
 
 

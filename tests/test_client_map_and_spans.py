@@ -70,7 +70,7 @@ def test_map_and_amap_are_the_client_s(mock: respx.MockRouter) -> None:
     with make(clock) as client:
         batch = client.map(["a", "bad", "c"], concurrency=2)
     assert [o.value.text if o.value else o.code for o in batch] == ["A", "llm.invalid_request", "C"]
-    assert batch.summary() == {"success": 2, "llm.invalid_request": 1}
+    assert batch.summary() == {"success": 2, "llm.invalid_request": 1, "cost_usd": 0.0}
 
     async def go() -> list[str]:
         async with make(clock) as client:

@@ -97,6 +97,8 @@ def _record(outcome: Outcome[Completion], line: int) -> dict[str, Any]:
         record["error"] = _error_record(outcome.error)
     elif outcome.value is not None:
         record["text"] = outcome.value.text
+        # null: no price is known for the model that answered (docs/budgets.md).
+        record["cost_usd"] = outcome.value.cost_usd
     return record
 
 
@@ -161,17 +163,40 @@ def _exit_code(batch: Batch[Completion]) -> int:
     return exit_code_for(first) if first is not None else EXIT_CODES["ok"]
 
 
+def _cost_line(batch: Batch[Completion]) -> str:
+    """What the answers cost, saying which answers had no price rather than counting them as 0."""
+    answers = [outcome.value for outcome in batch if outcome.value is not None]
+    if not answers:
+        return "cost: none counted (no prompt was answered)"
+    unpriced = sorted({f"{a.provider}:{a.model}" for a in answers if a.cost_usd is None})
+    missing = (
+        f"no price for {', '.join(unpriced)}; give one in FLUID_PRICES (docs/budgets.md)"
+        if unpriced
+        else ""
+    )
+    cost = batch.cost_usd
+    if cost is None:
+        return f"cost: unknown ({missing})"
+    if unpriced:
+        priced = sum(answer.cost_usd is not None for answer in answers)
+        return f"cost: {cost:.6f} USD for {priced} of {len(answers)} answers ({missing})"
+    return f"cost: {cost:.6f} USD"
+
+
 def _print_summary(batch: Batch[Completion]) -> None:
     from rich.table import Table
 
     from fluid_build.cli._console import make_console
     from fluid_build.cli._messages import describe
+    from fluid_build.copilot.batch import COST, SUCCESS
 
     table = Table("outcome", "prompts", box=None, pad_edge=False)
     for code, count in batch.summary().items():
-        table.add_row(code, str(count), style="green" if code == "success" else "red")
+        if code != COST:  # the counts; the cost has its own line
+            table.add_row(code, str(count), style="green" if code == SUCCESS else "red")
     console = make_console(stderr=True)
     console.print(table)
+    click.echo(_cost_line(batch), err=True)
     for outcome in batch.failures()[:1]:
         if outcome.error is not None:
             click.echo(f"first failure, prompt {outcome.index}:", err=True)
@@ -259,8 +284,9 @@ def command(
 ) -> None:
     """Send every line of PROMPTS (a file, or - for stdin) as a prompt, several at a time.
 
-    Writes one JSON line per prompt, in input order (index, ok, then text or
-    error), to --out FILE or stdout; then a summary by reason code. Exits 0
+    Writes one JSON line per prompt, in input order (index, ok, then text and
+    cost_usd, or error), to --out FILE or stdout; then a summary by reason
+    code and what the answers cost in USD. Exits 0
     when every prompt got an answer, else with the exit code of the first
     failure (docs/cli.md).
     """

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.prepare import Messages
 
 __all__ = [
+    "COST",
     "DEFAULT_CONCURRENCY",
     "SUCCESS",
     "Batch",
@@ -50,6 +51,8 @@ T = TypeVar("T")
 DEFAULT_CONCURRENCY = 8
 #: The summary's name for the prompts that got an answer.
 SUCCESS = "success"
+#: The summary's last entry: what the answers cost in USD (None: no price known).
+COST = "cost_usd"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +92,32 @@ class Batch(tuple[Outcome[T], ...]):
         """Whether every prompt got an answer."""
         return all(outcome.ok for outcome in self)
 
-    def summary(self) -> dict[str, int]:
-        """How many prompts ended how: ``{"success": 8, "llm.rate_limited": 2}``.
+    @property
+    def cost_usd(self) -> float | None:
+        """What the answers cost in USD: the sum of each value's ``cost_usd``.
 
-        ``success`` first, then the reason codes, most frequent first.
+        None when no answer had a known price (no price is not a price of 0).
+        A partly priced batch gives the sum of the known prices: at least what
+        was spent. Failed prompts add nothing here, though a failure after a
+        retry may have been billed (see docs/batch.md).
+        """
+        costs = [cost for cost in map(_cost_of, self) if cost is not None]
+        return sum(costs) if costs else None
+
+    def summary(self) -> dict[str, int | float | None]:
+        """How many prompts ended how, then the cost.
+
+        ``{"success": 8, "llm.rate_limited": 2, "cost_usd": 0.0042}``:
+        ``success`` first, then the reason codes, most frequent first, then
+        ``cost_usd`` (:attr:`cost_usd` rounded to 6 places, or None when no
+        answer had a known price). The counts are every entry but the last.
         """
         counts = Counter(outcome.code for outcome in self)
         ordered = sorted(counts.items(), key=lambda item: (item[0] != SUCCESS, -item[1], item[0]))
-        return dict(ordered)
+        summary: dict[str, int | float | None] = dict(ordered)
+        cost = self.cost_usd
+        summary[COST] = None if cost is None else round(cost, 6)
+        return summary
 
     def failures(self) -> list[Outcome[T]]:
         """The outcomes that are errors, in input order."""
@@ -107,8 +128,14 @@ class Batch(tuple[Outcome[T], ...]):
         return [outcome.unwrap() for outcome in self]
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"{code}={n}" for code, n in self.summary().items())
-        return f"Batch({len(self)} calls: {counts})"
+        shown = ", ".join(f"{name}={value}" for name, value in self.summary().items())
+        return f"Batch({len(self)} calls: {shown})"
+
+
+def _cost_of(outcome: Outcome[Any]) -> float | None:
+    """The outcome's value's ``cost_usd`` (a Completion's), when it is a number."""
+    cost = getattr(outcome.value, "cost_usd", None)
+    return float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
 
 
 #: Told each outcome as it ends (see :func:`map_calls`).
