@@ -32,6 +32,7 @@ from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
     ContextOverflowError,
     SchemaValidationError,
+    python_aside,
 )
 from fluid_build.copilot.call import drive
 from fluid_build.copilot.call.drive import Plan
@@ -451,7 +452,8 @@ class AgentLoop:
             raise self._stop(
                 state,
                 "budget.cost_exhausted",
-                f"{usage.cost_usd:.6f} USD spent of max_cost_usd={budget.max_cost_usd:g} USD",
+                f"{usage.cost_usd:.6f} USD spent of the run's max_cost_usd of "
+                f"{budget.max_cost_usd:g} USD",
                 spent_usd=usage.cost_usd,
                 left_usd=0.0,
                 limit_usd=budget.max_cost_usd,
@@ -526,8 +528,9 @@ class AgentLoop:
             state.warned_cost = True
             LOG.warning(
                 "max_cost_usd cannot be enforced for %s: no price is known (calls it answers "
-                "are not counted); set FLUID_PRICES or AgentLoop(prices=...), see docs/budgets.md",
+                "are not counted); give one with FLUID_PRICES %s, see docs/budgets.md",
                 ", ".join(unpriced),
+                python_aside("prices"),
             )
         if worst is None:
             return
@@ -538,8 +541,9 @@ class AgentLoop:
         raise self._stop(
             state,
             "budget.cost_exhausted",
-            f"{spent:.6f} USD spent of max_cost_usd={limit:g} USD, {left:.6f} USD left, and "
-            f"the next call to {worst.label} needs up to {worst.usd:.6f} USD "
+            f"{spent:.6f} USD spent of the run's max_cost_usd of {limit:g} USD, "
+            f"{left:.6f} USD left, and the next call to {worst.label} needs up to "
+            f"{worst.usd:.6f} USD "
             f"({worst.input_tokens} input tokens and up to {worst.max_output_tokens} output "
             "tokens, priced); no request was sent (raise max_cost_usd, lower "
             "max_output_tokens or use a cheaper model)",
