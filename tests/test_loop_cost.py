@@ -323,3 +323,24 @@ def test_a_compaction_summary_is_priced_before_it_is_sent_too(
     assert all("tools" in json.loads(call.request.content) for call in route.calls)
     assert error.details["max_output_tokens"] == 1024
     assert agent.result.usage.cost_usd == pytest.approx(spent)
+
+
+def test_the_loops_prices_add_to_the_clients_and_do_not_hide_them(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    # The client prices the private model; the loop prices another: both apply.
+    mock.post(URL).side_effect = [
+        tool_turn("my-private-model", 1_000_000, 0),
+        tool_turn("my-private-model", 1_000_000, 0),
+    ]
+    agent = AgentLoop(
+        client("my-private-model", prices={"my-private-model": {"input": 2.0, "output": 8.0}}),
+        tools=[count_rows],
+        workspace=tmp_path,
+        settings=LoopSettings(),
+        budget=Budget(max_llm_calls=2, max_cost_usd=100.0),
+        prices={"another-model": (1.0, 1.0)},
+        max_output_tokens=MAX_OUT,
+    )
+    assert run_until_stopped(agent).code == "budget.llm_calls_exhausted"
+    assert agent.result.usage.cost_usd == pytest.approx(4.0)
