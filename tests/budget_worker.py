@@ -3,10 +3,12 @@
 Usage: python -m tests.budget_worker MODE BASE_URL OUT_FILE
 
 MODE:
-  calls  15 calls through the retry envelope under budget ``team``, each reserving
-         its worst case and settling the price the server's usage says; one JSON
-         line per call in OUT_FILE
-  hold   reserve one call's worst case, print ``held``, and wait to be killed
+  calls  15 calls through ``LLMClient(budget="team")``, as a user makes them: each
+         attempt reserves its worst case (the prompt the pre-flight counts, plus
+         ``max_output_tokens``, priced) and settles the price the answer's usage
+         says; one JSON line per call in OUT_FILE
+  hold   one call through the same client to a server that never answers: the
+         test kills the process while the call holds its reservation
 
 The store (FLUID_COOLDOWN_URL, or the sqlite file under XDG_CACHE_HOME) and the
 budget (FLUID_BUDGETS) come from the environment, as a client reads them. The
@@ -20,55 +22,40 @@ import json
 import sys
 from typing import Any
 
-import httpx
-
 from fluid_build.copilot.agents.errors import AgentExecutionError
-from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
-from fluid_build.copilot.call.prices import ModelPrice
-from fluid_build.copilot.health.budget import BudgetGuard
-from fluid_build.copilot.llm.base import Parsed
-from fluid_build.copilot.llm.types import Usage
+from fluid_build.copilot.client import LLMClient
 
-#: USD per million tokens: a call's worst case (1000 in, 500 out) is 0.002 USD.
-PRICES = {"m": ModelPrice(input=1.0, output=2.0)}
+#: USD per million tokens: a call's answer (1000 in, 300 out) costs 0.0016 USD.
+PRICES = {"m": {"input": 1.0, "output": 2.0}}
 CALLS = 15
-
-
-def _answer(client: httpx.Client, base_url: str) -> tuple[Parsed, httpx.Response]:
-    response = client.post(base_url + "/v1/chat/completions", json={"model": "m"})
-    response.raise_for_status()
-    usage = response.json()["usage"]
-    parsed = Parsed(
-        text="ok",
-        usage=Usage(input_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"]),
-        model="m",
-    )
-    return parsed, response
+#: About 1,000 tokens, so that the worst case reserved covers what the answer says.
+PROMPT = "word " * 1_000
+MAX_OUTPUT = 500
 
 
 def main(argv: list[str]) -> int:
     mode, base_url, out_path = argv
-    envelope = RetryEnvelope.from_env(policy=RetryPolicy(attempts=1))
-    guard = BudgetGuard.from_env("team", envelope.cooldown, prices=PRICES)
-    assert guard is not None
+    client = LLMClient(
+        "openai_compatible",
+        "m",
+        base_url=base_url + "/v1",
+        prices=PRICES,
+        budget="team",
+        deadline=5.0 if mode == "hold" else 30.0,
+    )
     print("ready", flush=True)
     sys.stdin.readline()
-    if mode == "hold":
-        spend = guard.spend("openai_compatible", "m", 1_000, 500, deadline=5.0)
-        hold = spend.reserve()
-        print("held", json.dumps({"amount": None if hold is None else hold.amount}), flush=True)
-        sys.stdin.readline()  # killed before this returns
-        return 0
-    with httpx.Client(timeout=10.0) as client, open(out_path, "w") as out:
-        for _ in range(CALLS):
-            spend = guard.spend("openai_compatible", "m", 1_000, 500, deadline=30.0)
+    with client, open(out_path, "w") as out:
+        for _ in range(1 if mode == "hold" else CALLS):
             record: dict[str, Any]
             try:
-                parsed, _ = envelope.call(lambda: _answer(client, base_url), spend=spend)
+                done = client.complete(
+                    [{"role": "user", "content": PROMPT}], max_output_tokens=MAX_OUTPUT
+                )
             except AgentExecutionError as error:
                 record = {"outcome": error.code, "message": error.message}
             else:
-                record = {"outcome": "ok", "output_tokens": parsed.usage.output_tokens}
+                record = {"outcome": "ok", "cost_usd": done.cost_usd}
             out.write(json.dumps(record) + "\n")
     return 0
 

@@ -12,9 +12,9 @@ import pytest
 
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.copilot.call.prices import ModelPrice
+from fluid_build.copilot.call.spend import BudgetGuard
 from fluid_build.copilot.health.budget import (
     MICRO,
-    BudgetGuard,
     BudgetLedger,
     BudgetSpec,
     MemoryBudgetLedger,
@@ -369,7 +369,7 @@ def test_an_error_answer_spends_nothing_a_lost_answer_its_reservation() -> None:
 # -- a fleet on one budget: real processes, a real loopback server --------------------------
 
 WORKERS = 8
-BUDGET_USD = 0.1  # 100,000 micro-USD; each call reserves 2,000 and costs 1,600
+BUDGET_USD = 0.1  # 100,000 micro-USD; each call reserves about 2,000 and costs 1,600
 COST = 1_600
 
 
@@ -389,7 +389,12 @@ class _Server:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 with server.lock:
                     server.requests += 1
-                body = b'{"usage": {"prompt_tokens": 1000, "completion_tokens": 300}}'
+                body = (
+                    b'{"id": "c1", "object": "chat.completion", "model": "m", "choices": '
+                    b'[{"index": 0, "message": {"role": "assistant", "content": "ok"}, '
+                    b'"finish_reason": "stop"}], '
+                    b'"usage": {"prompt_tokens": 1000, "completion_tokens": 300}}'
+                )
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -498,6 +503,7 @@ def test_eight_processes_share_one_budget(
     assert state.spent == COST * len(granted)
     assert state.spent <= limit
     assert state.spent >= 0.8 * limit
+    assert [r["cost_usd"] for r in granted] == [pytest.approx(COST / MICRO)] * len(granted)
     print(  # the figures the closing note gives (pytest -s shows them)
         f"{store}: spent {state.spent / MICRO:.4f} of {limit / MICRO:.4f} USD; "
         f"{fleet['requests']} requests sent, {len(granted)} calls granted, "
@@ -508,27 +514,41 @@ def test_eight_processes_share_one_budget(
 def test_a_killed_process_releases_its_reservation_after_deadline_plus_margin(
     tmp_path: Path,
 ) -> None:
-    import json
     import signal
+    import socket
     import time
 
     from fluid_build.copilot.health.budget import HOLD_MARGIN
 
+    # A server that takes the connection and never answers: the call holds its reservation.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
     env = _worker_env(tmp_path, None)
-    proc = _start("hold", "http://127.0.0.1:9", tmp_path / "unused", env)
-    before = time.time()
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    line = proc.stdout.readline().split(" ", 1)
-    assert line[0] == "held"
-    amount = json.loads(line[1])["amount"]
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
-    _close(proc)
-    ledger = _ledger_of(tmp_path, None)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        proc = _start("hold", url, tmp_path / "unused", env)
+        before = time.time()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        ledger = _ledger_of(tmp_path, None)
+        held = None
+        for _ in range(500):  # the worker's call reserves before it sends (bounded: 5 s)
+            states = ledger.states(time.time())
+            if states and states[0].reserved:
+                held = states[0]
+                break
+            time.sleep(0.01)
+        assert held is not None, "the worker's call never reserved"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        _close(proc)
+    finally:
+        silent.close()
     # The worker's call had a 5 s deadline: its hold lives until then plus the margin.
-    (held,) = ledger.states(before + 5 + HOLD_MARGIN - 1)
-    assert held.reserved == amount == 2_000
+    (still,) = ledger.states(before + 5 + HOLD_MARGIN - 1)
+    assert still.reserved == held.reserved
+    assert 2_000 <= held.reserved < 3_000  # ~1,000 prompt tokens and 500 output, priced
     (released,) = ledger.states(time.time() + 5 + HOLD_MARGIN + 1)
     assert released.reserved == 0
     assert released.spent == 0

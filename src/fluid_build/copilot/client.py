@@ -232,7 +232,7 @@ class LLMClient:
         }
         if budget is not None or source.get("FLUID_BUDGET"):
             # A shared USD budget (FLUID_BUDGETS): each attempt reserves from it.
-            from fluid_build.copilot.health.budget import BudgetGuard
+            from fluid_build.copilot.call.spend import BudgetGuard
 
             self.envelope.budget = BudgetGuard.from_env(
                 budget, self.envelope.cooldown, source, prices=self.prices, wall=self.envelope.wall

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -60,6 +60,9 @@ from fluid_build.copilot.health.ratelimit import estimate_tokens
 from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
 from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.call.spend import BudgetSpend
 
 __all__ = ["CallOptions", "Entry", "completing"]
 
@@ -338,9 +341,30 @@ class Entry:
             strict_schema=self.strict_schema,
             validate=options.get("validate", True),
             server_window=window,
+            count=self.envelope.budget is not None,
         )
         deadline.check("the pre-flight")
         return prepared
+
+    def bounded(
+        self, deadline: Deadline, prepared: Prepared
+    ) -> tuple[CallBounds, BudgetSpend | None]:
+        """:meth:`bounds`, with this call's spending when the client has a USD budget."""
+        bounds = self.bounds(deadline)
+        guard = self.envelope.budget
+        if guard is None:
+            return bounds, None
+        # Each attempt reserves the prompt it sends and the most it may answer, priced at
+        # this entry's own model (a fallback entry at its own); see docs/budgets.md.
+        spend = guard.spend(
+            self.provider,
+            self.model,
+            prepared.input_tokens or 0,
+            prepared.most_output_tokens or 0,
+            deadline.seconds,
+        )
+        bounds["spend"] = spend
+        return bounds, spend
 
     def complete(
         self,
@@ -387,7 +411,7 @@ class Entry:
             self.settled(tokens, parsed)
             return parsed, done
 
-        bounds = self.bounds(deadline)
+        bounds, _ = self.bounded(deadline, prepared)
         attempting = attempt
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
@@ -473,33 +497,38 @@ class Entry:
                 yield Close(response)
                 raise
 
-        bounds = self.bounds(deadline)
+        bounds, spend = self.bounded(deadline, prepared)
         attempting = opening
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
         try:
-            for item in first:
-                yield Emit(item)
             try:
-                while (pair := (yield Next(chunks))) is not END:
-                    event, data = pair
-                    for item in decoder.chunk(response, state, spec, event, data, started=True):
-                        yield Emit(item)
-            except (httpx.HTTPError, OSError) as exc:
-                # After the end marker only the connection's end failed (a missing last chunk):
-                # the answer is whole.
+                for item in first:
+                    yield Emit(item)
+                try:
+                    while (pair := (yield Next(chunks))) is not END:
+                        event, data = pair
+                        for item in decoder.chunk(response, state, spec, event, data, started=True):
+                            yield Emit(item)
+                except (httpx.HTTPError, OSError) as exc:
+                    # After the end marker only the connection's end failed (a missing last chunk):
+                    # the answer is whole.
+                    if not state.done:
+                        raise decoder.interrupted(exc, state, deadline, reader, response) from exc
+                except AgentExecutionError as error:
+                    if "interrupted" in error.details:
+                        raise
+                    raise error.with_details(interrupted=True, **state.partial()) from error
                 if not state.done:
-                    raise decoder.interrupted(exc, state, deadline, reader, response) from exc
-            except AgentExecutionError as error:
-                if "interrupted" in error.details:
-                    raise
-                raise error.with_details(interrupted=True, **state.partial()) from error
-            if not state.done:
-                raise decoder.cut(state, reader, emitted=True, response=response)
+                    raise decoder.cut(state, reader, emitted=True, response=response)
+            finally:
+                yield Close(response)
         finally:
-            yield Close(response)
+            if spend is not None:
+                # Whole or broken, the stream settles what its usage said, else its whole hold.
+                spend.finish(state.usage, state.model)
         completion = decoder.completion(state.parsed(), prepared, attempts, request_id(response))
         yield Emit(StreamEvent(type="done", completion=completion))
 

@@ -84,7 +84,7 @@ __all__ = [
 if TYPE_CHECKING:
     import tenacity
 
-    from fluid_build.copilot.health.budget import BudgetGuard
+    from fluid_build.copilot.call.spend import BudgetGuard
 
 LOG = logging.getLogger("fluid_build.retry")
 

@@ -46,6 +46,11 @@ class Prepared:
     response_model: type[BaseModel] | None
     strict: StrictSchema | None
     validate: bool = True
+    #: Counted only for a call under a USD budget (``prepare(count=True)``): the
+    #: prompt's tokens, and the most the answer may take (``max_output_tokens``,
+    #: else the model's maximum output).
+    input_tokens: int | None = None
+    most_output_tokens: int | None = None
 
 
 # Per model class (weakly: a class made at run time may go), per strict flag:
@@ -109,8 +114,13 @@ def prepare(
     strict_schema: bool,
     validate: bool = True,
     server_window: int | None = None,
+    count: bool = False,
 ) -> Prepared:
-    """The call as the adapters take it; refuses a prompt that cannot fit, before any I/O."""
+    """The call as the adapters take it; refuses a prompt that cannot fit, before any I/O.
+
+    ``count`` (a call under a USD budget) counts the prompt's tokens and the
+    most output the call may take, for its reservation to price.
+    """
     from fluid_build.copilot.call.preflight import check_context
 
     neutral = _messages(messages)
@@ -123,7 +133,7 @@ def prepare(
     if response_model is not None:
         schema, strict, name = response_schema(response_model, strict_schema)
         counted.append({"name": name, "description": "", "parameters": schema})
-    check_context(
+    checked = check_context(
         provider=provider,
         model=model,
         system=system,
@@ -132,6 +142,7 @@ def prepare(
         capability_matrix=capability_matrix or None,
         max_output_tokens=max_output_tokens,
         server_window=server_window,
+        count=count,
     )
     spec = CallSpec(
         model=model,
@@ -143,7 +154,14 @@ def prepare(
         strict=strict is not None,
         max_output_tokens=max_output_tokens,
     )
-    return Prepared(spec, response_model, strict, validate)
+    if not count:
+        return Prepared(spec, response_model, strict, validate)
+    most = max_output_tokens
+    if most is None:
+        from fluid_build.copilot.call.capabilities import capabilities_for
+
+        most = capabilities_for(provider, model, capability_matrix or None).max_output_tokens
+    return Prepared(spec, response_model, strict, validate, checked.prompt_tokens, most)
 
 
 def http_request(

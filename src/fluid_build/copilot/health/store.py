@@ -13,11 +13,8 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit
-
-if TYPE_CHECKING:
-    from fluid_build.copilot.health.budget import MemoryBudgetLedger
 
 __all__ = [
     "LONGEST",
@@ -224,7 +221,6 @@ class MemoryCooldownStore:
     def __init__(self) -> None:
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
-        self._ledger: MemoryBudgetLedger | None = None
 
     def _live(self, key: str, now: float) -> _Record | None:
         record = self._records.get(key)
@@ -352,15 +348,6 @@ class MemoryCooldownStore:
             gone = len(self._records)
             self._records = {}
         return gone
-
-    def budget_ledger(self) -> MemoryBudgetLedger:
-        """The budgets of this process, kept beside its entries (see :mod:`.budget`)."""
-        from fluid_build.copilot.health.budget import MemoryBudgetLedger
-
-        with self._lock:
-            if self._ledger is None:
-                self._ledger = MemoryBudgetLedger()
-            return self._ledger
 
     def __repr__(self) -> str:
         return "MemoryCooldownStore()"

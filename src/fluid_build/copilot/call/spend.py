@@ -1,0 +1,302 @@
+"""A call's spending from a shared USD budget: reserve per attempt, settle per answer.
+
+The ledger (what each budget has spent and holds, in the shared store) is
+:mod:`fluid_build.copilot.health.budget`; this is the call's side of it: what
+an attempt's worst case costs at the entry's own prices, the refusals
+(``budget.cost_exhausted``, ``budget.cost_unknown``,
+``budget.store_unavailable``) and the settling after the answer. The retry
+envelope runs :class:`BudgetSpend` around every attempt (``CallBounds``'
+``spend``); docs/budgets.md says the rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from fluid_build.copilot.agents.errors import AgentExecutionError, python_aside
+from fluid_build.copilot.health.budget import (
+    HOLD_MARGIN,
+    MICRO,
+    BudgetLedger,
+    BudgetSpec,
+    BudgetState,
+    MemoryBudgetLedger,
+    budget_error,
+    budgets_from_env,
+    ledger_for,
+    micro_usd,
+    usd_text,
+)
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.call.prices import Prices
+    from fluid_build.copilot.health.store import CooldownStore
+    from fluid_build.copilot.llm.types import Usage
+
+__all__ = ["BudgetGuard", "BudgetSpend", "Hold"]
+
+LOG = logging.getLogger("fluid_build.budget")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One attempt's reservation: its id and amount (micro-USD)."""
+
+    id: str
+    amount: int
+
+
+def _refused(message: str, code: str, retryable: bool, **details: Any) -> AgentExecutionError:
+    retry_after = details.pop("retry_after", None)
+    return AgentExecutionError(
+        message, code=code, retryable=retryable, retry_after=retry_after, details=details
+    )
+
+
+class BudgetGuard:
+    """A client's budget: which one, where it is kept, and how to price against it.
+
+    ``wall`` stamps the ledger (wall-clock seconds, as every store keeps them).
+    ``fail_open`` (``FLUID_BUDGET_FAIL_OPEN=1``) lets a call through unmetered
+    when the ledger cannot be reached, instead of refusing it.
+    """
+
+    def __init__(
+        self,
+        spec: BudgetSpec,
+        ledger: BudgetLedger,
+        *,
+        prices: Prices | None = None,
+        fail_open: bool = False,
+        wall: Callable[[], float] | None = None,
+        margin: float = HOLD_MARGIN,
+    ) -> None:
+        import time
+
+        self.spec = spec
+        self.ledger = ledger
+        self.prices = prices
+        self.fail_open = fail_open
+        self.wall = wall or time.time
+        self.margin = margin
+
+    @classmethod
+    def from_env(
+        cls,
+        name: str | None,
+        store: CooldownStore | None,
+        env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> BudgetGuard | None:
+        """The guard for ``name`` (``FLUID_BUDGET`` when None); None when no budget is named."""
+        source = os.environ if env is None else env
+        name = name if name is not None else (source.get("FLUID_BUDGET") or None)
+        if name is None:
+            return None
+        specs = budgets_from_env(source)
+        if name not in specs:
+            declared = ", ".join(sorted(specs)) or "none"
+            raise budget_error(
+                f"budget {name!r} is not declared there (declared: {declared}); the client "
+                "names it with budget= or FLUID_BUDGET"
+            )
+        ledger = ledger_for(store)
+        if ledger is None:
+            ledger = MemoryBudgetLedger()
+        kwargs.setdefault("fail_open", source.get("FLUID_BUDGET_FAIL_OPEN", "") == "1")
+        return cls(specs[name], ledger, **kwargs)
+
+    def spend(
+        self,
+        provider: str,
+        model: str,
+        input_tokens: int,
+        max_output_tokens: int,
+        deadline: float | None,
+    ) -> BudgetSpend:
+        """One call's spending on one entry of its chain (each attempt reserves again)."""
+        return BudgetSpend(self, provider, model, input_tokens, max_output_tokens, deadline)
+
+    def __repr__(self) -> str:
+        return f"BudgetGuard({self.spec.name!r}, {self.ledger!r})"
+
+
+class BudgetSpend:
+    """The reservations of one call on one model: reserve per attempt, settle per answer."""
+
+    def __init__(
+        self,
+        guard: BudgetGuard,
+        provider: str,
+        model: str,
+        input_tokens: int,
+        max_output_tokens: int,
+        deadline: float | None,
+    ) -> None:
+        self.guard = guard
+        self.provider = provider
+        self.model = model
+        self.input_tokens = input_tokens
+        self.max_output_tokens = max_output_tokens
+        self.deadline = deadline
+        #: The hold of an attempt whose answer is still arriving (a stream).
+        self.open: Hold | None = None
+
+    def worst_case(self) -> int:
+        """The attempt's worst case in micro-USD; ``budget.cost_unknown`` without a price."""
+        from fluid_build.copilot.call.prices import worst_case_usd
+
+        usd = worst_case_usd(
+            self.provider,
+            self.model,
+            self.input_tokens,
+            self.max_output_tokens,
+            overrides=self.guard.prices,
+        )
+        if usd is None:
+            name = self.guard.spec.name
+            raise _refused(
+                f"budget {name}: no price is known for {self.provider}:{self.model}, so the "
+                "call cannot be metered; give one with FLUID_PRICES='{\""
+                f'{self.model}": {{"input": 0.5, "output": 1.5}}}}\' (USD per million '
+                f"tokens) {python_aside('prices')}",
+                "budget.cost_unknown",
+                False,
+                budget=name,
+                provider=self.provider,
+                model=self.model,
+            )
+        return max(micro_usd(usd), 1)
+
+    def reserve(self) -> Hold | None:
+        """Reserve this attempt's worst case, or raise the refusal; None: unmetered (fail-open)."""
+        guard = self.guard
+        amount = self.worst_case()
+        now = guard.wall()
+        expires = now + (self.deadline or 600.0) + guard.margin
+        hold = Hold(f"{os.getpid()}-{uuid.uuid4().hex}", amount)
+        try:
+            done = guard.ledger.reserve(guard.spec, amount, hold.id, expires, now)
+        except Exception as exc:  # any store failure is one typed refusal
+            if guard.fail_open:
+                LOG.warning(
+                    "budget %s: the shared store %r failed (%s); FLUID_BUDGET_FAIL_OPEN=1, so "
+                    "this call goes ahead unmetered",
+                    guard.spec.name,
+                    guard.ledger,
+                    type(exc).__name__,
+                )
+                return None
+            raise _refused(
+                f"budget {guard.spec.name}: the shared store {guard.ledger!r} cannot be reached "
+                f"({type(exc).__name__}), so the call was not sent; check FLUID_COOLDOWN_URL "
+                "and run again, or set FLUID_BUDGET_FAIL_OPEN=1 to spend unmetered meanwhile",
+                "budget.store_unavailable",
+                True,
+                budget=guard.spec.name,
+            ) from exc
+        if not done.granted:
+            raise self._exhausted(done.state, amount, now)
+        return hold
+
+    def _exhausted(self, state: BudgetState, amount: int, now: float) -> AgentExecutionError:
+        name = self.guard.spec.name
+        when = ""
+        retry_after = None
+        if state.ends is not None:
+            retry_after = max(state.ends - now, 0.0)
+            at = datetime.fromtimestamp(state.ends, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            when = f"; it resets at {at}"
+        else:
+            when = f"; it lasts until `fluid doctor --reset --budget {name}`"
+        return _refused(
+            f"budget {name} is spent: {usd_text(state.spent)} spent and {usd_text(state.reserved)} "
+            f"reserved of {usd_text(state.limit)}, {usd_text(state.left)} left, and this call to "
+            f"{self.provider}:{self.model} needs up to {usd_text(amount)}; no request was sent"
+            f"{when}; ask for a shorter answer or use a cheaper model (--model)",
+            "budget.cost_exhausted",
+            False,
+            retry_after=retry_after,
+            budget=name,
+            spent_usd=state.spent / MICRO,
+            reserved_usd=state.reserved / MICRO,
+            limit_usd=state.limit / MICRO,
+            needed_usd=amount / MICRO,
+            window_end=state.ends,
+        )
+
+    def settle(self, hold: Hold | None, usd: float | None) -> None:
+        """Replace ``hold`` by what was spent: ``usd``, or the whole hold when unknown."""
+        if hold is None:
+            return
+        amount = hold.amount if usd is None else micro_usd(usd)
+        try:
+            self.guard.ledger.settle(self.guard.spec.name, hold.id, amount, self.guard.wall())
+        except Exception as exc:  # noqa: BLE001 - the answer is here; its spend is logged
+            LOG.warning(
+                "budget %s: could not record %s spent in %r (%s); the reservation ends by "
+                "itself within %s s",
+                self.guard.spec.name,
+                usd_text(amount),
+                self.guard.ledger,
+                type(exc).__name__,
+                f"{(self.deadline or 600.0) + self.guard.margin:g}",
+            )
+
+    def priced(self, usage: Usage | None, answered_model: str | None) -> float | None:
+        """What ``usage`` cost (None: no usage to price)."""
+        if usage is None or not (usage.input_tokens or usage.output_tokens):
+            return None
+        from fluid_build.copilot.call.prices import price_call
+
+        return price_call(
+            self.provider,
+            self.model,
+            usage,
+            answered_model=answered_model,
+            overrides=self.guard.prices,
+        )
+
+    # -- the envelope's hooks (see RetryEnvelope.plan's ``spend``) ------------------------
+
+    def succeeded(self, hold: Hold | None, result: object) -> None:
+        """An attempt answered: settle to its price, or keep a stream's hold open."""
+        parsed = result[0] if isinstance(result, tuple) and result else result
+        usage = getattr(parsed, "usage", None)
+        if usage is None:  # a stream's opening: settled by finish() when it ends
+            self.open = hold
+            return
+        self.settle(hold, self.priced(usage, getattr(parsed, "model", None)))
+
+    def failed(self, hold: Hold | None, exc: BaseException) -> None:
+        """An attempt failed: an error answer or a refused connection spent nothing;
+        any other failure after sending may have been billed, so its hold is spent."""
+        self.settle(hold, 0.0 if _nothing_billed(exc) else None)
+
+    def finish(self, usage: Usage | None, answered_model: str | None = None) -> None:
+        """A stream ended (whole or broken): settle what its usage said, else its whole hold."""
+        hold, self.open = self.open, None
+        self.settle(hold, self.priced(usage, answered_model))
+
+
+def _nothing_billed(exc: BaseException) -> bool:
+    """Whether a failed attempt cost nothing: an error answer (4xx/5xx), or no connection."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        status = getattr(seen, "status_code", None)
+        if status is None:  # httpx.HTTPStatusError keeps the answer, not its status
+            status = getattr(getattr(seen, "response", None), "status_code", None)
+        if isinstance(status, int) and status >= 400:
+            return True
+        if type(seen).__name__ in ("ConnectError", "ConnectTimeout"):
+            return True
+        seen = seen.__cause__
+    return False

@@ -1,0 +1,339 @@
+"""A shared USD budget as LLMClient spends it: one reservation per attempt, settled after.
+
+The ledger and its rules are tested in tests/test_budget.py, and the fleet
+(8 real processes on sqlite and Redis) there too. Here: what one client call
+reserves (the prompt the pre-flight counts plus ``max_output_tokens``, or the
+model's maximum output, priced at the entry's own model), that a retry
+reserves again, that a refusal sends nothing, and how a stream settles, on
+the sync and the async shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.call.capabilities import capabilities_for
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.call.prepare import prepare
+from fluid_build.copilot.client import LLMClient
+from fluid_build.copilot.health.budget import (
+    BudgetSpec,
+    BudgetState,
+    MemoryBudgetLedger,
+    Reservation,
+    micro_usd,
+)
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from tests.fakes import FakeClock
+
+OPENAI = "https://api.openai.com/v1/chat/completions"
+ANTHROPIC = "https://api.anthropic.com/v1/messages"
+KEYS = {"OPENAI_API_KEY": "sk-openai-test", "ANTHROPIC_API_KEY": "sk-ant-test"}
+#: USD per million tokens, given (over genai-prices') so that the figures are plain.
+PRICES = {
+    "gpt-4o-mini": {"input": 1.0, "output": 2.0},
+    "claude-sonnet-4-6": {"input": 3, "output": 15},
+}
+PROMPT = "Say hello to the budget."
+
+
+class Spy(MemoryBudgetLedger):
+    """The memory ledger, keeping every reservation asked for and every settlement."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[int] = []
+        self.settled: list[int] = []
+
+    def reserve(
+        self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+    ) -> Reservation:
+        self.asked.append(amount)
+        return super().reserve(spec, amount, hold, expires, now)
+
+    def settle(self, name: str, hold: str, amount: int, now: float) -> None:
+        self.settled.append(amount)
+        super().settle(name, hold, amount, now)
+
+    def state(self) -> BudgetState:
+        (state,) = self.states(0.0)
+        return state
+
+
+def client(usd: float = 1.0, *fallbacks: str, spy: Spy | None = None) -> tuple[LLMClient, Spy]:
+    clock = FakeClock()
+    envelope = RetryEnvelope(
+        RetryPolicy(attempts=3),
+        cooldown=MemoryCooldownStore(),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+    )
+    env = {**KEYS, "FLUID_BUDGETS": f"team={usd}usd"}
+    llm = LLMClient(
+        "openai",
+        "gpt-4o-mini",
+        envelope=envelope,
+        env=env,
+        prices=PRICES,
+        budget="team",
+        fallbacks=list(fallbacks),
+    )
+    assert llm.envelope.budget is not None
+    spy = spy or Spy()
+    llm.envelope.budget.ledger = spy
+    return llm, spy
+
+
+def answer(input_tokens: int = 1_000, output_tokens: int = 300) -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "id": "c1",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hello"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": input_tokens, "completion_tokens": output_tokens},
+        },
+    )
+
+
+def counted(provider: str, model: str, max_output_tokens: int | None) -> tuple[int, int]:
+    """What the pre-flight counts for PROMPT, and the most output the call may take."""
+    prepared = prepare(
+        provider,
+        model,
+        [{"role": "user", "content": PROMPT}],
+        system=None,
+        response_model=None,
+        tools=None,
+        max_output_tokens=max_output_tokens,
+        capability_matrix=None,
+        strict_schema=False,
+        count=True,
+    )
+    assert prepared.input_tokens is not None
+    assert prepared.input_tokens > 0
+    assert prepared.most_output_tokens is not None
+    return prepared.input_tokens, prepared.most_output_tokens
+
+
+def worst(input_tokens: int, output_tokens: int, price: dict[str, float]) -> int:
+    return micro_usd((input_tokens * price["input"] + output_tokens * price["output"]) / 1e6)
+
+
+def call(llm: LLMClient, mode: str, **options: Any) -> Any:
+    if mode == "sync":
+        return llm.complete(PROMPT, **options)
+    return asyncio.run(llm.acomplete(PROMPT, **options))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_call_reserves_prompt_and_max_output_then_settles_its_price(mode: str) -> None:
+    route = respx.post(OPENAI).mock(return_value=answer(1_000, 300))
+    llm, spy = client()
+    done = call(llm, mode, max_output_tokens=500)
+    prompt, most = counted("openai", "gpt-4o-mini", 500)
+    assert most == 500
+    assert spy.asked == [worst(prompt, 500, PRICES["gpt-4o-mini"])]
+    cost = worst(1_000, 300, PRICES["gpt-4o-mini"])  # 0.0016 USD
+    assert spy.settled == [cost]
+    assert (spy.state().spent, spy.state().reserved) == (cost, 0)
+    assert done.cost_usd == pytest.approx(cost / 1e6)
+    assert route.call_count == 1
+
+
+@respx.mock
+def test_without_max_output_tokens_the_models_maximum_output_is_reserved() -> None:
+    respx.post(OPENAI).mock(return_value=answer())
+    llm, spy = client()
+    llm.complete(PROMPT)
+    prompt, most = counted("openai", "gpt-4o-mini", None)
+    assert most == capabilities_for("openai", "gpt-4o-mini").max_output_tokens > 4_096
+    assert spy.asked == [worst(prompt, most, PRICES["gpt-4o-mini"])]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_each_attempt_reserves_again_and_an_error_answer_spends_nothing(mode: str) -> None:
+    route = respx.post(OPENAI).mock(
+        side_effect=[httpx.Response(503, json={"error": {"message": "busy"}}), answer()]
+    )
+    llm, spy = client()
+    call(llm, mode, max_output_tokens=500)
+    assert route.call_count == 2
+    assert len(spy.asked) == 2
+    assert spy.asked[0] == spy.asked[1]
+    assert spy.settled == [0, worst(1_000, 300, PRICES["gpt-4o-mini"])]
+    assert spy.state().reserved == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_call_that_does_not_fit_is_refused_before_any_request(mode: str) -> None:
+    route = respx.post(OPENAI).mock(return_value=answer())
+    llm, spy = client(usd=0.001)  # the worst case of 500 output tokens alone is 0.001 USD
+    with pytest.raises(AgentExecutionError) as caught:
+        call(llm, mode, max_output_tokens=500)
+    assert caught.value.code == "budget.cost_exhausted"
+    assert caught.value.retryable is False
+    assert "no request was sent" in caught.value.message
+    assert route.call_count == 0
+    assert len(spy.asked) == 1  # refused once, never retried
+    assert spy.state().spent == 0
+
+
+@respx.mock
+def test_a_model_with_no_price_under_a_budget_is_refused_before_any_request() -> None:
+    route = respx.post(OPENAI).mock(return_value=answer())
+    clock = FakeClock()
+    envelope = RetryEnvelope(RetryPolicy(attempts=1), cooldown=MemoryCooldownStore(), clock=clock)
+    llm = LLMClient(
+        "openai",
+        "my-private-finetune",
+        envelope=envelope,
+        env={**KEYS, "FLUID_BUDGETS": "team=1usd"},
+        budget="team",
+    )
+    with pytest.raises(AgentExecutionError) as caught:
+        llm.complete(PROMPT)
+    assert caught.value.code == "budget.cost_unknown"
+    assert "FLUID_PRICES" in caught.value.message
+    assert route.call_count == 0
+
+
+@respx.mock
+def test_a_fallback_entry_reserves_at_its_own_models_price() -> None:
+    respx.post(OPENAI).mock(return_value=httpx.Response(503, json={"error": {"message": "x"}}))
+    respx.post(ANTHROPIC).mock(
+        return_value=httpx.Response(
+            200,
+            json={
+                "id": "msg_1",
+                "model": "claude-sonnet-4-6",
+                "content": [{"type": "text", "text": "from claude"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 100, "output_tokens": 20},
+            },
+        )
+    )
+    llm, spy = client(1.0, "anthropic:claude-sonnet-4-6")
+    done = llm.complete(PROMPT, max_output_tokens=500)
+    assert done.answered_by == "anthropic:claude-sonnet-4-6"
+    openai_prompt, _ = counted("openai", "gpt-4o-mini", 500)
+    claude_prompt, _ = counted("anthropic", "claude-sonnet-4-6", 500)
+    openai_worst = worst(openai_prompt, 500, PRICES["gpt-4o-mini"])
+    assert spy.asked == [openai_worst] * 3 + [
+        worst(claude_prompt, 500, PRICES["claude-sonnet-4-6"])
+    ]
+    claude_cost = worst(100, 20, PRICES["claude-sonnet-4-6"])
+    assert spy.state().spent == claude_cost
+
+
+def chunks(*events: dict[str, Any]) -> bytes:
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+def text_chunk(text: str) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+
+
+WHOLE_STREAM = (
+    chunks(
+        text_chunk("hel"),
+        text_chunk("lo"),
+        {
+            "id": "c1",
+            "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        },
+        {
+            "id": "c1",
+            "model": "gpt-4o-mini",
+            "choices": [],
+            "usage": {"prompt_tokens": 1_000, "completion_tokens": 300},
+        },
+    )
+    + b"data: [DONE]\n\n"
+)
+# Text, then the connection ends with no usage and no [DONE].
+CUT_STREAM = chunks(text_chunk("hel"))
+
+
+def streamed(body: bytes) -> httpx.Response:
+    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+
+def stream(llm: LLMClient, mode: str) -> list[Any]:
+    async def collect() -> list[Any]:
+        return [event async for event in llm.astream(PROMPT, max_output_tokens=500)]
+
+    if mode == "sync":
+        return list(llm.stream(PROMPT, max_output_tokens=500))
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_whole_stream_settles_what_its_usage_says(mode: str) -> None:
+    respx.post(OPENAI).mock(return_value=streamed(WHOLE_STREAM))
+    llm, spy = client()
+    events = stream(llm, mode)
+    cost = worst(1_000, 300, PRICES["gpt-4o-mini"])
+    assert events[-1].type == "done"
+    assert events[-1].completion.cost_usd == pytest.approx(cost / 1e6)
+    assert spy.settled == [cost]
+    assert (spy.state().spent, spy.state().reserved) == (cost, 0)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_broken_stream_without_usage_spends_its_whole_reservation(mode: str) -> None:
+    respx.post(OPENAI).mock(return_value=streamed(CUT_STREAM))
+    llm, spy = client()
+    with pytest.raises(AgentExecutionError) as caught:
+        stream(llm, mode)
+    assert caught.value.code == "llm.network_error"
+    (held,) = spy.asked
+    assert spy.settled == [held]  # the text was billed, and nothing said how much
+    assert (spy.state().spent, spy.state().reserved) == (held, 0)
+
+
+@respx.mock
+def test_a_stream_left_unread_still_settles_when_closed() -> None:
+    respx.post(OPENAI).mock(return_value=streamed(WHOLE_STREAM))
+    llm, spy = client()
+    events = llm.stream(PROMPT, max_output_tokens=500)
+    assert next(iter(events)).type == "text"
+    events.close()  # type: ignore[attr-defined]
+    (held,) = spy.asked
+    assert spy.settled == [held]
+    assert spy.state().reserved == 0
+
+
+@respx.mock
+def test_a_client_without_a_budget_counts_nothing_and_reserves_nothing() -> None:
+    respx.post(OPENAI).mock(return_value=answer())
+    llm = LLMClient("openai", "gpt-4o-mini", env=KEYS, prices=PRICES)
+    assert llm.envelope.budget is None
+    done = llm.complete(PROMPT)
+    assert done.cost_usd == pytest.approx(0.0016)
