@@ -301,7 +301,12 @@ def forever(n: int = 30) -> list[httpx.Response]:
         ({"settings": LoopSettings(max_rounds=3)}, "budget.rounds_exhausted", 3),
         ({"budget": Budget(max_llm_calls=2)}, "budget.llm_calls_exhausted", 2),
         ({"budget": Budget(max_total_tokens=500)}, "budget.tokens_exhausted", 3),
-        ({"budget": Budget(max_cost_usd=0.002)}, "budget.cost_exhausted", 2),
+        # The worst case of each call is reserved first: 100 output tokens at most.
+        (
+            {"budget": Budget(max_cost_usd=0.002), "max_output_tokens": 100},
+            "budget.cost_exhausted",
+            1,
+        ),
         ({"budget": Budget(max_tool_calls=2)}, "budget.tool_calls_exhausted", 3),
     ],
 )
