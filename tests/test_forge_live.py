@@ -29,6 +29,8 @@ from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.copilot.call.prices import price_call
+from fluid_build.copilot.llm.types import Usage
 from fluid_build.corpus.cassette import CassetteError
 from fluid_build.corpus.record import Recorder
 
@@ -316,6 +318,85 @@ def test_the_unknown_model_warning_prints_once_and_other_warnings_still_print(
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.count("openai:mystery-1 is not in the capability matrix") == 1
     assert done.stderr.count("FLUID_COMPACTION_STRATEGY='sideways'") == 1
+
+
+# -- what the run cost ---------------------------------------------------------------------
+
+#: One scripted answer (100 tokens in, 40 out) from gpt-4o-mini: 0.15 / 0.60 USD per million.
+ANSWER_USD = price_call("openai", "gpt-4o-mini", Usage(input_tokens=100, output_tokens=40))
+
+
+def answered_by(model: str, turn: Turn) -> Turn:
+    """``turn``, named as answered by ``model`` (whose price then applies, or none)."""
+    return lambda body: {**turn(body), "model": model}
+
+
+def shown(done: subprocess.CompletedProcess[str]) -> str:
+    """stderr with the console's line wrapping undone."""
+    return " ".join(done.stderr.split())
+
+
+def _plain() -> list[Turn]:
+    return [says(PLAN), says(output())]
+
+
+def _looped() -> list[Turn]:
+    return [says(PLAN), calls(("discover_workspace", {})), says(output(name="x")), says(output())]
+
+
+@pytest.mark.parametrize(("flags", "turns"), [((), _plain), (("--agent-loop",), _looped)])
+def test_the_summary_line_and_the_receipt_say_what_the_run_cost(
+    machine: Machine,
+    serve: Callable[..., Scripted],
+    flags: tuple[str, ...],
+    turns: Callable[[], list[Turn]],
+) -> None:
+    assert ANSWER_USD is not None
+    assert round(ANSWER_USD, 9) == 0.000039
+    answers = len(turns())
+    cost = answers * ANSWER_USD
+    done = machine.fluid("forge", "intent.yaml", *flags, env=machine.live(serve(*turns())))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"({answers} model calls, 0.0 s waited, {answers * 140} tokens, {cost:.6f} USD)" in (
+        shown(done)
+    )
+    assert receipt(machine.project / "forge-out")["cost_usd"] == round(cost, 6)
+    env = machine.live(serve(*turns()))
+    as_json = machine.fluid("forge", "intent.yaml", *flags, "--json", "--out", "again", env=env)
+    assert json.loads(as_json.stdout)["receipt"]["cost_usd"] == round(cost, 6)
+
+
+def test_a_model_with_no_price_is_a_cost_unknown_not_zero(
+    machine: Machine, serve: Callable[..., Scripted]
+) -> None:
+    model = serve(answered_by("mystery-1", says(PLAN)), answered_by("mystery-1", says(output())))
+    done = machine.fluid("forge", "intent.yaml", "--model", "mystery-1", env=machine.live(model))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "280 tokens, cost unknown: no price for openai:mystery-1, see docs/budgets.md)" in shown(
+        done
+    )
+    assert "USD" not in done.stderr
+    assert receipt(machine.project / "forge-out")["cost_usd"] is None
+
+
+def test_a_partly_priced_run_shows_its_cost_as_a_floor(
+    machine: Machine, serve: Callable[..., Scripted]
+) -> None:
+    model = serve(says(PLAN), answered_by("mystery-1", says(output())))
+    done = machine.fluid("forge", "intent.yaml", "--model", "mystery-1", env=machine.live(model))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        f"280 tokens, at least {ANSWER_USD or 0:.6f} USD: no price for openai:mystery-1, "
+        "see docs/budgets.md)" in shown(done)
+    )
+    assert receipt(machine.project / "forge-out")["cost_usd"] == round(ANSWER_USD or 0, 6)
+
+
+def test_the_offline_example_spends_nothing_and_says_so(machine: Machine) -> None:
+    done = machine.fluid("forge")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tokens, replayed: nothing spent)" in shown(done)
+    assert "USD" not in done.stderr
 
 
 # -- record and replay ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from fluid_build.corpus.cassette import Cassette
     from fluid_build.corpus.record import Recorder
     from fluid_build.corpus.replay import ReplayTransport
-    from fluid_build.forge.app import ForgeOutput
+    from fluid_build.forge.app import ForgeOutput, ForgeRun
     from fluid_build.forge.intent import Intent
 
 __all__ = [
@@ -453,12 +453,25 @@ def command(
     waited = sum(w["seconds"] for w in receipt["waits"])
     console.print(
         f"[green]done[/]: wrote {len(run.files)} file(s) to {out_dir}/ "
-        f"({receipt['attempts']} model calls, {waited:.1f} s waited, {tokens} tokens)"
+        f"({receipt['attempts']} model calls, {waited:.1f} s waited, {tokens} tokens, "
+        f"{escape(_cost_shown(run))})"
     )
     for name in run.files:
         console.print(f"  {out_dir / name}")
     if recording is not None:
         console.print(f"recorded {recording.path} ({recording.exchanges} exchanges)")
+
+
+def _cost_shown(run: ForgeRun) -> str:
+    """The summary line's cost: never a guess, and never a replay's recorded price as spent."""
+    if run.replay is not None:
+        return "replayed: nothing spent"
+    unpriced = ", ".join(sorted(run.unpriced)) or f"{run.provider}:{run.model}"
+    if run.cost_usd is None:
+        return f"cost unknown: no price for {unpriced}, see docs/budgets.md"
+    if run.unpriced:
+        return f"at least {run.cost_usd:.6f} USD: no price for {unpriced}, see docs/budgets.md"
+    return f"{run.cost_usd:.6f} USD"
 
 
 def _save_failed_run(

@@ -169,7 +169,10 @@ class ForgeRun:
     waits: list[dict[str, Any]] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    #: What the answers cost in USD: the known prices added up; None when none was known.
     cost_usd: float | None = None
+    #: ``provider:model`` of the answers that had no price (not counted in ``cost_usd``).
+    unpriced: set[str] = field(default_factory=set)
     replay: str | None = None
     intent_sha: str = ""
     started_at: str = ""
@@ -220,11 +223,20 @@ class _Counted:
     its completion's ``attempts``, or a failed call's ``details["attempts"]``.
     Both forge paths count through this, so the plain stages and the agent loop
     (whose own ``usage.llm_calls`` counts calls, one per answer) report alike.
+    It also notes the answers that had no price, so the run's cost is not
+    shown as the whole cost when it is only part of it.
     """
 
-    def __init__(self, client: LLMClient, stage: StageRecord) -> None:
+    def __init__(self, client: LLMClient, stage: StageRecord, run: ForgeRun | None = None) -> None:
         self._client = client
         self._stage = stage
+        self._run = run
+
+    def _answered(self, completion: Completion) -> Completion:
+        self._stage.llm_calls += completion.attempts
+        if completion.cost_usd is None and self._run is not None:
+            self._run.unpriced.add(f"{completion.provider}:{completion.model}")
+        return completion
 
     def complete(self, messages: Messages, **options: Any) -> Completion:
         try:
@@ -232,8 +244,7 @@ class _Counted:
         except AgentExecutionError as error:
             self._stage.llm_calls += _sent_by(error)
             raise
-        self._stage.llm_calls += completion.attempts
-        return completion
+        return self._answered(completion)
 
     async def acomplete(self, messages: Messages, **options: Any) -> Completion:
         try:
@@ -241,8 +252,7 @@ class _Counted:
         except AgentExecutionError as error:
             self._stage.llm_calls += _sent_by(error)
             raise
-        self._stage.llm_calls += completion.attempts
-        return completion
+        return self._answered(completion)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -337,7 +347,7 @@ class _Pipeline:
         stage = StageRecord(name)
         self.run.stages.append(stage)
         last: SchemaValidationError | None = None
-        client = _Counted(self.client, stage)
+        client = _Counted(self.client, stage, self.run)
         for _ in range(MAX_STAGE_ATTEMPTS):
             stage.attempts += 1
             completion = client.complete(
@@ -641,7 +651,7 @@ def _generate_with_tools(
 
     loop = AgentLoop(
         # The loop sees the client through the counter: its requests, not its calls.
-        cast("LLMClient", _Counted(client, stage)),
+        cast("LLMClient", _Counted(client, stage, run)),
         tools=workspace_tools(),
         workspace=root,
         response_model=ForgeOutput,
