@@ -241,6 +241,51 @@ def test_every_store_gives_its_own_ledger(tmp_path: Path) -> None:
     assert ledger_for(None) is None
 
 
+def test_the_sqlite_store_forgets_a_budget_no_call_used_for_90_days(tmp_path: Path) -> None:
+    from fluid_build.copilot.health.budget import IDLE_FORGET
+
+    store = SqliteCooldownStore(tmp_path / "c.sqlite3")
+    ledger = store.budget_ledger()
+    assert ledger.reserve(TEAM, 700, "a", NOON + 60, NOON).granted
+    ledger.settle("team", "a", 700, NOON + 1)  # a settle is no use: the reserve was
+    assert ledger.reserve(DAILY, 100, "b", NOON + 60, NOON).granted  # its hold never settles
+    soon = NOON + IDLE_FORGET - 1
+    assert ledger.reserve(BudgetSpec("ci", 1_000), 1, "c", soon + 60, soon).granted
+    # The day window ended more than a day ago: gone, with its dead hold.
+    assert [s.name for s in ledger.states(soon)] == ["ci", "team"]
+    later = NOON + IDLE_FORGET + 1
+    assert ledger.reserve(BudgetSpec("ci", 1_000), 1, "d", later + 60, later).granted
+    assert [s.name for s in ledger.states(later)] == ["ci"]
+    conn = ledger._connection()
+    assert conn.execute("SELECT count(*) FROM fluid_budget_hold").fetchone()[0] == 2  # ci's
+    ledger.close()
+    store.close()
+
+
+def test_every_redis_budget_expires(request: pytest.FixtureRequest) -> None:
+    import time
+
+    import redis
+
+    from fluid_build.copilot.health.budget import IDLE_FORGET
+    from fluid_build.copilot.health.redis_store import RedisCooldownStore
+
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    client.delete("fluid:budget:team", "fluid:budget:daily")
+    ledger = RedisCooldownStore(client=client).budget_ledger()
+    now = time.time()
+    assert ledger.reserve(TEAM, 700, "a", now + 60, now).granted
+    ledger.settle("team", "a", 700, now + 1)
+    assert IDLE_FORGET * 1000 - 60_000 < client.pttl("fluid:budget:team") <= IDLE_FORGET * 1000
+    assert ledger.reserve(DAILY, 100, "b", now + 60, now).granted
+    ends = window_end("day", now)
+    assert ends is not None
+    expected = (ends - now + 86_400) * 1000
+    assert expected - 60_000 < client.pttl("fluid:budget:daily") <= expected + 1_000
+    client.delete("fluid:budget:team", "fluid:budget:daily")
+    client.close()
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 PRICES = {"m": ModelPrice(input=1.0, output=2.0)}  # USD per million tokens

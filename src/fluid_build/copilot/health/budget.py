@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUDGETS_EXAMPLE",
     "HOLD_MARGIN",
+    "IDLE_FORGET",
     "MICRO",
     "BudgetLedger",
     "BudgetSpec",
@@ -59,6 +60,9 @@ LOG = logging.getLogger("fluid_build.budget")
 MICRO: Final = 1_000_000
 #: Seconds past its call's deadline a reservation outlives a process that died holding it.
 HOLD_MARGIN: Final = 60.0
+#: Seconds after which a shared store forgets a budget no call has reserved from (90 days):
+#: nothing a store keeps lives forever. A windowed budget goes a day after its window ends.
+IDLE_FORGET: Final = 90 * 86_400.0
 BUDGETS_EXAMPLE: Final = "team=25usd/day; ci=5usd"
 
 Window = Literal["", "hour", "day", "month"]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build.copilot.health.budget import (
+    IDLE_FORGET,
     BudgetSpec,
     BudgetState,
     Reservation,
@@ -445,10 +446,11 @@ if spent == nil then
 end
 redis.call('HSET', KEYS[1], 'lim', ARGV[2])
 local ends = redis.call('HGET', KEYS[1], 'ends') or ''
+-- Every budget expires: a day after its window ends, or IDLE_FORGET after its last call.
 if ends ~= '' then
   redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(ends) - now + 86400) * 1000))
 else
-  redis.call('PERSIST', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], {IDLE_MS})
 end
 local amount = tonumber(ARGV[5])
 if spent + reserved + amount > tonumber(ARGV[2]) then
@@ -457,7 +459,7 @@ end
 redis.call('HSET', KEYS[1], 'h:' .. ARGV[6], ARGV[5] .. ' ' .. ARGV[7])
 return {1, spent, reserved + amount, ends}
 """
-)
+).replace("{IDLE_MS}", str(int(IDLE_FORGET * 1000)))
 # ARGV: now, hold id, amount spent, then the fresh ends of hour, day, month.
 _BUDGET_SETTLE: Final = (
     _BUDGET_BOOK

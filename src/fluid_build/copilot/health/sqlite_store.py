@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from fluid_build._private import private_dir
 from fluid_build.copilot.health.budget import (
+    IDLE_FORGET,
     BudgetSpec,
     BudgetState,
     Reservation,
@@ -559,7 +560,7 @@ class SqliteCooldownStore:
 # cooldown rows' one-day sanity cap, purge and entry cap never touch them.
 _BUDGET_SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS fluid_budget (name TEXT PRIMARY KEY, lim INTEGER NOT NULL, "
-    "win TEXT NOT NULL DEFAULT '', ends REAL, spent INTEGER NOT NULL DEFAULT 0)",
+    "win TEXT NOT NULL DEFAULT '', ends REAL, spent INTEGER NOT NULL DEFAULT 0, used REAL)",
     "CREATE TABLE IF NOT EXISTS fluid_budget_hold (name TEXT NOT NULL, id TEXT NOT NULL, "
     "amount INTEGER NOT NULL, expires REAL NOT NULL, PRIMARY KEY (name, id))",
 )
@@ -597,6 +598,9 @@ class SqliteBudgetLedger:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 for sql in _BUDGET_SCHEMA:
                     conn.execute(sql)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(fluid_budget)")}
+                if "used" not in columns:  # a file from before budgets expired
+                    conn.execute("ALTER TABLE fluid_budget ADD COLUMN used REAL")
             except BaseException:
                 conn.close()
                 raise
@@ -627,8 +631,10 @@ class SqliteBudgetLedger:
         if book is None:
             return
         conn.execute(
-            "INSERT OR REPLACE INTO fluid_budget (name, lim, win, ends, spent) "
-            "VALUES (?, ?, ?, ?, ?)",
+            # An upsert, not a replace: the row keeps when a call last reserved (``used``).
+            "INSERT INTO fluid_budget (name, lim, win, ends, spent) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET lim = excluded.lim, win = excluded.win, "
+            "ends = excluded.ends, spent = excluded.spent",
             (name, book.limit, book.window, book.ends, book.spent),
         )
         conn.execute("DELETE FROM fluid_budget_hold WHERE name = ?", (name,))
@@ -655,6 +661,8 @@ class SqliteBudgetLedger:
         def work(conn: sqlite3.Connection) -> Reservation:
             book, granted = _reserve(self._book(conn, spec.name), spec, amount, hold, expires, now)
             self._save(conn, spec.name, book)
+            conn.execute("UPDATE fluid_budget SET used = ? WHERE name = ?", (now, spec.name))
+            _forget_idle(conn, now)
             return Reservation(granted, book.state(spec.name))
 
         return self._atomic(work)
@@ -693,6 +701,20 @@ class SqliteBudgetLedger:
 
     def __repr__(self) -> str:
         return f"SqliteBudgetLedger({str(self.path)!r})"
+
+
+def _forget_idle(conn: sqlite3.Connection, now: float) -> None:
+    """Every budget expires: a day after its window ends, or IDLE_FORGET after its last call
+    (see docs/budgets.md); a reservation goes at its own end."""
+    conn.execute(
+        "DELETE FROM fluid_budget WHERE coalesce(used, 0) < ? OR (ends IS NOT NULL AND ends < ?)",
+        (now - IDLE_FORGET, now - 86_400.0),
+    )
+    conn.execute(
+        "DELETE FROM fluid_budget_hold WHERE expires <= ? "
+        "OR name NOT IN (SELECT name FROM fluid_budget)",
+        (now,),
+    )
 
 
 def _whole(value: object) -> bool:
