@@ -87,9 +87,11 @@ def client(usd: float = 1.0, *fallbacks: str, spy: Spy | None = None) -> tuple[L
         budget="team",
         fallbacks=list(fallbacks),
     )
-    assert llm.envelope.budget is not None
+    assert llm.budget is not None
     spy = spy or Spy()
-    llm.envelope.budget.ledger = spy
+    llm.budget.ledger = spy
+    for fallback in llm.fallbacks:
+        assert fallback.budget is llm.budget
     return llm, spy
 
 
@@ -334,6 +336,18 @@ def test_a_stream_left_unread_still_settles_when_closed() -> None:
 def test_a_client_without_a_budget_counts_nothing_and_reserves_nothing() -> None:
     respx.post(OPENAI).mock(return_value=answer())
     llm = LLMClient("openai", "gpt-4o-mini", env=KEYS, prices=PRICES)
-    assert llm.envelope.budget is None
+    assert llm.budget is None
     done = llm.complete(PROMPT)
     assert done.cost_usd == pytest.approx(0.0016)
+
+
+@respx.mock
+def test_clients_sharing_one_envelope_keep_their_own_budgets() -> None:
+    respx.post(OPENAI).mock(return_value=answer())
+    llm, spy = client()
+    other = LLMClient("openai", "gpt-4o-mini", envelope=llm.envelope, env=KEYS, prices=PRICES)
+    assert other.budget is None
+    other.complete(PROMPT)
+    assert spy.asked == []  # the client without a budget spent nothing from the other's
+    llm.complete(PROMPT, max_output_tokens=500)
+    assert len(spy.asked) == 1

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
     from fluid_build.copilot.call.prices import ModelPrice, parse_prices, prices_from_env
+    from fluid_build.copilot.call.spend import BudgetGuard
     from fluid_build.copilot.call.transport import LoopPools
     from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
     from fluid_build.copilot.health.cooldown import CooldownKey
@@ -230,11 +231,13 @@ class LLMClient:
             **prices_from_env(source),
             **parse_prices(prices),
         }
+        guard: BudgetGuard | None = None
         if budget is not None or source.get("FLUID_BUDGET"):
-            # A shared USD budget (FLUID_BUDGETS): each attempt reserves from it.
+            # A shared USD budget (FLUID_BUDGETS): each attempt reserves from it. It is the
+            # client's (its chain's), never the envelope's: clients may share one envelope.
             from fluid_build.copilot.call.spend import BudgetGuard
 
-            self.envelope.budget = BudgetGuard.from_env(
+            guard = BudgetGuard.from_env(
                 budget, self.envelope.cooldown, source, prices=self.prices, wall=self.envelope.wall
             )
         self._entry = Entry.configured(
@@ -269,6 +272,10 @@ class LLMClient:
                     prices=self.prices,
                 )
             )
+        # The whole chain spends from the primary's budget, each entry at its own price.
+        self.budget = guard
+        for fallback in self.fallbacks:
+            fallback.budget = guard
 
     # -- what the entry holds (see _Held) ---------------------------------------------
 
@@ -283,6 +290,8 @@ class LLMClient:
     health_key: _Held[CooldownKey] = _Held("key")
     #: This model's capability overrides (FLUID_CAPABILITY_MATRIX, then the argument).
     capability_matrix: _Held[dict[str, Any]] = _Held(writable=True)
+    #: The shared USD budget this client's calls reserve from (None: none; docs/budgets.md).
+    budget: _Held[BudgetGuard | None] = _Held(writable=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> LLMClient:

@@ -62,7 +62,7 @@ from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
 if TYPE_CHECKING:
-    from fluid_build.copilot.call.spend import BudgetSpend
+    from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
 __all__ = ["CallOptions", "Entry", "completing"]
 
@@ -138,6 +138,8 @@ class Entry:
         self.window_asked = not self.probe_urls
         self.server_window: int | None = None
         self.window_lock = threading.Lock()
+        #: The shared USD budget this entry's calls spend from (None: none); see call/spend.py.
+        self.budget: BudgetGuard | None = None
 
     @classmethod
     def configured(
@@ -341,7 +343,7 @@ class Entry:
             strict_schema=self.strict_schema,
             validate=options.get("validate", True),
             server_window=window,
-            count=self.envelope.budget is not None,
+            count=self.budget is not None,
         )
         deadline.check("the pre-flight")
         return prepared
@@ -351,7 +353,7 @@ class Entry:
     ) -> tuple[CallBounds, BudgetSpend | None]:
         """:meth:`bounds`, with this call's spending when the client has a USD budget."""
         bounds = self.bounds(deadline)
-        guard = self.envelope.budget
+        guard = self.budget
         if guard is None:
             return bounds, None
         # Each attempt reserves the prompt it sends and the most it may answer, priced at

@@ -84,8 +84,6 @@ __all__ = [
 if TYPE_CHECKING:
     import tenacity
 
-    from fluid_build.copilot.call.spend import BudgetGuard
-
 LOG = logging.getLogger("fluid_build.retry")
 
 T = TypeVar("T")
@@ -560,8 +558,6 @@ class RetryEnvelope:
         self.cooldown = cooldown
         self.breaker = breaker
         self.limiter = limiter
-        #: The shared USD budget calls through this envelope spend from (None: no budget).
-        self.budget: BudgetGuard | None = None
         self.hook = hook
         self.clock = clock or time.monotonic
         self.wall = wall or clock or time.time
