@@ -582,6 +582,7 @@ REDACTED_LOGGERS: Final = (
     "fluid_build",
     "fluid_build.agent",
     "fluid_build.breaker",
+    "fluid_build.budget",
     "fluid_build.capabilities",
     "fluid_build.client",
     "fluid_build.config",
