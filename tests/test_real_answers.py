@@ -68,6 +68,12 @@ def _first_per_provider(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 #: carrying the text that arrived), never a ``done``.
 CUT = {"mistral-stream-reference-chunk"}
 
+#: Presets of the openai_compatible adapter (their own base URL and key variable, the
+#: same wire format) for which no public recorded answer was found: their wire is the
+#: one the groq, mistral, openrouter, deepseek and cerebras rows replay, and
+#: tests/test_presets.py checks where each sends and with which key.
+UNRECORDED = {"xai", "together", "fireworks"}
+
 ASYNC_BODIES = _first_per_provider(BODIES)
 ASYNC_STREAMS = _first_per_provider([row for row in STREAMS if row["id"] not in CUT])
 
@@ -160,7 +166,7 @@ def test_the_table_is_substantial_and_sourced() -> None:
         assert set(row["expect"]) == {"text", "tool_calls", "finish_reason", "model", "usage"}
         assert set(row["expect"]["usage"]) <= set(USAGE_FIELDS), row["id"]
     providers = {row["provider"] for row in ROWS}
-    assert set(PROVIDERS) - {"openai_compatible"} <= providers
+    assert set(PROVIDERS) - {"openai_compatible"} - UNRECORDED <= providers
     for provider in ("openai", "azure", "anthropic", "gemini", "ollama", "groq", "mistral"):
         kinds = {"stream" in row for row in ROWS if row["provider"] == provider}
         assert kinds == {True, False}, f"{provider} needs both a body and a stream"

@@ -89,6 +89,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "gemini": ("gemini", "GeminiAdapter"),
     "ollama": ("ollama", "OllamaAdapter"),
     "openai_compatible": ("openai_compatible", "OpenAICompatibleAdapter"),
+    "openai_responses": ("openai_responses", "OpenAIResponsesAdapter"),
 }
 
 #: ``batch.DEFAULT_CONCURRENCY`` (the same figure, kept here so that importing this

@@ -98,7 +98,7 @@ class CallOptions(TypedDict, total=False):
 
 
 #: The providers whose API has OpenAI's strict-schema mode.
-STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure"})
+STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
 
 
 class Entry:

@@ -128,7 +128,8 @@ class Decoder:
                 code="llm.malformed_response",
                 retryable=True,
             )
-        if "error" in data and not data.get("choices") and not data.get("candidates"):
+        # A Responses API answer always carries "error": null: only a set error is one.
+        if data.get("error") is not None and not data.get("choices") and not data.get("candidates"):
             from fluid_build.copilot.agents.error_classification import classify_response
 
             raise classify_response(response, provider=self.provider, model=self.model)

@@ -57,6 +57,12 @@ _PROVIDER_IDS: Final[Mapping[str, str]] = {
     "groq": "groq",
     "mistral": "mistral",
     "openrouter": "openrouter",
+    "openai_responses": "openai",
+    "xai": "x-ai",
+    "deepseek": "deepseek",
+    "together": "together",
+    "fireworks": "fireworks",
+    "cerebras": "cerebras",
 }
 
 _PER_MILLION: Final = 1_000_000.0

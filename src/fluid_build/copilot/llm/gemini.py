@@ -21,7 +21,8 @@ from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 __all__ = ["GeminiAdapter"]
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
-_BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
+# MODEL_ARMOR: Vertex AI's Model Armor screened the prompt or the answer.
+_BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION", "MODEL_ARMOR"}
 
 
 def gemini_contents(spec: CallSpec) -> list[dict[str, Any]]:
@@ -145,8 +146,8 @@ class GeminiAdapter(Adapter):
             reason = finish if finish in _BLOCKED else None
         if reason:
             raise ProviderError(
-                f"gemini ({spec.model}) refused the request: blocked for {reason}",
-                provider="gemini",
+                f"{self.provider} ({spec.model}) refused the request: blocked for {reason}",
+                provider=self.provider,
                 model=spec.model,
                 status_code=200,
                 provider_error_type=str(reason),

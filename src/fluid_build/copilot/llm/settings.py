@@ -54,6 +54,9 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
         "gemini", ("GEMINI_API_KEY", "GOOGLE_API_KEY"), True, "gemini-2.5-flash", "GEMINI_BASE_URL"
     ),
     "ollama": ProviderInfo("ollama", (), False, "llama3.1", "OLLAMA_HOST"),
+    "openai_responses": ProviderInfo(
+        "openai_responses", ("OPENAI_API_KEY",), True, "gpt-4o-mini", "OPENAI_BASE_URL"
+    ),
     "openai_compatible": ProviderInfo(
         "openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"
     ),
@@ -71,6 +74,26 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
         None,
         None,
         "https://openrouter.ai/api/v1",
+    ),
+    "xai": ProviderInfo(
+        "openai_compatible", ("XAI_API_KEY",), True, None, None, "https://api.x.ai/v1"
+    ),
+    "deepseek": ProviderInfo(
+        "openai_compatible", ("DEEPSEEK_API_KEY",), True, None, None, "https://api.deepseek.com"
+    ),
+    "together": ProviderInfo(
+        "openai_compatible", ("TOGETHER_API_KEY",), True, None, None, "https://api.together.xyz/v1"
+    ),
+    "fireworks": ProviderInfo(
+        "openai_compatible",
+        ("FIREWORKS_API_KEY",),
+        True,
+        None,
+        None,
+        "https://api.fireworks.ai/inference/v1",
+    ),
+    "cerebras": ProviderInfo(
+        "openai_compatible", ("CEREBRAS_API_KEY",), True, None, None, "https://api.cerebras.ai/v1"
     ),
     # Local servers: a key is optional (sent when set, for `--api-key`), never required.
     "vllm": ProviderInfo("openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"),
@@ -104,6 +127,11 @@ _MODEL_EXAMPLES: Final[Mapping[str, str]] = {
     "groq": "llama-3.3-70b-versatile",
     "mistral": "mistral-small-latest",
     "openrouter": "openai/gpt-4o-mini",
+    "xai": "grok-4",
+    "deepseek": "deepseek-chat",
+    "together": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
+    "fireworks": "accounts/fireworks/models/llama-v3p3-70b-instruct",
+    "cerebras": "llama-3.3-70b",
 }
 
 
