@@ -543,3 +543,24 @@ def test_astream_reads_the_same_stream() -> None:
 def test_responses_models_are_priced_as_openai() -> None:
     assert known_price("openai_responses", "o3-pro")
     assert known_price("openai_responses", "gpt-4o-mini")
+
+
+# -- the capability matrix ---------------------------------------------------------------
+
+
+def test_the_matrix_knows_the_responses_only_models_and_openais() -> None:
+    from fluid_build.copilot.call.capabilities import capabilities_for
+
+    pro = capabilities_for("openai_responses", "o3-pro-2025-06-10")
+    assert (pro.known, pro.context_window, pro.max_output_tokens, pro.tools) == (
+        True,
+        200_000,
+        100_000,
+        True,
+    )
+    research = capabilities_for("openai_responses", "o3-deep-research")
+    assert (research.known, research.tools, research.strict_schema) == (True, False, False)
+    assert capabilities_for("openai_responses", "gpt-4o-mini").context_window == 128_000
+    # Its own row, not the gpt-5 family's that "openai" falls back to.
+    assert capabilities_for("openai_responses", "gpt-5-pro").max_output_tokens == 272_000
+    assert capabilities_for("openai", "gpt-5-pro").max_output_tokens == 128_000

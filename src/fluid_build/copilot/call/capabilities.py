@@ -209,6 +209,35 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         _Row("gpt-4-turbo", 128_000, 4_096, True, False, True, "cl100k_base", suggest=False),
         _Row("gpt-3.5-turbo", 16_385, 4_096, True, False, True, "cl100k_base", suggest=False),
     ),
+    # Models OpenAI serves only on the Responses API (provider="openai_responses", which
+    # knows every "openai" row too): platform.openai.com/docs/models/<model>. The deep
+    # research models take no function tools and no structured output. Never suggested:
+    # a larger window there is not a switch of model alone.
+    "openai_responses": (
+        _openai("o1-pro", 200_000, 100_000, suggest=False),
+        _openai("o3-pro", 200_000, 100_000, suggest=False),
+        _openai(
+            "o3-deep-research",
+            200_000,
+            100_000,
+            tools=False,
+            strict=False,
+            json_mode=False,
+            suggest=False,
+        ),
+        _openai(
+            "o4-mini-deep-research",
+            200_000,
+            100_000,
+            tools=False,
+            strict=False,
+            json_mode=False,
+            suggest=False,
+        ),
+        _openai("codex-mini-latest", 200_000, 100_000, suggest=False),
+        _openai("gpt-5-pro", 400_000, 272_000, max_input=128_000, suggest=False),
+        _openai("gpt-5-codex", 400_000, 128_000, max_input=272_000, suggest=False),
+    ),
     # Anthropic: platform.claude.com/docs/en/models/<model>/overview ("Context
     # window ... Max output ..."); Opus 4.7 also on the Vertex AI and Bedrock model
     # cards (1,000,000 / 128,000). Structured outputs (strict tools, JSON output):
@@ -271,6 +300,7 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
 # freely and are never looked up.
 _SECTIONS: Final[Mapping[str, str]] = {
     "openai": "openai",
+    "openai_responses": "openai_responses",
     "anthropic": "anthropic",
     "gemini": "gemini",
     "google": "gemini",
@@ -313,6 +343,8 @@ def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
     section = _SECTIONS.get(provider)
     if section is not None:
         row = _match(_MATRIX[section], name)
+        if row is None and section == "openai_responses":  # it serves OpenAI's models too
+            return _lookup("openai", name)
         return (section, row) if row else None
     if provider:
         return None
