@@ -19,6 +19,7 @@ The async twins run for the first row of each kind of every provider.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ BASE_URLS = {
     "azure": "https://example-resource.openai.azure.com",
     "vllm": "http://127.0.0.1:8000/v1",
     "llamacpp": "http://127.0.0.1:8080/v1",
+    "bedrock": "https://bedrock-runtime.us-east-1.amazonaws.com",
 }
 USAGE_FIELDS = (
     "input_tokens",
@@ -83,6 +85,8 @@ def _ids(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _wire(row: dict[str, Any]) -> bytes:
+    if row.get("stream_encoding") == "base64":  # a binary stream (AWS event-stream frames)
+        return base64.b64decode("".join(row["stream"]))
     if "stream" in row:
         return "\n".join(row["stream"]).encode()
     return json.dumps(row["body"], ensure_ascii=False).encode()
@@ -105,7 +109,8 @@ def _client(row: dict[str, Any], **http: Any) -> LLMClient:
     return LLMClient(
         provider,
         row["request_model"],
-        api_key=KEY if PROVIDERS[provider].key_required else None,
+        # Bedrock: a Bedrock API key (bearer token), not SigV4 with the machine's AWS chain.
+        api_key=KEY if PROVIDERS[provider].key_required or provider == "bedrock" else None,
         base_url=BASE_URLS.get(provider),
         envelope=envelope,
         env={},

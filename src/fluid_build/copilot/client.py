@@ -87,6 +87,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "azure": ("azure", "AzureOpenAIAdapter"),
     "anthropic": ("anthropic", "AnthropicAdapter"),
     "gemini": ("gemini", "GeminiAdapter"),
+    "bedrock": ("bedrock", "BedrockAdapter"),
     "ollama": ("ollama", "OllamaAdapter"),
     "openai_compatible": ("openai_compatible", "OpenAICompatibleAdapter"),
     "openai_responses": ("openai_responses", "OpenAIResponsesAdapter"),

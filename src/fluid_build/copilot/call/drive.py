@@ -27,7 +27,13 @@ import httpx
 from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
-from fluid_build.copilot.llm.base import StreamState, aiter_stream, iter_stream
+from fluid_build.copilot.llm.base import (
+    StreamState,
+    aiter_frames,
+    aiter_stream,
+    iter_frames,
+    iter_stream,
+)
 from fluid_build.copilot.llm.types import StreamEvent
 from fluid_build.errors import FluidError
 
@@ -466,12 +472,34 @@ class Events(Effect):
         self.state = state  # marked done at SSE's [DONE]
 
     def run(self) -> Iterator[tuple[str, Any]]:
-        chunks = iter_stream(self.stream_format, self.reader.lines(), self.state)
-        return _until_each(self.reader.counted(chunks), self.reader.reader.deadline)
+        reader = self.reader
+        if self.stream_format == "eventstream":  # binary frames, not lines
+            who = reader.reader.deadline
+            chunks = iter_frames(
+                reader.chunks(),
+                reader.max_event_bytes,
+                reader.event_too_large,
+                who.provider,
+                who.model,
+            )
+        else:
+            chunks = iter_stream(self.stream_format, reader.lines(), self.state)
+        return _until_each(reader.counted(chunks), reader.reader.deadline)
 
     async def arun(self) -> AsyncIterator[tuple[str, Any]]:
-        chunks = aiter_stream(self.stream_format, self.reader.alines(), self.state)
-        return _awithin_each(self.reader.acounted(chunks), self.reader.reader.deadline)
+        reader = self.reader
+        if self.stream_format == "eventstream":
+            who = reader.reader.deadline
+            chunks = aiter_frames(
+                reader.achunks(),
+                reader.max_event_bytes,
+                reader.event_too_large,
+                who.provider,
+                who.model,
+            )
+        else:
+            chunks = aiter_stream(self.stream_format, reader.alines(), self.state)
+        return _awithin_each(reader.acounted(chunks), reader.reader.deadline)
 
 
 def _until_each(items: Iterator[T], deadline: Deadline) -> Iterator[T]:

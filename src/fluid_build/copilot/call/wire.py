@@ -639,6 +639,18 @@ class StreamReader:
         for line in lines.feed(b"", final=True):
             yield line
 
+    def chunks(self) -> Iterator[bytes]:
+        """The body's bytes as they arrive, bounded as :meth:`lines` bounds them (a binary
+        stream: AWS event-stream frames, whose reader bounds each frame by
+        :meth:`event_too_large`)."""
+        return _chunks(self.response, self.reader)
+
+    def achunks(self) -> AsyncIterator[bytes]:
+        return _achunks(self.response, self.reader)
+
+    def event_too_large(self, size: int) -> ProviderError:
+        return self._event_too_large(size)
+
     def _counted(self) -> None:
         self.events += 1
         if self.events > self.max_events:

@@ -8,10 +8,11 @@ the I/O, the retries and the validation.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
+from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = [
@@ -21,8 +22,10 @@ __all__ = [
     "ProviderConfig",
     "Request",
     "StreamState",
+    "aiter_frames",
     "aiter_stream",
     "function_calls",
+    "iter_frames",
     "iter_stream",
     "loads_arguments",
     "text_of",
@@ -40,6 +43,8 @@ class ProviderConfig:
     timeout: float = 120.0
     api_version: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: The cloud region requests are signed for (Bedrock's SigV4), when the provider has one.
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +170,8 @@ class Adapter:
     """One provider's wire format. Subclasses override the hooks they need."""
 
     provider: ClassVar[str] = "provider"
-    stream_format: ClassVar[Literal["sse", "ndjson"]] = "sse"
+    #: How a stream is framed: SSE or NDJSON lines, or AWS event-stream binary frames.
+    stream_format: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
     #: What ends this provider's stream, as an error message names it.
     stream_end: ClassVar[str] = "its end marker"
     #: Where requests go when no base URL is configured (None: one must be).
@@ -357,3 +363,125 @@ async def aiter_stream(
             yield chunk
     if reader.done and state is not None:
         state.done = True
+
+
+# -- AWS event-stream frames (application/vnd.amazon.eventstream) -----------------------
+
+#: A frame's prelude: total length, headers length (4 bytes each) and the prelude's CRC.
+_PRELUDE: Final = 12
+_SMALLEST_FRAME: Final = 16  # a prelude and the message CRC, no headers, no payload
+
+
+class _Frames:
+    """AWS event-stream bytes, frame by frame: ``feed(chunk)`` gives the chunks it completes.
+
+    A frame's length is read from its prelude before its bytes are kept, so a
+    frame over ``limit`` is refused as soon as its first 4 bytes arrive, the way
+    an over-long line is; each whole frame is checked (CRCs, header and payload
+    lengths) and decoded by botocore's parser. An event gives
+    ``(event type, JSON payload)``; an exception frame ``("exception",
+    {"__type": ..., **payload})``, which the adapter reads as an error chunk.
+    """
+
+    __slots__ = ("buffer", "limit", "model", "provider", "refuse")
+
+    def __init__(
+        self,
+        limit: int,
+        refuse: Callable[[int], Exception],
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> None:
+        self.limit = limit
+        self.refuse = refuse
+        self.buffer = bytearray()
+        self.provider = provider
+        self.model = model
+
+    def feed(self, chunk: bytes) -> list[Chunk]:
+        self.buffer += chunk
+        out: list[Chunk] = []
+        while len(self.buffer) >= 4:
+            total = int.from_bytes(self.buffer[:4], "big")
+            if total > self.limit:
+                raise self.refuse(total)
+            if total < _SMALLEST_FRAME:
+                raise self._bad(f"a frame says it is {total} bytes long, under the 16 it needs")
+            if len(self.buffer) < total:
+                break
+            frame = bytes(self.buffer[:total])
+            del self.buffer[:total]
+            out.append(self._decode(frame))
+        return out
+
+    def _decode(self, frame: bytes) -> Chunk:
+        from botocore.eventstream import EventStreamBuffer, ParserError
+
+        parser = EventStreamBuffer()
+        parser.add_data(frame)
+        try:
+            message = next(parser)
+        except ParserError as exc:
+            raise self._bad(f"a frame does not decode ({type(exc).__name__})") from None
+        headers = message.headers
+        payload = _decode(message.payload.decode("utf-8", "replace")) if message.payload else {}
+        kind = headers.get(":message-type", "event")
+        if kind == "event":
+            return str(headers.get(":event-type", "")), payload
+        name = str(headers.get(":exception-type") or headers.get(":error-code") or "error")
+        data = payload if isinstance(payload, dict) else {"message": str(payload)}
+        if kind == "error" and "message" not in data:
+            data = {**data, "message": str(headers.get(":error-message", ""))}
+        return "exception", {"__type": name[:1].upper() + name[1:], **data}
+
+    def _bad(self, what: str) -> ProviderError:
+        return ProviderError(
+            f"{self.provider or 'provider'} sent a stream that is not valid AWS event-stream "
+            f"framing: {what}",
+            provider=self.provider,
+            model=self.model,
+            code="llm.malformed_response",
+            retryable=True,
+        )
+
+    def rest(self) -> None:
+        """The stream ended: bytes of a frame that never completed mean it was cut inside one."""
+        if self.buffer:
+            raise ProviderError(
+                f"the stream from {self.provider or 'provider'} was cut inside an event-stream "
+                f"frame ({len(self.buffer)} bytes of it arrived): the answer never finished",
+                provider=self.provider,
+                model=self.model,
+                code="llm.network_error",
+                retryable=True,
+                details={"partial_frame_bytes": len(self.buffer)},
+            )
+
+
+def iter_frames(
+    chunks: Iterator[bytes],
+    limit: int,
+    refuse: Callable[[int], Exception],
+    provider: str | None = None,
+    model: str | None = None,
+) -> Iterator[Chunk]:
+    """Decoded chunks of an AWS event-stream body (Bedrock's ``converse-stream``)."""
+    frames = _Frames(limit, refuse, provider, model)
+    for chunk in chunks:
+        yield from frames.feed(chunk)
+    frames.rest()
+
+
+async def aiter_frames(
+    chunks: AsyncIterator[bytes],
+    limit: int,
+    refuse: Callable[[int], Exception],
+    provider: str | None = None,
+    model: str | None = None,
+) -> AsyncIterator[Chunk]:
+    """The async twin of :func:`iter_frames`."""
+    frames = _Frames(limit, refuse, provider, model)
+    async for chunk in chunks:
+        for decoded in frames.feed(chunk):
+            yield decoded
+    frames.rest()

@@ -53,6 +53,15 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
     "gemini": ProviderInfo(
         "gemini", ("GEMINI_API_KEY", "GOOGLE_API_KEY"), True, "gemini-2.5-flash", "GEMINI_BASE_URL"
     ),
+    # AWS Bedrock (Converse): the AWS credential chain, or a Bedrock API key
+    # (AWS_BEARER_TOKEN_BEDROCK, read by llm/bedrock.py) as a bearer token.
+    "bedrock": ProviderInfo(
+        "bedrock",
+        (),
+        False,
+        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
+    ),
     "ollama": ProviderInfo("ollama", (), False, "llama3.1", "OLLAMA_HOST"),
     "openai_responses": ProviderInfo(
         "openai_responses", ("OPENAI_API_KEY",), True, "gpt-4o-mini", "OPENAI_BASE_URL"
@@ -117,6 +126,9 @@ EXAMPLES: Final[Mapping[str, str]] = {
     "AZURE_OPENAI_API_VERSION": "2024-10-21",
     "OPENAI_API_VERSION": "2024-10-21",
     "FLUID_OLLAMA_ALLOW_REMOTE": "1",
+    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "https://bedrock-runtime.us-east-1.amazonaws.com",
+    "AWS_ENDPOINT_URL": "https://bedrock-runtime.us-east-1.amazonaws.com",
+    "AWS_REGION": "us-east-1",
 }
 # The example for a server speaking the OpenAI API that is not OpenAI itself.
 _LOCAL_SERVER: Final = "http://127.0.0.1:8000/v1"
@@ -439,6 +451,11 @@ def resolve_provider_config(
     chosen_model = _model(name, model, env)
     url = _base_url(name, info, base_url, env)
     key = _key(name, info, api_key, env)
+    region = None
+    if info.adapter == "bedrock":  # the region's endpoint; botocore loads only for this provider
+        from fluid_build.copilot.llm.bedrock import resolve_endpoint
+
+        url, region, key = resolve_endpoint(url, key, env)
     if timeout is None:
         timeout = env_float(
             env, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
@@ -458,4 +475,5 @@ def resolve_provider_config(
         base_url=url,
         timeout=float(timeout or DEFAULT_TIMEOUT),
         api_version=_api_version(name, env),
+        region=region,
     )

@@ -1,0 +1,499 @@
+"""AWS Bedrock's Converse API, with tool use; structured output through a forced tool.
+
+Requests are signed with SigV4 (botocore's signer, credentials from the
+standard AWS chain: environment, shared config and credentials files and
+profiles, SSO, container and instance roles), or carry a Bedrock API key
+(``AWS_BEARER_TOKEN_BEDROCK``) as a bearer token. Streams arrive as AWS
+event-stream frames (``stream_format = "eventstream"``, decoded in
+:mod:`fluid_build.copilot.llm.base`). botocore is the ``bedrock`` extra: it
+loads with the first Bedrock client, never with ``import fluid_build``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+from urllib.parse import quote, urlsplit
+
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.base import (
+    COUNT,
+    NULL,
+    TEXT,
+    Adapter,
+    Parsed,
+    ProviderConfig,
+    Request,
+    StreamState,
+    text_of,
+)
+from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+__all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
+
+PIP_LINE: Final = "pip install 'fluid-build[bedrock]'"
+#: The step that fixes most rejected or missing AWS credentials, for a message.
+AWS_NEXT_STEP: Final = (
+    "check AWS_PROFILE (and run `aws sso login --profile <name>` if it uses SSO), or set "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a Bedrock API key in "
+    "AWS_BEARER_TOKEN_BEDROCK"
+)
+#: The finish reason of an answer a guardrail stopped.
+GUARDRAIL: Final = "guardrail_intervened"
+
+
+def endpoint_for(region: str) -> str:
+    return f"https://bedrock-runtime.{region}.amazonaws.com"
+
+
+def _region_of(url: str) -> str | None:
+    """The region a standard endpoint names (``bedrock-runtime.<region>.amazonaws.com``)."""
+    host = urlsplit(url).hostname or ""
+    parts = host.split(".")
+    if len(parts) >= 4 and parts[0].startswith("bedrock-runtime") and "amazonaws" in parts:
+        return parts[1]
+    return None
+
+
+def _profile_region(env: Mapping[str, str]) -> str | None:
+    """The shared config profile's region (``AWS_PROFILE``), read by botocore."""
+    try:
+        import botocore.session
+    except ImportError:
+        return None  # the adapter says what to install
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = botocore.session.Session(profile=env.get("AWS_PROFILE") or None)
+        # The profile's own setting only: botocore's full region chain would ask the
+        # instance metadata service, a network call at configuration time.
+        region = session.get_scoped_config().get("region")
+    except BotoCoreError:
+        return None
+    return str(region).strip() or None if region else None
+
+
+def resolve_endpoint(
+    url: str | None, key: str | None, env: Mapping[str, str]
+) -> tuple[str, str | None, str | None]:
+    """The endpoint, the signing region and the bearer token.
+
+    The endpoint: ``base_url=`` or AWS_ENDPOINT_URL_BEDROCK_RUNTIME (already in
+    ``url``), then AWS_ENDPOINT_URL, then the region's own endpoint; the region
+    from AWS_REGION, AWS_DEFAULT_REGION, the profile, or the endpoint's host
+    name. The token: ``api_key=`` (or FLUID_LLM_API_KEY, in ``key``), then
+    AWS_BEARER_TOKEN_BEDROCK; without one, requests are signed with SigV4.
+    """
+    from fluid_build.copilot.llm.settings import _not_configured, _url_problem
+
+    if key is None:
+        key = (env.get("AWS_BEARER_TOKEN_BEDROCK") or "").strip() or None
+        if key is not None and not key.isprintable():
+            raise ProviderAuthError(
+                "AWS_BEARER_TOKEN_BEDROCK holds a key that contains control characters (a "
+                "pasted newline?): set the key alone, on one line",
+                provider="bedrock",
+                details={"variable": "AWS_BEARER_TOKEN_BEDROCK"},
+                secrets=(key,),
+            )
+
+    if url is None:
+        general = (env.get("AWS_ENDPOINT_URL") or "").strip()
+        if general:
+            problem = _url_problem(general)
+            if problem is not None:
+                raise ProviderError(
+                    f"bedrock endpoint from AWS_ENDPOINT_URL is not an http(s) URL fluid can "
+                    f"use: {problem}; set it like AWS_ENDPOINT_URL={endpoint_for('us-east-1')}",
+                    provider="bedrock",
+                    code="llm.bad_endpoint",
+                    retryable=False,
+                    details={"variable": "AWS_ENDPOINT_URL", "example": endpoint_for("us-east-1")},
+                )
+            url = general
+    region = None
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        region = (env.get(variable) or "").strip() or None
+        if region is not None:
+            break
+    if region is None:
+        region = _profile_region(env) or (_region_of(url) if url else None)
+    if region is not None and not all(ch.isalnum() or ch == "-" for ch in region):
+        raise _not_configured(
+            f"the AWS region {region[:40]!r} is not a region name: set it like "
+            "AWS_REGION=us-east-1",
+            "bedrock",
+            variable="AWS_REGION",
+            example="us-east-1",
+        )
+    if region is None and (url is None or key is None):
+        raise _not_configured(
+            "bedrock needs an AWS region: set AWS_REGION (e.g. AWS_REGION=us-east-1), or a "
+            "region in your AWS profile",
+            "bedrock",
+            variable="AWS_REGION",
+            example="us-east-1",
+        )
+    return url or endpoint_for(str(region)), region, key
+
+
+def not_installed() -> ProviderError:
+    return ProviderError(
+        f"the bedrock provider needs botocore, which is not installed: run {PIP_LINE}",
+        provider="bedrock",
+        code="llm.not_configured",
+        retryable=False,
+        details={"install": PIP_LINE},
+    )
+
+
+def _respond_tool(spec: CallSpec) -> str:
+    return f"respond_{spec.schema_name}"[:64]
+
+
+def bedrock_messages(spec: CallSpec) -> list[dict[str, Any]]:
+    """Neutral messages as Converse turns of content blocks."""
+    out: list[dict[str, Any]] = []
+    for message in spec.messages:
+        role = message.get("role", "user")
+        content = message.get("content") or ""
+        if role == "tool":
+            text = content if isinstance(content, str) else json.dumps(content)
+            block = {
+                "toolResult": {
+                    "toolUseId": message.get("tool_call_id", ""),
+                    "content": [{"text": text}],
+                }
+            }
+            if out and out[-1]["role"] == "user" and "toolResult" in out[-1]["content"][-1]:
+                out[-1]["content"].append(block)  # results of one round go in one user turn
+            else:
+                out.append({"role": "user", "content": [block]})
+            continue
+        if role == "assistant":
+            blocks: list[dict[str, Any]] = [{"text": content}] if content else []
+            blocks += [
+                {
+                    "toolUse": {
+                        "toolUseId": c["id"],
+                        "name": c["name"],
+                        "input": c.get("arguments", {}),
+                    }
+                }
+                for c in message.get("tool_calls") or []
+            ]
+            out.append({"role": "assistant", "content": blocks or [{"text": " "}]})
+            continue
+        out.append({"role": "user", "content": [{"text": content}]})
+    return out
+
+
+def _count(usage: dict[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _usage(usage: Any) -> Usage:
+    """Converse counts cache reads and writes apart from inputTokens: all are input.
+
+    ``cacheReadInputTokenCount`` / ``cacheWriteInputTokenCount`` repeat the
+    ``...Tokens`` fields in some answers: each is counted once.
+    """
+    if not isinstance(usage, dict):
+        return Usage()
+    read = _count(usage, "cacheReadInputTokens") or _count(usage, "cacheReadInputTokenCount")
+    written = _count(usage, "cacheWriteInputTokens") or _count(usage, "cacheWriteInputTokenCount")
+    return Usage(
+        input_tokens=_count(usage, "inputTokens") + read + written,
+        output_tokens=_count(usage, "outputTokens"),
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
+
+
+def _filtered(spec: CallSpec) -> ProviderError:
+    return ProviderError(
+        f"bedrock ({spec.model}) refused the request: a guardrail intervened "
+        f"(stopReason {GUARDRAIL})",
+        provider="bedrock",
+        model=spec.model,
+        status_code=200,
+        provider_error_type=GUARDRAIL,
+        code="llm.content_filtered",
+        retryable=False,
+    )
+
+
+_USAGE = {
+    "inputTokens": COUNT,
+    "outputTokens": COUNT,
+    "cacheReadInputTokens": COUNT,
+    "cacheWriteInputTokens": COUNT,
+}
+
+
+class _Signer:
+    """SigV4 with botocore: the credential chain resolved once, refreshed as it expires.
+
+    botocore's refreshable credentials (SSO, assumed roles, container and
+    instance roles) renew themselves when ``get_frozen_credentials()`` finds
+    them close to expiry; each attempt signs anew with what it gives.
+    """
+
+    def __init__(self, region: str) -> None:
+        try:
+            import botocore.session
+        except ImportError:
+            raise not_installed() from None
+        self.region = region
+        self.session = botocore.session.Session()
+        self.credentials: Any = None
+        self.lock = threading.Lock()
+
+    def _resolved(self) -> Any:
+        from botocore.exceptions import BotoCoreError
+
+        with self.lock:
+            if self.credentials is None:
+                try:
+                    self.credentials = self.session.get_credentials()
+                except BotoCoreError as exc:
+                    raise _no_credentials(f"the AWS credential chain failed: {exc}") from None
+                if self.credentials is None:
+                    raise _no_credentials("no AWS credentials were found")
+            try:
+                return self.credentials.get_frozen_credentials()
+            except BotoCoreError as exc:
+                raise _no_credentials(
+                    f"the AWS credentials could not be refreshed: {exc}"
+                ) from None
+
+    def sign(self, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="POST", url=url, data=body, headers=headers)
+        SigV4Auth(self._resolved(), "bedrock", self.region).add_auth(request)
+        return {name.lower(): str(value) for name, value in request.headers.items()}
+
+
+def _no_credentials(what: str) -> ProviderAuthError:
+    return ProviderAuthError(
+        f"bedrock: {what}; {AWS_NEXT_STEP}",
+        provider="bedrock",
+        details={"variable": "AWS_PROFILE", "example": "my-profile"},
+    )
+
+
+def _body_bytes(body: dict[str, Any]) -> bytes:
+    """The JSON exactly as the transport sends it (httpx 0.28's ``json=``, and the direct
+    pool's): SigV4 signs the hash of these bytes."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class BedrockAdapter(Adapter):
+    provider = "bedrock"
+    stream_format = "eventstream"
+    default_base_url = None
+    #: messageStop carries the stopReason; only the metadata event (usage) follows it.
+    stream_end: ClassVar[str] = "messageStop"
+    shape: ClassVar[Any] = {
+        "output": {
+            "message": {
+                "content": [
+                    {
+                        "text": TEXT,
+                        "toolUse": {"toolUseId": TEXT, "name": TEXT, "input": (dict, NULL)},
+                    }
+                ]
+            }
+        },
+        "stopReason": TEXT,
+        "usage": _USAGE,
+    }
+    chunk_shape: ClassVar[Any] = {
+        "contentBlockIndex": COUNT,
+        "start": {"toolUse": {"toolUseId": TEXT, "name": TEXT}},
+        "delta": {"text": TEXT, "toolUse": {"input": TEXT}},
+        "stopReason": TEXT,
+        "usage": _USAGE,
+    }
+
+    def __init__(self, config: ProviderConfig) -> None:
+        super().__init__(config)
+        region = config.region or "us-east-1"
+        # Without a bearer token every request is signed: the extra must be there now,
+        # not at the first call. With one, botocore is needed for streams only.
+        self.signer: _Signer | None = None if config.api_key else _Signer(region)
+        if config.api_key:
+            try:
+                import botocore.eventstream  # noqa: F401
+            except ImportError:
+                raise not_installed() from None
+
+    def request(self, spec: CallSpec, *, stream: bool) -> Request:
+        base = (self.config.base_url or endpoint_for(self.config.region or "us-east-1")).rstrip("/")
+        action = "converse-stream" if stream else "converse"
+        url = f"{base}/model/{quote(spec.model, safe='')}/{action}"
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/vnd.amazon.eventstream" if stream else "application/json",
+            **self.config.headers,
+        }
+        body = self.body(spec)
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        elif self.signer is not None:
+            headers = self.signer.sign(url, headers, _body_bytes(body))
+        return Request("POST", url, headers, body)
+
+    def body(self, spec: CallSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": bedrock_messages(spec)}
+        if spec.system:
+            body["system"] = [{"text": spec.system}]
+        if spec.max_output_tokens is not None:
+            body["inferenceConfig"] = {"maxTokens": spec.max_output_tokens}
+        tools = [
+            {
+                "toolSpec": {
+                    "name": t.name,
+                    "description": t.description or t.name,
+                    "inputSchema": {"json": dict(t.parameters)},
+                }
+            }
+            for t in spec.tools
+        ]
+        config: dict[str, Any] = {}
+        if spec.response_schema is not None:
+            # Converse's portable structured output: a tool the model must call.
+            tools.append(
+                {
+                    "toolSpec": {
+                        "name": _respond_tool(spec),
+                        "description": "Return the final answer in exactly this shape.",
+                        "inputSchema": {"json": dict(spec.response_schema)},
+                    }
+                }
+            )
+            config["toolChoice"] = (
+                {"any": {}} if spec.tools else {"tool": {"name": _respond_tool(spec)}}
+            )
+        if tools:
+            body["toolConfig"] = {"tools": tools, **config}
+        body.update(spec.extra)
+        return body
+
+    def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        if data.get("stopReason") == GUARDRAIL:
+            raise _filtered(spec)
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        message = (data.get("output") or {}).get("message") or {}
+        for block in message.get("content") or []:
+            if "text" in block:
+                texts.append(text_of(block.get("text")))
+            elif "toolUse" in block:
+                use = block["toolUse"] or {}
+                if use.get("type") == "server_tool_use":
+                    continue  # Bedrock ran it (code interpreter ...): not the caller's call
+                raw = use.get("input")
+                arguments: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                if use.get("name") == respond:
+                    texts = [json.dumps(arguments)]  # the structured answer is the text
+                    respond = None
+                    continue
+                calls.append(
+                    ToolCall(
+                        id=str(use.get("toolUseId") or f"call_{len(calls)}"),
+                        name=str(use.get("name") or ""),
+                        arguments=arguments,
+                    )
+                )
+            # reasoningContent is thinking, toolResult a server tool's result,
+            # image/document/citations are not answer text either.
+        return Parsed(
+            "".join(texts), calls, _usage(data.get("usage")), data.get("stopReason"), None
+        )
+
+    def chunk_events(
+        self, data: dict[str, Any], event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        blocks = state.block_kinds
+        events: list[StreamEvent] = []
+        if event == "contentBlockStart":
+            index = int(data.get("contentBlockIndex") or 0)
+            use = (data.get("start") or {}).get("toolUse")
+            if isinstance(use, dict):
+                if use.get("type") == "server_tool_use":
+                    blocks[index] = "provider"
+                elif spec.response_schema is not None and use.get("name") == _respond_tool(spec):
+                    blocks[index] = "respond"
+                else:
+                    blocks[index] = "tool"
+                    events.append(
+                        state.add_call(index, id=use.get("toolUseId"), name=use.get("name"))
+                    )
+            else:
+                blocks[index] = "provider"  # a server tool's result, an image ...
+        elif event == "contentBlockDelta":
+            index = int(data.get("contentBlockIndex") or 0)
+            delta = data.get("delta") or {}
+            owner = blocks.get(index, "text")
+            if "text" in delta and owner == "text":
+                added = state.add_text(text_of(delta.get("text")))
+                if added:
+                    events.append(added)
+            elif isinstance(delta.get("toolUse"), dict):
+                fragment = text_of(delta["toolUse"].get("input"))
+                if owner == "respond":
+                    added = state.add_text(fragment)
+                    if added:
+                        events.append(added)
+                elif owner == "tool":
+                    events.append(state.add_call(index, arguments_delta=fragment))
+            # reasoningContent deltas are thinking: never answer text.
+        elif event == "messageStop":
+            state.finish_reason = data.get("stopReason") or state.finish_reason
+            if state.finish_reason == GUARDRAIL:
+                raise _filtered(spec)
+            state.done = True
+        elif event == "metadata":
+            state.usage = _usage(data.get("usage"))
+        return events
+
+    def parse_chunk(
+        self, data: Any, event: str, state: StreamState, spec: CallSpec
+    ) -> list[StreamEvent]:
+        if event == "exception":
+            raise _stream_exception(data, spec)
+        return super().parse_chunk(data, event, state, spec)
+
+
+#: The HTTP status each ConverseStream exception stands for (the API reference's errors).
+_STREAM_STATUS: Final = {
+    "ThrottlingException": 429,
+    "ServiceUnavailableException": 503,
+    "InternalServerException": 500,
+    "ModelStreamErrorException": 424,
+    "ValidationException": 400,
+    "ModelTimeoutException": 408,
+}
+
+
+def _stream_exception(data: Any, spec: CallSpec) -> ProviderError:
+    """An exception frame, classified as the error answer its type stands for."""
+    import httpx
+
+    from fluid_build.copilot.agents.error_classification import classify_response
+
+    kind = str(data.get("__type") or "") if isinstance(data, dict) else ""
+    answer = httpx.Response(
+        _STREAM_STATUS.get(kind, 500),
+        json=data,
+        headers={"x-amzn-errortype": kind},
+        request=httpx.Request("POST", "https://bedrock-runtime.amazonaws.com/converse-stream"),
+    )
+    return classify_response(answer, provider="bedrock", model=spec.model)

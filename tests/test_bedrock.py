@@ -1,0 +1,440 @@
+"""provider="bedrock": SigV4 signing, the AWS credential chain, endpoints, event-stream frames.
+
+The real answers (JSON and event-stream) replay in tests/test_real_answers.py
+(rows ``bedrock-*`` of tests/data/provider_answers.json, from pydantic-ai's
+recorded cassettes). Here: what is sent, where, signed how, and what a broken
+stream becomes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from fluid_build.copilot import LLMClient
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.settings import resolve_provider_config
+from tests.fakes import FakeClock, clocked_envelope
+
+ENDPOINT = "https://bedrock-runtime.us-east-1.amazonaws.com"
+MODEL = "amazon.nova-micro-v1:0"
+ACCESS = "AKIDEXAMPLE"
+SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+ANSWER = {
+    "output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}},
+    "stopReason": "end_turn",
+    "usage": {"inputTokens": 3, "outputTokens": 1},
+}
+ROWS = json.loads((Path(__file__).parent / "data" / "provider_answers.json").read_text())
+STREAM = base64.b64decode(
+    "".join(next(r for r in ROWS if r["id"] == "bedrock-stream-text")["stream"])
+)
+AWS_VARS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_BEARER_TOKEN_BEDROCK",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_EC2_METADATA_DISABLED",
+)
+
+
+@pytest.fixture(autouse=True)
+def aws_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No AWS variable of the machine's, a fresh HOME, and no instance metadata lookups."""
+    for name in AWS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / ".aws" / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / ".aws" / "credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
+
+
+def _client(handler: Any, env: dict[str, str], **kwargs: Any) -> tuple[LLMClient, httpx.Client]:
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    client = LLMClient(
+        "bedrock",
+        MODEL,
+        envelope=clocked_envelope(FakeClock()),
+        env=env,
+        http_client=http,
+        **kwargs,
+    )
+    return client, http
+
+
+def _answer(seen: list[httpx.Request], body: bytes | None = None, **headers: str) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        content = json.dumps(ANSWER).encode() if body is None else body
+        return httpx.Response(200, content=content, headers=headers)
+
+    return handler
+
+
+def _hmac(key: bytes, text: str) -> bytes:
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def _expected_signature(request: httpx.Request, secret: str, region: str) -> str:
+    """SigV4 recomputed from the request as sent, by the published algorithm
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html),
+    not by botocore: what the server will check."""
+    auth = request.headers["authorization"]
+    signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+    stamp = request.headers["x-amz-date"]
+    # Not S3: the path is URI-encoded once more (":" was %3A, is now %253A).
+    canonical = "\n".join(
+        [
+            request.method,
+            quote(request.url.raw_path.decode().split("?")[0], safe="/~"),
+            "",
+            *(f"{name}:{request.headers[name].strip()}" for name in signed),
+            "",
+            ";".join(signed),
+            hashlib.sha256(request.content).hexdigest(),
+        ]
+    )
+    scope = f"{stamp[:8]}/{region}/bedrock/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = ("AWS4" + secret).encode()
+    for part in (stamp[:8], region, "bedrock", "aws4_request"):
+        key = _hmac(key, part)
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+def test_a_request_is_signed_with_sigv4_from_environment_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-1")
+    seen: list[httpx.Request] = []
+    client, http = _client(_answer(seen), {"AWS_REGION": "eu-west-3"})
+    with http:
+        completion = client.complete("hi")
+    assert completion.text == "hi"
+    request = seen[0]
+    assert str(request.url) == (
+        "https://bedrock-runtime.eu-west-3.amazonaws.com/model/amazon.nova-micro-v1%3A0/converse"
+    )
+    auth = request.headers["authorization"]
+    assert auth.startswith(f"AWS4-HMAC-SHA256 Credential={ACCESS}/")
+    assert "/eu-west-3/bedrock/aws4_request" in auth
+    assert request.headers["x-amz-security-token"] == "session-token-1"
+    assert auth.endswith("Signature=" + _expected_signature(request, SECRET, "eu-west-3"))
+    body = json.loads(request.content)
+    assert body["messages"] == [{"role": "user", "content": [{"text": "hi"}]}]
+
+
+def test_each_attempt_signs_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx.Response(
+                503, json={"message": "busy"}, headers={"x-amzn-errortype": "ServiceUnavailable"}
+            )
+        return httpx.Response(200, json=ANSWER)
+
+    client, http = _client(handler, {"AWS_REGION": "us-east-1"})
+    with http:
+        assert client.complete("hi").text == "hi"
+    assert len(seen) == 2
+    for request in seen:
+        signature = _expected_signature(request, SECRET, "us-east-1")
+        assert request.headers["authorization"].endswith(signature)
+
+
+def test_credentials_and_region_from_a_profile_in_the_shared_files(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (aws_home / ".aws").mkdir()
+    (aws_home / ".aws" / "config").write_text("[profile team]\nregion = ap-south-1\n")
+    (aws_home / ".aws" / "credentials").write_text(
+        f"[team]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = {SECRET}\n"
+    )
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    seen: list[httpx.Request] = []
+    import os
+
+    client, http = _client(_answer(seen), dict(os.environ))
+    with http:
+        client.complete("hi")
+    request = seen[0]
+    assert request.url.host == "bedrock-runtime.ap-south-1.amazonaws.com"
+    assert "Credential=AKIDPROFILE/" in request.headers["authorization"]
+    assert request.headers["authorization"].endswith(
+        _expected_signature(request, SECRET, "ap-south-1")
+    )
+
+
+def test_a_bedrock_api_key_is_sent_as_a_bearer_token() -> None:
+    seen: list[httpx.Request] = []
+    env = {"AWS_REGION": "us-west-2", "AWS_BEARER_TOKEN_BEDROCK": "bedrock-api-key-1"}
+    client, http = _client(_answer(seen), env)
+    with http:
+        client.complete("hi")
+    assert seen[0].headers["authorization"] == "Bearer bedrock-api-key-1"
+    assert "x-amz-date" not in seen[0].headers
+
+
+def test_no_credentials_anywhere_is_an_auth_error_naming_the_aws_next_step() -> None:
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"})
+    with http, pytest.raises(ProviderAuthError) as caught:
+        client.complete("hi")
+    assert caught.value.code == "llm.auth"
+    assert "aws sso login" in str(caught.value)
+    assert "AWS_PROFILE" in str(caught.value)
+
+
+def test_a_missing_region_is_not_configured_naming_aws_region() -> None:
+    with pytest.raises(ProviderError) as caught:
+        resolve_provider_config("bedrock", env={})
+    assert caught.value.code == "llm.not_configured"
+    assert "AWS_REGION" in str(caught.value)
+    assert caught.value.details["variable"] == "AWS_REGION"
+
+
+@pytest.mark.parametrize(
+    ("env", "base_url", "expected"),
+    [
+        (
+            {"AWS_REGION": "eu-central-1"},
+            None,
+            "https://bedrock-runtime.eu-central-1.amazonaws.com",
+        ),
+        (
+            {"AWS_DEFAULT_REGION": "us-west-2"},
+            None,
+            "https://bedrock-runtime.us-west-2.amazonaws.com",
+        ),
+        (
+            {"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:4566"},
+            None,
+            "http://127.0.0.1:4566",
+        ),
+        (
+            {
+                "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:4566",
+                "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "https://vpce-1.bedrock-runtime.example.test",
+            },
+            None,
+            "https://vpce-1.bedrock-runtime.example.test",
+        ),
+        (
+            {"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "http://127.0.0.1:1"},
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:2",
+        ),
+    ],
+)
+def test_the_endpoint_comes_from_the_documented_variables(
+    env: dict[str, str], base_url: str | None, expected: str
+) -> None:
+    config = resolve_provider_config("bedrock", base_url=base_url, env=env)
+    assert config.base_url == expected
+
+
+def test_the_region_is_read_from_a_standard_endpoint_when_a_token_is_used() -> None:
+    config = resolve_provider_config(
+        "bedrock", base_url=ENDPOINT, env={"AWS_BEARER_TOKEN_BEDROCK": "k"}
+    )
+    assert (config.region, config.api_key) == ("us-east-1", "k")
+
+
+def test_a_missing_botocore_is_not_configured_with_the_pip_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "botocore.session", None)
+    monkeypatch.setitem(sys.modules, "botocore.eventstream", None)
+    for env in (
+        {"AWS_REGION": "us-east-1"},
+        {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"},
+    ):
+        with pytest.raises(ProviderError) as caught:
+            LLMClient("bedrock", MODEL, env=env)
+        assert caught.value.code == "llm.not_configured"
+        assert "pip install 'fluid-build[bedrock]'" in str(caught.value)
+
+
+def _streamed(body: bytes, **env: str) -> list[Any]:
+    seen: list[httpx.Request] = []
+    handler = _answer(seen, body, **{"content-type": "application/vnd.amazon.eventstream"})
+    client, http = _client(
+        handler, {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k", **env}
+    )
+    with http:
+        events = list(client.stream("hi"))
+    assert seen[0].url.path.endswith("/converse-stream")
+    return events
+
+
+def test_a_stream_delivered_one_byte_at_a_time_reads_the_same() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            stream=_Drip(STREAM),
+            headers={"content-type": "application/vnd.amazon.eventstream"},
+        )
+
+    client, http = _client(handler, {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"})
+    with http:
+        events = list(client.stream("hi"))
+    done = events[-1].completion
+    assert done is not None
+    assert done.text.startswith("The capital of France is Paris.")
+    assert (done.finish_reason, done.usage.input_tokens, done.usage.output_tokens) == (
+        "end_turn",
+        13,
+        82,
+    )
+
+
+class _Drip(httpx.SyncByteStream):
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __iter__(self) -> Any:
+        for i in range(len(self.data)):
+            yield self.data[i : i + 1]
+
+
+def test_a_frame_over_the_event_limit_is_refused_as_it_starts() -> None:
+    delta = {"contentBlockIndex": 0, "delta": {"text": "x" * 2000}}
+    big = _frame(
+        {":message-type": "event", ":event-type": "contentBlockDelta"}, json.dumps(delta).encode()
+    )
+    with pytest.raises(ProviderError) as caught:
+        _streamed(STREAM[:181] + big[:8], FLUID_LLM_MAX_EVENT_BYTES="1024")
+    assert caught.value.code == "llm.response_too_large"
+    assert caught.value.details["received"] == len(big)  # refused from its length alone
+
+
+def test_a_stream_cut_inside_a_frame_is_a_typed_error() -> None:
+    cut = STREAM[: len(STREAM) - 40]  # inside the last frame (metadata, after messageStop)
+    with pytest.raises(ProviderError) as caught:
+        _streamed(cut)
+    assert caught.value.code == "llm.network_error"
+    assert caught.value.details["partial_frame_bytes"] > 0
+
+
+def test_a_frame_whose_checksum_fails_is_a_malformed_response() -> None:
+    broken = bytearray(STREAM)
+    broken[200] ^= 0xFF  # inside the second frame's payload
+    with pytest.raises(ProviderError) as caught:
+        _streamed(bytes(broken))
+    assert caught.value.code == "llm.malformed_response"
+
+
+def _frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One event-stream frame (string headers), as AWS encodes it."""
+    import zlib
+
+    raw = b""
+    for name, value in headers.items():
+        raw += bytes([len(name)]) + name.encode() + b"\x07" + len(value).to_bytes(2, "big")
+        raw += value.encode()
+    total = 16 + len(raw) + len(payload)
+    prelude = total.to_bytes(4, "big") + len(raw).to_bytes(4, "big")
+    prelude += zlib.crc32(prelude).to_bytes(4, "big")
+    message = prelude + raw + payload
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
+def test_an_exception_frame_is_classified() -> None:
+    frame = _frame(
+        {":message-type": "exception", ":exception-type": "throttlingException"},
+        b'{"message":"Too many requests, please wait before trying again."}',
+    )
+    with pytest.raises(ProviderError) as caught:
+        _streamed(STREAM[:181] + frame)  # messageStart, then the exception
+    assert caught.value.code == "llm.rate_limited"
+    assert caught.value.retryable is True
+
+
+def test_a_guardrail_intervention_is_content_filtered() -> None:
+    body = {
+        "output": {"message": {"role": "assistant", "content": [{"text": "Sorry."}]}},
+        "stopReason": "guardrail_intervened",
+        "usage": {"inputTokens": 9, "outputTokens": 2},
+    }
+    client, http = _client(
+        _answer([], json.dumps(body).encode()),
+        {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"},
+    )
+    with http, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert caught.value.code == "llm.content_filtered"
+
+
+def test_a_structured_answer_is_a_forced_tool_and_its_input_the_text() -> None:
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    body = {
+        "output": {
+            "message": {
+                "role": "assistant",
+                "content": [
+                    {
+                        "toolUse": {
+                            "toolUseId": "t1",
+                            "name": "respond_City",
+                            "input": {"name": "Oslo"},
+                        }
+                    }
+                ],
+            }
+        },
+        "stopReason": "tool_use",
+        "usage": {"inputTokens": 9, "outputTokens": 2},
+    }
+    seen: list[httpx.Request] = []
+    client, http = _client(
+        _answer(seen, json.dumps(body).encode()),
+        {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"},
+    )
+    with http:
+        completion = client.complete("hi", response_model=City)
+    assert completion.parsed == City(name="Oslo")
+    assert completion.tool_calls == []
+    sent = json.loads(seen[0].content)
+    assert sent["toolConfig"]["toolChoice"] == {"tool": {"name": "respond_City"}}
+
+
+def test_importing_the_library_loads_neither_botocore_nor_the_adapter() -> None:
+    import subprocess
+
+    code = (
+        "import sys, fluid_build, fluid_build.copilot\n"
+        "print(sorted(m for m in sys.modules if m.startswith('botocore') "
+        "or m == 'fluid_build.copilot.llm.bedrock'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
