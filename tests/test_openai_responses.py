@@ -415,6 +415,11 @@ def test_a_stream_without_its_end_event_was_cut() -> None:
     assert "response.completed" in caught.value.message
 
 
+OVERFLOW = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
+
+
 @pytest.mark.parametrize(
     ("event", "code", "retryable"),
     [
@@ -442,8 +447,33 @@ def test_a_stream_without_its_end_event_was_cut() -> None:
             "llm.server_error",
             True,
         ),
+        (
+            # openai/codex's sse_failed fixture for an overflowing turn (codex-rs core tests)
+            {
+                "type": "response.failed",
+                "response": {
+                    "status": "failed",
+                    "error": {"code": "context_length_exceeded", "message": OVERFLOW},
+                },
+            },
+            "llm.context_overflow",
+            False,
+        ),
+        (
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                    "message": OVERFLOW,
+                    "param": "input",
+                },
+            },
+            "llm.context_overflow",
+            False,
+        ),
     ],
-    ids=["error-event", "response-failed"],
+    ids=["error-event", "response-failed", "failed-context-window", "nested-error-event"],
 )
 def test_a_stream_error_carries_the_text_that_had_arrived(
     event: dict[str, Any], code: str, retryable: bool

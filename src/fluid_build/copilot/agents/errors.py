@@ -148,6 +148,12 @@ _KEY_VARIABLES: Final[Mapping[str, str]] = {
     "mistral": "MISTRAL_API_KEY",
     "openrouter": "OPENROUTER_API_KEY",
     "openai_compatible": "OPENAI_API_KEY",
+    "openai_responses": "OPENAI_API_KEY",
+    "xai": "XAI_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "together": "TOGETHER_API_KEY",
+    "fireworks": "FIREWORKS_API_KEY",
+    "cerebras": "CEREBRAS_API_KEY",
 }
 #: OpenAI-compatible servers run by the user: the right key is whatever the server was
 #: started with, not one issued by a provider.
