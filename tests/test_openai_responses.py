@@ -594,3 +594,89 @@ def test_the_matrix_knows_the_responses_only_models_and_openais() -> None:
     # Its own row, not the gpt-5 family's that "openai" falls back to.
     assert capabilities_for("openai_responses", "gpt-5-pro").max_output_tokens == 272_000
     assert capabilities_for("openai", "gpt-5-pro").max_output_tokens == 128_000
+
+
+# -- every transport, over a real socket ---------------------------------------------------
+
+TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
+
+
+def _over(transport: str, url: str, call: str) -> Any:
+    """One call (``complete`` or ``stream``) to ``url`` through ``transport``."""
+    env = {"FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx"}
+
+    def client(**http: Any) -> LLMClient:
+        return LLMClient(
+            "openai_responses",
+            "o3-pro",
+            api_key=KEY,
+            base_url=url,
+            envelope=clocked_envelope(FakeClock()),
+            env=env,
+            **http,
+        )
+
+    if transport == "sync-direct":
+        with client() as own:
+            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
+    if transport == "caller-sync":
+        with httpx.Client() as http:
+            made = client(http_client=http)
+            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
+
+    async def go() -> Any:
+        if transport == "caller-async":
+            async with httpx.AsyncClient() as http:
+                made = client(async_http_client=http)
+                if call == "complete":
+                    return await made.acomplete("hi")
+                return [event async for event in made.astream("hi")]
+        async with client() as own:
+            if call == "complete":
+                return await own.acomplete("hi")
+            return [event async for event in own.astream("hi")]
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_transport_carries_an_answer_and_a_stream(transport: str) -> None:
+    from tests.loopback import Seen, base_url, http_server
+
+    answer = json.dumps(_answer([REASONING, _message("Paris.")]).json()).encode()
+    stream = _sse(
+        {"type": "response.output_text.delta", "output_index": 1, "delta": "Par"},
+        {"type": "response.output_text.delta", "output_index": 1, "delta": "is."},
+        _completed(),
+    )
+    answers = [
+        (200, {"content-type": "application/json"}, answer),
+        (200, {"content-type": "text/event-stream"}, stream),
+    ]
+
+    def reply(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        assert seen.path == "/v1/responses"
+        assert seen.headers["authorization"] == f"Bearer {KEY}"
+        return answers.pop(0)
+
+    with http_server(reply) as server:
+        url = base_url(server) + "/v1"
+        done = _over(transport, url, "complete")
+        events = _over(transport, url, "stream")
+    assert (done.text, done.finish_reason) == ("Paris.", "completed")
+    assert "".join(e.text for e in events if e.type == "text") == "Paris."
+    assert events[-1].completion.usage.reasoning_tokens == 12
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
+    transport: str,
+) -> None:
+    from tests.loopback import serve, sse_then
+
+    first = _sse({"type": "response.output_text.delta", "output_index": 0, "delta": "Hal"})
+    with serve(sse_then("reset", first)) as url, pytest.raises(ProviderError) as caught:
+        _over(transport, url + "/v1", "stream")
+    assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
+    assert caught.value.details["partial_text"] == "Hal"
+    assert KEY not in str(caught.value)
