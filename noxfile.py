@@ -165,12 +165,12 @@ def realserver(session: nox.Session) -> None:
 
 
 #: Both ends of the ranges pyproject.toml allows for what carries the bytes of a call
-#: (docs/transports.md, "Which versions"). oldest: the first release of each range, and
-#: the first httpcore that httpx 0.28.0 takes (``httpcore==1.*``); they install together
-#: on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4``, fluid for 3.12.4, and
-#: ``httpx>=0.27.0``; httpcore 1.0.0 brings h11 0.14). newest: the latest of each in range.
+#: (docs/transports.md, "Which versions"). oldest: the first release of each range; they
+#: install together on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4``,
+#: fluid for 3.12.4, and ``httpx>=0.27.0``; httpcore 1.0.9, the first that takes h11 0.16,
+#: which genai-prices' httpcore2 requires). newest: the latest of each in range.
 TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
-    "oldest": ("httpx==0.28.0", "httpcore==1.0.0", "aiohttp==3.12.4", "httpx-aiohttp==0.2.0"),
+    "oldest": ("httpx==0.28.0", "httpcore==1.0.9", "aiohttp==3.12.4", "httpx-aiohttp==0.2.0"),
     "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4", "httpx-aiohttp>=0.2"),
 }
 #: The transport suite: one scenario list on every transport, and the pools themselves.
