@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -680,3 +681,36 @@ def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
     assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
     assert caught.value.details["partial_text"] == "Hal"
     assert KEY not in str(caught.value)
+
+
+# -- the CLI, as an operator runs it ---------------------------------------------------------
+
+
+def test_fluid_batch_and_ai_setup_check_reach_the_responses_api(tmp_path: Path) -> None:
+    from tests.docs_model import Request
+    from tests.test_docs_commands import OPENAI_KEY, new_place, run
+
+    def script(request: Request) -> tuple[int, dict[str, Any]] | None:
+        if request.path != "/v1/responses":
+            return None
+        prompt = request.body["input"][0]["content"]
+        return 200, _answer([REASONING, _message(f"echo: {prompt}")]).json()
+
+    with new_place(tmp_path, openai=True, attempts=1) as place:
+        place.model.script = script
+        place.env.update(FLUID_LLM_PROVIDER="openai_responses", FLUID_LLM_MODEL="o3-pro")
+        (place.cwd / "prompts.txt").write_text("one\ntwo\n", encoding="utf-8")
+        done = run(place, "fluid batch prompts.txt --json")
+        checked = run(place, "fluid ai setup --check")
+        seen = [(r.method, r.path) for r in place.model.requests]
+    output = done.stdout + done.stderr + checked.stdout + checked.stderr
+    assert "Traceback" not in output
+    assert OPENAI_KEY not in output
+    assert done.returncode == 0, output
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [r["text"] for r in records[:2]] == ["echo: one", "echo: two"]
+    assert records[-1]["ok"] is True
+    assert checked.returncode == 0, output
+    assert checked.stdout.strip() == "openai_responses: key accepted (1 models visible)"
+    assert ("POST", "/v1/responses") in seen
+    assert ("GET", "/v1/models") in seen
