@@ -604,3 +604,60 @@ def test_importing_fluid_build_loads_neither_google_auth_nor_the_adapter() -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- no network off Google Cloud, and a clock that moves ---------------------------------
+
+
+def test_off_google_cloud_no_metadata_server_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import google.auth
+
+    for name in (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "GCE_METADATA_HOST",
+        "GCE_METADATA_IP",
+        "K_SERVICE",
+        "CLOUD_RUN_JOB",
+        "FUNCTION_TARGET",
+        "GOOGLE_CLOUD_PROJECT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setattr(vertex, "_on_google_hardware", lambda: False)
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("google.auth.default pings 169.254.169.254 off Google Cloud")
+
+    monkeypatch.setattr(google.auth, "default", never)
+    with pytest.raises(ProviderAuthError) as caught:
+        resolve_provider_config("vertex", env={})
+    assert "gcloud auth application-default login" in caught.value.message
+
+
+def test_the_default_clock_moves_so_a_token_is_refreshed_before_it_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [datetime(2026, 11, 26, 12, 0)]
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return now[0].replace(tzinfo=tz)
+
+    monkeypatch.setattr(vertex, "datetime", Clock)
+
+    class Credentials:
+        token = "ya29.first"
+        expiry = datetime(2026, 11, 26, 13, 0)
+
+        def refresh(self, request: Any) -> None:
+            self.token = "ya29.second"
+            self.expiry = now[0] + timedelta(hours=1)
+
+    tokens = vertex.TokenSource(Credentials())
+    assert tokens.token() == "ya29.first"
+    now[0] = datetime(2026, 11, 26, 12, 56)  # 4 minutes before it expires: refreshed
+    assert tokens.token() == "ya29.second"
+    assert tokens.refreshes == 1

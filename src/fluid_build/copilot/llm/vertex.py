@@ -11,9 +11,11 @@ before it expires. google-auth loads only when this provider is used.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -84,6 +86,12 @@ def _name_ok(value: str) -> bool:
 def load_adc() -> tuple[Any, str | None]:
     """Application Default Credentials and their project (google-auth's search order)."""
     auth = _google_auth()
+    if not adc_may_exist(os.environ):  # google-auth reads the process's own environment
+        raise ProviderAuthError(
+            f"vertex found no Google credentials: {_LOGIN}",
+            provider="vertex",
+            details={"variable": "GOOGLE_APPLICATION_CREDENTIALS", "example": "/path/key.json"},
+        )
     try:
         credentials, project = auth.default(scopes=list(SCOPES))
     except auth.exceptions.DefaultCredentialsError as exc:
@@ -93,6 +101,41 @@ def load_adc() -> tuple[Any, str | None]:
             details={"variable": "GOOGLE_APPLICATION_CREDENTIALS", "example": "/path/key.json"},
         ) from exc
     return credentials, project
+
+
+#: Variables that say this process runs where Google's metadata server answers.
+_ON_GOOGLE_CLOUD: Final = (
+    "GCE_METADATA_HOST",
+    "GCE_METADATA_IP",
+    "K_SERVICE",
+    "CLOUD_RUN_JOB",
+    "FUNCTION_TARGET",
+)
+
+
+def adc_may_exist(env: Mapping[str, str]) -> bool:
+    """Whether Application Default Credentials can be found without asking the network.
+
+    google-auth's last resort is the metadata server (a ping to 169.254.169.254, seconds
+    of waiting off Google Cloud): it is asked only where one can answer.
+    """
+    if env.get("GOOGLE_APPLICATION_CREDENTIALS") or any(env.get(v) for v in _ON_GOOGLE_CLOUD):
+        return True
+    config = env.get("CLOUDSDK_CONFIG") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".config", "gcloud"
+    )
+    if Path(config, "application_default_credentials.json").is_file():
+        return True
+    return _on_google_hardware()
+
+
+def _on_google_hardware() -> bool:
+    """A Compute Engine VM says so in its firmware (what google-auth checks too)."""
+    try:
+        product = Path("/sys/class/dmi/id/product_name").read_text("ascii", "replace")
+    except OSError:
+        return False
+    return product.strip().startswith("Google")
 
 
 def resolve_base_url(
