@@ -49,6 +49,9 @@ BASE_URLS = {
     "llamacpp": "http://127.0.0.1:8080/v1",
     "bedrock": "https://bedrock-runtime.us-east-1.amazonaws.com",
 }
+#: Providers reached with an access token (api_key=) and a project, not a key variable.
+#: Bedrock: a Bedrock API key (bearer token) instead of SigV4 with the machine's AWS chain.
+TOKEN_ENVS = {"vertex": {"GOOGLE_CLOUD_PROJECT": "test-project"}, "bedrock": {}}
 USAGE_FIELDS = (
     "input_tokens",
     "output_tokens",
@@ -109,11 +112,10 @@ def _client(row: dict[str, Any], **http: Any) -> LLMClient:
     return LLMClient(
         provider,
         row["request_model"],
-        # Bedrock: a Bedrock API key (bearer token), not SigV4 with the machine's AWS chain.
-        api_key=KEY if PROVIDERS[provider].key_required or provider == "bedrock" else None,
+        api_key=KEY if PROVIDERS[provider].key_required or provider in TOKEN_ENVS else None,
         base_url=BASE_URLS.get(provider),
         envelope=envelope,
-        env={},
+        env=TOKEN_ENVS.get(provider, {}),
         **http,
     )
 

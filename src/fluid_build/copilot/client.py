@@ -88,6 +88,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "anthropic": ("anthropic", "AnthropicAdapter"),
     "gemini": ("gemini", "GeminiAdapter"),
     "bedrock": ("bedrock", "BedrockAdapter"),
+    "vertex": ("vertex", "VertexAdapter"),
     "ollama": ("ollama", "OllamaAdapter"),
     "openai_compatible": ("openai_compatible", "OpenAICompatibleAdapter"),
     "openai_responses": ("openai_responses", "OpenAIResponsesAdapter"),

@@ -53,6 +53,8 @@ PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
     "gemini": ProviderInfo(
         "gemini", ("GEMINI_API_KEY", "GOOGLE_API_KEY"), True, "gemini-2.5-flash", "GEMINI_BASE_URL"
     ),
+    # Gemini on Vertex AI: Google credentials (ADC) or an access token by api_key=, no key variable.
+    "vertex": ProviderInfo("vertex", (), False, "gemini-2.5-flash"),
     # AWS Bedrock (Converse): the AWS credential chain, or a Bedrock API key
     # (AWS_BEARER_TOKEN_BEDROCK, read by llm/bedrock.py) as a bearer token.
     "bedrock": ProviderInfo(
@@ -451,6 +453,10 @@ def resolve_provider_config(
     chosen_model = _model(name, model, env)
     url = _base_url(name, info, base_url, env)
     key = _key(name, info, api_key, env)
+    if info.adapter == "vertex":  # the project's URL; google-auth loads only for this provider
+        from fluid_build.copilot.llm.vertex import resolve_base_url
+
+        url = resolve_base_url(url, key, env)
     region = None
     if info.adapter == "bedrock":  # the region's endpoint; botocore loads only for this provider
         from fluid_build.copilot.llm.bedrock import resolve_endpoint
