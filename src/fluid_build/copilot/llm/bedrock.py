@@ -29,6 +29,7 @@ from fluid_build.copilot.llm.base import (
     StreamState,
     text_of,
 )
+from fluid_build.copilot.llm.checks import not_configured, url_problem
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
@@ -86,8 +87,6 @@ def resolve_endpoint(
     name. The token: ``api_key=`` (or FLUID_LLM_API_KEY, in ``key``), then
     AWS_BEARER_TOKEN_BEDROCK; without one, requests are signed with SigV4.
     """
-    from fluid_build.copilot.llm.settings import _not_configured, _url_problem
-
     if key is None:
         key = (env.get("AWS_BEARER_TOKEN_BEDROCK") or "").strip() or None
         if key is not None and not key.isprintable():
@@ -102,7 +101,7 @@ def resolve_endpoint(
     if url is None:
         general = (env.get("AWS_ENDPOINT_URL") or "").strip()
         if general:
-            problem = _url_problem(general)
+            problem = url_problem(general)
             if problem is not None:
                 raise ProviderError(
                     f"bedrock endpoint from AWS_ENDPOINT_URL is not an http(s) URL fluid can "
@@ -121,7 +120,7 @@ def resolve_endpoint(
     if region is None:
         region = _profile_region(env) or (_region_of(url) if url else None)
     if region is not None and not all(ch.isalnum() or ch == "-" for ch in region):
-        raise _not_configured(
+        raise not_configured(
             f"the AWS region {region[:40]!r} is not a region name: set it like "
             "AWS_REGION=us-east-1",
             "bedrock",
@@ -129,7 +128,7 @@ def resolve_endpoint(
             example="us-east-1",
         )
     if region is None and (url is None or key is None):
-        raise _not_configured(
+        raise not_configured(
             "bedrock needs an AWS region: set AWS_REGION (e.g. AWS_REGION=us-east-1), or a "
             "region in your AWS profile",
             "bedrock",

@@ -28,6 +28,9 @@ from fluid_build._redact import redact, truncate
 from fluid_build.config import env_float
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
 from fluid_build.copilot.llm.base import ProviderConfig
+from fluid_build.copilot.llm.checks import clean as _clean
+from fluid_build.copilot.llm.checks import not_configured as _not_configured
+from fluid_build.copilot.llm.checks import url_problem as _url_problem
 
 __all__ = ["PROVIDERS", "ProviderInfo", "resolve_provider_config"]
 
@@ -149,27 +152,9 @@ _MODEL_EXAMPLES: Final[Mapping[str, str]] = {
 }
 
 
-def _not_configured(
-    message: str,
-    provider: str | None = None,
-    *,
-    variable: str | None = None,
-    example: str | None = None,
-) -> ProviderError:
-    details = {"variable": variable, "example": example} if variable else None
-    return ProviderError(
-        message, provider=provider, code="llm.not_configured", retryable=False, details=details
-    )
-
-
 def _shown(value: str, limit: int = 60) -> str:
     """A value for a message: credentials redacted, cut short, control characters escaped."""
     return repr(truncate(redact(value), limit))
-
-
-def _clean(value: str) -> bool:
-    """No control characters and no whitespace inside (the ends are already stripped)."""
-    return value.isprintable() and not any(ch.isspace() for ch in value)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -266,36 +251,6 @@ def _public(url: str) -> str:
         return head.rpartition("@")[2]
     authority, slash, path = rest.partition("/")
     return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
-
-
-def _url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be used as an endpoint, or None when it can."""
-    if not _clean(url):
-        return "it contains whitespace or control characters"
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # a malformed or out-of-range port raises here, not at send time
-    except ValueError:
-        return "it does not parse as a URL"
-    if parts.scheme.lower() not in {"http", "https"}:
-        return "it is not an http:// or https:// URL"
-    host = parts.hostname
-    if not host:
-        return "it names no host"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not all(ch.isalnum() or ch in "-._" for ch in host):
-            return f"its host {host[:40]!r} is not a host name"
-    if port == 0:
-        return "its port is 0"
-    import httpx  # what will send it must accept it too
-
-    try:
-        httpx.URL(url)
-    except (httpx.InvalidURL, ValueError):
-        return "it is not a valid URL"
-    return None
 
 
 def _base_url(
