@@ -661,3 +661,43 @@ def test_the_default_clock_moves_so_a_token_is_refreshed_before_it_expires(
     now[0] = datetime(2026, 11, 26, 12, 56)  # 4 minutes before it expires: refreshed
     assert tokens.token() == "ya29.second"
     assert tokens.refreshes == 1
+
+
+# -- prices and the capability matrix ----------------------------------------------------
+
+
+def _google_price(model: str, input_tokens: int, output_tokens: int) -> float:
+    """genai-prices' own sum for Google's Gemini (the Vertex rates are the same list)."""
+    from genai_prices import Usage as GenaiUsage
+    from genai_prices import data_snapshot
+
+    _, info = data_snapshot.get_snapshot().find_provider_model(model, None, "google", None)
+    usage = GenaiUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+    return float(info.get_prices(datetime.now(tz=UTC)).calc_price(usage)["total_price"])
+
+
+def test_a_real_vertex_answer_is_priced_as_gemini_with_thinking_as_output() -> None:
+    row = next(r for r in ROWS if r["id"] == "vertex-global-thoughts-count")
+    usage = row["expect"]["usage"]
+    assert usage["reasoning_tokens"] > 0  # the thoughts are part of output_tokens
+    with httpx.Client(transport=_answer(row, [])) as http:
+        done = _client(row["request_model"], PROJECT, http_client=http).complete("hi")
+    assert done.usage.output_tokens == usage["output_tokens"]
+    assert done.cost_usd is not None
+    assert done.cost_usd == pytest.approx(
+        _google_price(row["expect"]["model"], usage["input_tokens"], usage["output_tokens"])
+    )
+    answer_only = usage["output_tokens"] - usage["reasoning_tokens"]
+    assert done.cost_usd > _google_price(row["expect"]["model"], usage["input_tokens"], answer_only)
+
+
+def test_vertex_models_have_gemini_s_capability_rows() -> None:
+    from dataclasses import replace
+
+    from fluid_build.copilot.call.capabilities import capabilities_for
+
+    for model in ("gemini-2.5-flash", "gemini-2.5-pro", "gemini-2.0-flash-001"):
+        caps = capabilities_for("vertex", model)
+        assert caps.known
+        assert replace(caps, provider="gemini") == capabilities_for("gemini", model)
+        assert (caps.tools, caps.strict_schema) == (True, True)

@@ -54,6 +54,7 @@ _PROVIDER_IDS: Final[Mapping[str, str]] = {
     "azure": "azure",
     "anthropic": "anthropic",
     "gemini": "google",
+    "vertex": "google",  # Gemini on Vertex AI: Google's list covers both
     "groq": "groq",
     "mistral": "mistral",
     "openrouter": "openrouter",
