@@ -16,6 +16,7 @@ record`` (credential headers dropped, bodies redacted).
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from collections.abc import Callable
@@ -750,6 +751,333 @@ def stream_error_retries() -> list[Cassette]:
     return out
 
 
+# -- recorded answers: the providers of issue 23 ------------------------------------------
+#
+# These answers are real: rows of tests/data/provider_answers.json, each taken verbatim
+# from a recorded exchange it cites (mostly pydantic-ai's test cassettes). Replay matches a
+# request by method, path and model only, so the recipe's prompt is the recorded test's
+# question in spirit, and the output checked is the recorded answer's text.
+
+ANSWERS: dict[str, dict[str, Any]] = {
+    row["id"]: row
+    for row in json.loads(
+        (ROOT / "tests" / "data" / "provider_answers.json").read_text(encoding="utf-8")
+    )
+}
+#: What a replay reaches each provider with, as its recipe's environment: never a key. The
+#: key is the replay's own (``replay-key``): Bedrock takes it as a Bedrock API key (a bearer
+#: token, so no AWS credential chain and no SigV4), Vertex as an access token (so no
+#: Application Default Credentials). The project and region are made up: they only shape
+#: the URL, which the cassette's paths pin.
+VERTEX_PROJECT = "fluid-corpus"
+RECORDED_ENV: dict[str, dict[str, str]] = {
+    "bedrock": {"AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"},
+    "vertex": {"GOOGLE_CLOUD_PROJECT": VERTEX_PROJECT, "GOOGLE_CLOUD_LOCATION": "us-central1"},
+}
+
+#: What a caller tells fluid_build about models its capability matrix does not hold, as a
+#: real caller would (else the pre-flight warns and assumes 8,192 tokens): each model's
+#: documented context window.
+RECORDED_MATRIX: dict[str, dict[str, Any]] = {
+    "amazon.nova-micro-v1:0": {"context_window": 128_000},  # AWS Nova model card: 128K
+    "us.anthropic.claude-sonnet-4-20250514-v1:0": {"context_window": 200_000},
+    "gemini-3.7-flash": {"context_window": 1_048_576},  # as every Gemini Flash model
+    "deepseek-reasoner": {"context_window": 128_000},  # api-docs.deepseek.com: 128K
+    "grok-beta": {"context_window": 131_072},  # docs.x.ai models table
+}
+
+
+def _recorded_body(row: dict[str, Any]) -> ExchangeResponse:
+    """The row's answer as a cassette keeps it: JSON, text lines, or base64 bytes."""
+    headers = dict(row.get("headers") or {})
+    if row.get("stream_encoding") == "base64":  # AWS event-stream frames: binary
+        raw = base64.b64decode("".join(row["stream"]))
+        kept = sanitize_response(row.get("status", 200), headers, "")
+        return kept.model_copy(update={"body_base64": base64.b64encode(raw).decode("ascii")})
+    if "stream" in row:
+        return answer(row.get("status", 200), headers, text="\n".join(row["stream"]))
+    return answer(row.get("status", 200), headers, body=row["body"])
+
+
+def _path(provider: str, model: str, *, stream: bool, location: str = "us-central1") -> str:
+    if provider == "openai_responses":
+        return "/v1/responses"
+    if provider == "bedrock":
+        return f"/model/{model}/converse-stream" if stream else f"/model/{model}/converse"
+    if provider == "vertex":
+        verb = "streamGenerateContent" if stream else "generateContent"
+        return (
+            f"/v1/projects/{VERTEX_PROJECT}/locations/{location}/publishers/google/models/"
+            f"{model}:{verb}"
+        )
+    return "/chat/completions" if provider == "deepseek" else "/v1/chat/completions"
+
+
+def _request(
+    provider: str, model: str, *, stream: bool = False, location: str = ""
+) -> ExchangeRequest:
+    in_body = provider not in ("bedrock", "vertex")  # those two name the model in the path
+    return ExchangeRequest(
+        method="POST",
+        path=_path(provider, model, stream=stream, location=location or "us-central1"),
+        model=model if in_body else None,
+    )
+
+
+def recorded(
+    name: str,
+    description: str,
+    row_id: str,
+    prompt: str,
+    *,
+    location: str = "",
+) -> Cassette:
+    """A cassette replaying one recorded answer of tests/data/provider_answers.json."""
+    row = ANSWERS[row_id]
+    provider, model = row["provider"], row["request_model"]
+    stream = "stream" in row
+    env = dict(RECORDED_ENV.get(provider, {}))
+    if location:
+        env["GOOGLE_CLOUD_LOCATION"] = location
+    return Cassette(
+        version=CASSETTE_VERSION,
+        name=name,
+        description=description,
+        provider=provider,
+        model=model,
+        source=f"recorded from {provider} ({model}): provider_answers.json {row_id}, "
+        + row["source"],
+        call=CallRecipe(
+            kind="stream" if stream else "complete",
+            messages=[{"role": "user", "content": prompt}],
+            env=env,
+            capability_matrix=dict(RECORDED_MATRIX.get(model, {})),
+        ),
+        exchanges=[
+            Exchange(
+                request=_request(provider, model, stream=stream, location=location),
+                response=_recorded_body(row),
+            )
+        ],
+        expect=success(1, [], row["expect"]["text"]),
+    )
+
+
+def recorded_error(
+    name: str,
+    description: str,
+    row_id: str,
+    recorded_answer: tuple[ExchangeResponse, str],
+    expect: Expectation,
+    *,
+    retried: bool = False,
+) -> Cassette:
+    """A recorded error answer (and its source); retried: then the row's answer."""
+    row = ANSWERS[row_id]
+    provider, model = row["provider"], row["request_model"]
+    error, source = recorded_answer
+    req = _request(provider, model)
+    exchanges = [Exchange(request=req, response=error)]
+    if retried:
+        exchanges.append(Exchange(request=req, response=_recorded_body(row)))
+    return Cassette(
+        version=CASSETTE_VERSION,
+        name=name,
+        description=description,
+        provider=provider,
+        model=model,
+        source=f"recorded from {provider}: the error {source}"
+        + (f"; then provider_answers.json {row_id}, {row['source']}" if retried else ""),
+        call=CallRecipe(
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            env=dict(RECORDED_ENV.get(provider, {})),
+            capability_matrix=dict(RECORDED_MATRIX.get(model, {})),
+        ),
+        exchanges=exchanges,
+        expect=expect,
+    )
+
+
+# Bedrock error answers from pydantic-ai's cassettes (not in provider_errors.json): the
+# error type is the body's __type, as Bedrock's JSON protocol sends it.
+PYDANTIC_AI_BEDROCK = "pydantic/pydantic-ai tests/models/cassettes/test_bedrock/"
+
+
+def bedrock_error(
+    status: int, body: dict[str, str], cassette_file: str
+) -> tuple[ExchangeResponse, str]:
+    return documented(
+        status,
+        {"content-type": "application/json"},
+        f"{PYDANTIC_AI_BEDROCK}{cassette_file} (the recorded answer, parsed_body verbatim)",
+        body=body,
+    )
+
+
+# xAI: the answer printed in M-Lai-ai/LLM-Provider-reference Grok/no-streaming.md (commit
+# 70f43cb), verbatim, to the request shown there (the recipe of xai-success).
+XAI_SOURCE = (
+    "M-Lai-ai/LLM-Provider-reference Grok/no-streaming.md (a curl call to "
+    "https://api.x.ai/v1/chat/completions and its answer, verbatim)"
+)
+XAI_ANSWER = json.loads(
+    r"""{"id":"3b86b984-91ef-4dfd-bcd2-8d2a7449a92d","object":"chat.completion","created":1732552110,"model":"grok-beta","choices":[{"index":0,"message":{"role":"assistant","content":"Coca-Cola is a carbonated soft drink invented in 1886 by John Pemberton in Atlanta, Georgia. Here are some key points about Coca-Cola:\n\n- **Brand**: It's one of the most recognized and valuable brands in the world, known for its iconic contoured bottle and the classic red and white logo.\n\n- **Ingredients**: The original formula included ingredients like coca leaves (de-cocainized since 1903), kola nuts, sugar (or high fructose corn syrup in some markets), caffeine, carbonated water, caramel color, and various flavorings.\n\n- **Taste**: Coca-Cola has a distinctive sweet, slightly acidic taste with a hint of vanilla and spice, which comes from its secret formula known as \"Merchandise 7X.\"\n\n- **Varieties**: Over the years, Coca-Cola has expanded its product line to include numerous variations like Diet Coke, Coca-Cola Zero Sugar, Coca-Cola Cherry, Vanilla Coke, and many others tailored","refusal":null},"finish_reason":"length"}],"usage":{"prompt_tokens":38,"completion_tokens":200,"total_tokens":238,"prompt_tokens_details":{"text_tokens":38,"audio_tokens":0,"image_tokens":0,"cached_tokens":0}},"system_fingerprint":"fp_6ca29cf396"}"""  # noqa: E501 - verbatim
+)
+
+
+def xai_success() -> Cassette:
+    return Cassette(
+        version=CASSETTE_VERSION,
+        name="xai-success",
+        description="A recorded xAI chat completion (grok-beta) cut at max_tokens (finish "
+        "reason length): the text that arrived is the answer.",
+        provider="xai",
+        model="grok-beta",
+        source=f"recorded 2024-11-25 from xai (grok-beta): {XAI_SOURCE}",
+        call=CallRecipe(
+            messages=[
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hello how can I help you"},
+                {"role": "user", "content": "what is Coca Cola"},
+            ],
+            system="You are an assistant for the company Coca Cola ",
+            max_output_tokens=200,
+            capability_matrix=dict(RECORDED_MATRIX["grok-beta"]),
+        ),
+        exchanges=[
+            Exchange(
+                request=_request("xai", "grok-beta"),
+                response=answer(200, {"content-type": "application/json"}, body=XAI_ANSWER),
+            )
+        ],
+        expect=success(1, [], XAI_ANSWER["choices"][0]["message"]["content"]),
+    )
+
+
+def recorded_cassettes() -> list[Cassette]:
+    overflow = failure("ContextOverflowError", "llm.context_overflow")
+    return [
+        recorded(
+            "openai_responses-success",
+            "A recorded Responses API answer (output_text in a message item) read as the text.",
+            "openai-responses-text-after-tool",
+            "What is the capital of PotatoLand?",
+        ),
+        recorded(
+            "openai_responses-stream",
+            "A recorded Responses API stream: reasoning items first (never text), then "
+            "output_text deltas, then response.completed.",
+            "openai-responses-stream-reasoning-then-text",
+            "Tell me a short story.",
+        ),
+        recorded_error(
+            "openai_responses-context-overflow",
+            "The Responses API refuses the input as over the context window "
+            "(code context_length_exceeded): ContextOverflowError, never retried.",
+            "openai-responses-text-after-tool",
+            payload("openai-responses-400-context-window"),
+            overflow,
+        ),
+        recorded(
+            "bedrock-success",
+            "A recorded Converse answer (amazon.nova-micro), reached with a Bedrock API key.",
+            "bedrock-text",
+            "Hello!",
+        ),
+        recorded(
+            "bedrock-reasoning",
+            "A recorded Converse answer of Claude on Bedrock: its reasoningContent block is "
+            "reasoning, never the answer's text.",
+            "bedrock-reasoning",
+            "How do I cross the street?",
+        ),
+        recorded(
+            "bedrock-stream",
+            "A recorded converse-stream answer: AWS event-stream binary frames (body_base64), "
+            "decoded and read as text deltas.",
+            "bedrock-stream-text",
+            "What is the capital of France?",
+        ),
+        recorded_error(
+            "bedrock-rate-limit-retry",
+            "Bedrock's 429 ThrottlingException (no Retry-After): one backoff of 1 s (no "
+            "jitter), then the recorded answer.",
+            "bedrock-text",
+            bedrock_error(
+                429,
+                {"__type": "ThrottlingException", "message": "Rate exceeded"},
+                "test_bedrock_throttling_error.yaml",
+            ),
+            success(2, [1.0], ANSWERS["bedrock-text"]["expect"]["text"]),
+            retried=True,
+        ),
+        recorded_error(
+            "bedrock-server-error-retry",
+            "Bedrock's 500 InternalServerError: one backoff of 1 s (no jitter), then the "
+            "recorded answer.",
+            "bedrock-text",
+            bedrock_error(
+                500,
+                {"__type": "InternalServerError", "message": "Internal error"},
+                "test_bedrock_server_error.yaml",
+            ),
+            success(2, [1.0], ANSWERS["bedrock-text"]["expect"]["text"]),
+            retried=True,
+        ),
+        recorded_error(
+            "bedrock-model-not-found",
+            "Bedrock refuses an unknown model id (HTTP 400, no __type): not retried.",
+            "bedrock-text",
+            bedrock_error(
+                400,
+                {"message": "The provided model identifier is invalid."},
+                "test_bedrock_error.yaml",
+            ),
+            failure("ProviderError", "llm.model_not_found"),
+        ),
+        recorded(
+            "vertex-success",
+            "A recorded Vertex AI generateContent answer (us-central1), reached with an "
+            "access token and GOOGLE_CLOUD_PROJECT.",
+            "vertex-text-us-central1",
+            "What is the capital of France?",
+        ),
+        recorded(
+            "vertex-stream",
+            "A recorded Vertex AI stream from location global: chunks holding only thought "
+            "signatures carry no text; the last carries the finish reason.",
+            "vertex-stream-global-signature-chunks",
+            "Do any animals appear in the video?",
+            location="global",
+        ),
+        recorded_error(
+            "vertex-rate-limit-retry",
+            "Vertex's 429 RESOURCE_EXHAUSTED without RetryInfo: one backoff of 1 s (no "
+            "jitter), then the recorded answer.",
+            "vertex-text-us-central1",
+            payload("gemini-429-vertex-resource-exhausted"),
+            success(2, [1.0], ANSWERS["vertex-text-us-central1"]["expect"]["text"]),
+            retried=True,
+        ),
+        recorded_error(
+            "vertex-context-overflow",
+            "Vertex refuses the input as over the model's token limit: ContextOverflowError, "
+            "never retried.",
+            "vertex-text-us-central1",
+            payload("vertex-400-input-token-count-exceeds-no-count"),
+            overflow,
+        ),
+        recorded(
+            "deepseek-success",
+            "A recorded deepseek-reasoner answer: reasoning_content is its thinking, never "
+            "the answer's text.",
+            "deepseek-reasoner-reasoning-content",
+            "How do I cross the street?",
+        ),
+        xai_success(),
+    ]
+
+
 def build() -> list[Cassette]:
     providers: list[Provider] = [OpenAI(), Azure(), Anthropic(), Gemini(), Ollama(), VLLM()]
     out: list[Cassette] = []
@@ -757,6 +1085,7 @@ def build() -> list[Cassette]:
         out += provider_cassettes(p)
     out += openai_strict(OpenAI())
     out += stream_error_retries()
+    out += recorded_cassettes()
     names = [c.name for c in out]
     assert len(names) == len(set(names)), "cassette names must be unique"
     return sorted(out, key=lambda c: c.name)

@@ -13,6 +13,8 @@ see docs/corpus.md.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib
 import json
 import math
@@ -177,24 +179,45 @@ class ExchangeRequest(_Strict):
 
 
 class ExchangeResponse(_Strict):
-    """What the provider answered: status, kept headers, and a JSON body or raw text.
+    """What the provider answered: status, kept headers, and a JSON body, raw text or bytes.
 
-    ``omitted`` marks an answer whose body was not recorded (``bodies=False``).
+    ``body_base64`` holds a body that is not text (AWS event-stream frames, the
+    binary framing of Bedrock's streams), base64-encoded. ``omitted`` marks an
+    answer whose body was not recorded (``bodies=False``).
     """
 
     status: int = Field(ge=100, le=599)
     headers: dict[str, str] = Field(default_factory=dict)
     body: Any | None = None
     body_text: str | None = None
+    body_base64: str | None = None
     omitted: bool = False
 
     @model_validator(mode="after")
     def _one_body(self) -> ExchangeResponse:
-        if self.body is not None and self.body_text is not None:
-            raise ValueError("give body (JSON) or body_text (raw text), not both")
-        if self.omitted and (self.body is not None or self.body_text is not None):
-            raise ValueError("an omitted body has neither body nor body_text")
+        given = [self.body is not None, self.body_text is not None, self.body_base64 is not None]
+        if sum(given) > 1:
+            raise ValueError(
+                "give one of body (JSON), body_text (raw text) or body_base64 (bytes), not several"
+            )
+        if self.omitted and any(given):
+            raise ValueError("an omitted body has neither body, body_text nor body_base64")
+        if self.body_base64 is not None:
+            try:
+                base64.b64decode(self.body_base64, validate=True)
+            except binascii.Error:
+                raise ValueError("body_base64 is not valid base64") from None
         return self
+
+    def content(self) -> bytes:
+        """The body's bytes as the provider sent them (empty when there is none)."""
+        if self.body_base64 is not None:
+            return base64.b64decode(self.body_base64)
+        if self.body_text is not None:
+            return self.body_text.encode("utf-8")
+        if self.body is not None:
+            return json.dumps(self.body).encode("utf-8")
+        return b""
 
 
 class Exchange(_Strict):
@@ -372,6 +395,9 @@ def dump_cassette(cassette: Cassette) -> str:
     for exchange in data["exchanges"]:
         if exchange["response"].get("omitted") is False:
             del exchange["response"]["omitted"]
+        # Written only when there is one, so a text or JSON answer reads as it always did.
+        if exchange["response"].get("body_base64") is None:
+            del exchange["response"]["body_base64"]
         if exchange["request"].get("body") is None:
             del exchange["request"]["body"]
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

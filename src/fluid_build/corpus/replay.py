@@ -82,14 +82,9 @@ class ReplayBodyOmitted(FluidError):
 
 def _served(record: ExchangeResponse, request: httpx.Request) -> httpx.Response:
     headers = httpx.Headers({k: v for k, v in record.headers.items() if not is_dropped_header(k)})
-    if record.body_text is not None:
-        content = record.body_text.encode("utf-8")
-    elif record.body is not None:
-        content = json.dumps(record.body).encode("utf-8")
+    if record.body is not None and record.body_text is None and record.body_base64 is None:
         headers.setdefault("content-type", "application/json")
-    else:
-        content = b""
-    return httpx.Response(record.status, headers=headers, content=content, request=request)
+    return httpx.Response(record.status, headers=headers, content=record.content(), request=request)
 
 
 def _request_json(request: httpx.Request) -> Any:
