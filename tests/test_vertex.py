@@ -701,3 +701,64 @@ def test_vertex_models_have_gemini_s_capability_rows() -> None:
         assert caps.known
         assert replace(caps, provider="gemini") == capabilities_for("gemini", model)
         assert (caps.tools, caps.strict_schema) == (True, True)
+
+
+# -- recorded Vertex error bodies (tests/data/provider_errors.json) and the next step ----
+
+ERROR_ROWS = [
+    row
+    for row in json.loads(
+        (Path(__file__).parent / "data" / "provider_errors.json").read_text(encoding="utf-8")
+    )
+    if row["provider"] == "vertex"
+]
+
+
+def test_the_recorded_vertex_error_bodies_cover_each_kind() -> None:
+    codes = {row["expect"]["code"] for row in ERROR_ROWS}
+    assert {"llm.auth", "llm.model_not_found", "llm.rate_limited", "llm.context_overflow"} <= codes
+    assert all(row["source"] for row in ERROR_ROWS)
+
+
+@pytest.mark.parametrize("row", ERROR_ROWS, ids=lambda r: r["id"])
+def test_recorded_vertex_errors_through_the_client(row: dict[str, Any]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(row["status"], headers=row["headers"], json=row["body"])
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        client = _client("gemini-2.5-flash", PROJECT, http_client=http)
+        with pytest.raises(ProviderError) as caught:
+            client.complete("hi")
+    error = caught.value
+    expect = row["expect"]
+    assert (type(error).__name__, error.code, error.retryable) == (
+        expect["class"],
+        expect["code"],
+        expect["retryable"],
+    )
+    assert error.provider == "vertex"
+    if error.code == "llm.auth":
+        # The next step is Google's, never a key variable Vertex does not read.
+        assert "gcloud auth application-default login" in error.action
+        assert "roles/aiplatform.user" in error.action
+        assert "aiplatform.googleapis.com" in error.action
+        assert "_API_KEY" not in error.action
+
+
+def test_a_retry_delay_past_the_cap_waits_the_cap() -> None:
+    from fluid_build.copilot.agents.errors import MAX_RETRY_AFTER
+
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Resource exhausted. Please try again later.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "864000s"}
+            ],
+        }
+    }
+    transport = httpx.MockTransport(lambda request: httpx.Response(429, json=body))
+    with httpx.Client(transport=transport) as http, pytest.raises(RateLimitError) as caught:
+        _client("gemini-2.5-flash", PROJECT, http_client=http).complete("hi")
+    assert caught.value.retry_after == MAX_RETRY_AFTER

@@ -168,6 +168,8 @@ def _key_advice(provider: str | None) -> str | None:
             f"Check OPENAI_API_KEY (or FLUID_LLM_API_KEY) in the shell running fluid: it must "
             f"match the --api-key the {server} server was started with."
         )
+    if provider == "vertex":  # no key variable: Google credentials and IAM
+        return _GOOGLE_CREDENTIALS
     variable = _KEY_VARIABLES.get(provider or "")
     if variable is None:
         return None
@@ -175,6 +177,16 @@ def _key_advice(provider: str | None) -> str | None:
         f"Check {variable} (or FLUID_LLM_API_KEY, which overrides it) in the shell running "
         f"fluid, or re-run `fluid ai setup --provider {provider}`."
     )
+
+
+#: Vertex AI takes a Google access token (ADC or api_key=), and the account needs IAM.
+_GOOGLE_CREDENTIALS: Final = (
+    "Check the Google credentials of the shell running fluid: run `gcloud auth "
+    "application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
+    "key file, or pass a fresh access token); the account needs the role "
+    "roles/aiplatform.user on GOOGLE_CLOUD_PROJECT, where the Vertex AI API must be enabled "
+    "(`gcloud services enable aiplatform.googleapis.com`)."
+)
 
 
 def _clean_retry_after(value: float | None) -> float | None:
