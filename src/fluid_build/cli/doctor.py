@@ -241,6 +241,7 @@ def _default_url(adapter: str) -> str | None:
 
     return {
         "openai": OPENAI_BASE_URL,
+        "openai_responses": OPENAI_BASE_URL,
         "anthropic": ANTHROPIC_BASE_URL,
         "gemini": GEMINI_BASE_URL,
         "ollama": OLLAMA_DEFAULT_HOST,
@@ -263,6 +264,49 @@ def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None
         return None, exc.message or redact(str(exc))
     url = config.base_url or _default_url(PROVIDERS[name].adapter)
     return public_url(url), None
+
+
+def _cloud(adapter: str, env: Mapping[str, str], url: str | None) -> dict[str, Any]:
+    """A cloud provider's credentials: where they come from (never what they are), and for
+    bedrock the region and endpoint, for vertex the project and location, with their sources."""
+    from fluid_build.cli._credentials import (
+        aws_credentials,
+        aws_endpoint_source,
+        aws_region,
+        google_credentials,
+    )
+
+    # The name of the variable holding a token, never the token.
+    holder = "FLUID_LLM_API_KEY" if _set(env, "FLUID_LLM_API_KEY") else None
+    if adapter == "vertex":
+        found = google_credentials(env, holder)
+        changes: dict[str, Any] = {"credentials": found}
+        if found["project_source"] == "the key file" and url is None:
+            # The run takes the project from the key file too: show the URL it would call.
+            changes.update(_vertex_url(env, found["project"]))
+        return changes
+    if holder is None and _set(env, "AWS_BEARER_TOKEN_BEDROCK"):
+        holder = "AWS_BEARER_TOKEN_BEDROCK"
+    found = aws_credentials(env, holder)
+    region, region_source = aws_region(env, url)
+    found.update(
+        region=region,
+        region_source=region_source,
+        endpoint=url,
+        endpoint_source=aws_endpoint_source(env),
+    )
+    return {"credentials": found}
+
+
+def _vertex_url(env: Mapping[str, str], project: str) -> dict[str, Any]:
+    from fluid_build.copilot.agents.errors import ProviderError
+    from fluid_build.copilot.llm.vertex import resolve_base_url
+
+    try:
+        url = resolve_base_url(None, None, env, adc=lambda: (None, project))
+    except ProviderError as exc:
+        return {"base_url": None, "base_url_error": exc.message}
+    return {"base_url": public_url(url), "base_url_error": None}
 
 
 def _model(name: str, env: Mapping[str, str], stored: Mapping[str, Any]) -> dict[str, Any]:
@@ -504,7 +548,7 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
 
         def provider_row(name: str = name, adapter: str = info.adapter) -> dict[str, Any]:
             url, url_error = _base_url(name, env)
-            return {
+            row = {
                 "name": name,
                 "adapter": adapter,
                 "key": _key_status(name, env, stored.key_sources),
@@ -513,6 +557,15 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
                 **_model(name, env, stored.model_dump()),
                 "selected": name == selection["provider"],
             }
+            if adapter in ("bedrock", "vertex"):
+                row.update(_cloud(adapter, env, url))
+                # Asked for (a broken key file or profile is then worth a line too).
+                wanted = (_set(env, "FLUID_LLM_PROVIDER") or "").strip().lower() == name
+                explicit = _set(
+                    env, "GOOGLE_APPLICATION_CREDENTIALS" if adapter == "vertex" else "AWS_PROFILE"
+                )
+                row["credentials"]["wanted"] = wanted or explicit is not None
+            return row
 
         def broken_row(
             finding: dict[str, Any], name: str = name, info: Any = info
@@ -769,7 +822,9 @@ def _health(
 # -- the table ---------------------------------------------------------------------
 
 
-def _key_cell(key: Mapping[str, Any]) -> str:
+def _key_cell(key: Mapping[str, Any], credentials: Mapping[str, Any] | None = None) -> str:
+    if credentials is not None:  # a cloud provider: where its credentials come from
+        return str(credentials["source"] or "no")
     if not key["variables"]:
         return "not needed"
     if key["present"]:
@@ -797,7 +852,7 @@ def _render(report: Mapping[str, Any]) -> None:
         cells = (
             "*" if row["selected"] else "",
             row["name"],
-            _key_cell(row["key"]),
+            _key_cell(row["key"], row.get("credentials")),
             row["base_url"] or f"none: {row['base_url_error']}",
             model,
         )
@@ -886,12 +941,48 @@ def _render(report: Mapping[str, Any]) -> None:
     elif prices:
         given = f"; FLUID_PRICES prices {', '.join(prices['given'])}" if prices["given"] else ""
         lines.append(f"prices: {prices['version']}{given}")
+    lines.extend(_cloud_lines(report["providers"]))
     lines.extend(_shared_lines(report.get("shared_state") or {}))
     lines.extend(_budget_lines(report.get("budgets") or {}))
     lines.extend(_path_lines(report.get("paths") or {}))
     lines.extend(f"config warning: {text}" for text in report.get("config_warnings") or [])
     for text in lines:
         console.print(_printable(text), markup=False, highlight=False, soft_wrap=True)
+
+
+def _cloud_lines(providers: list[Mapping[str, Any]]) -> list[str]:
+    """One line per cloud provider that is configured (credentials found) or selected."""
+    lines = []
+    for row in providers:
+        found = row.get("credentials")
+        # Every machine could have an instance role or a metadata server: that guess alone
+        # does not make the provider configured.
+        configured = found is not None and found["source"] and not found.get("fallback")
+        if found is None or not (configured or row["selected"] or found.get("wanted")):
+            continue
+        source = found["source"] or f"none ({found['error']})"
+        if row["adapter"] == "bedrock":
+            region = (
+                f"{found['region']} ({found['region_source']})"
+                if found["region"]
+                else "none: set AWS_REGION"
+            )
+            endpoint = found["endpoint"] or f"none: {row['base_url_error']}"
+            lines.append(
+                f"{row['name']}: AWS credentials: {source}; region {region}; endpoint "
+                f"{endpoint} ({found['endpoint_source']})"
+            )
+        else:
+            project = (
+                f"{found['project']} ({found['project_source']})"
+                if found["project"]
+                else "none: set GOOGLE_CLOUD_PROJECT"
+            )
+            lines.append(
+                f"{row['name']}: Google credentials: {source}; project {project}; location "
+                f"{found['location']} ({found['location_source']})"
+            )
+    return lines
 
 
 def _path_lines(paths: Mapping[str, Any]) -> list[str]:
