@@ -197,3 +197,14 @@ def test_cli_replays_a_bedrock_stream_alone(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bedrock-stream" in done.stdout
     assert "1 cassette(s) replayed as recorded" in done.stdout
+
+
+def test_docs_list_every_recorded_cassette_and_count_the_corpus() -> None:
+    docs = (ROOT / "docs" / "corpus.md").read_text(encoding="utf-8")
+    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
+    for name in NAMES:
+        assert f"| `{name}` |" in docs, f"docs/corpus.md's table of recorded cassettes lacks {name}"
+    total = len(list(CORPUS.glob("*.json")))
+    assert f"{total} cassettes" in docs
+    assert f"{total} cassettes" in readme
+    assert f"{len(NAMES)} holding answers" in docs
