@@ -14,10 +14,14 @@ output at all. See docs/corpus.md.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import re
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +58,7 @@ __all__ = [
     "RecordingTransport",
     "recipe_env",
     "record",
+    "sanitize_binary",
     "sanitize_headers",
     "sanitize_response",
 ]
@@ -121,13 +126,121 @@ def sanitize_response(
     return ExchangeResponse(status=status, headers=kept, body_text=redact(text, secrets) or None)
 
 
+#: Answers whose body is binary framing, kept as ``body_base64`` (never decoded as text,
+#: which would break the frames' checksums): AWS event-stream, Bedrock's streams.
+EVENTSTREAM: Final = "application/vnd.amazon.eventstream"
+
+
+def is_binary(content_type: str) -> bool:
+    """Whether an answer of this content type is kept as bytes (``body_base64``)."""
+    return content_type.split(";", 1)[0].strip().lower() == EVENTSTREAM
+
+
+def sanitize_binary(
+    status: int,
+    headers: Mapping[str, str],
+    content: bytes,
+    *,
+    secrets: Sequence[str] = (),
+    bodies: bool = True,
+) -> ExchangeResponse:
+    """An AWS event-stream answer as a cassette keeps it: every frame redacted, re-framed.
+
+    Each frame's payload is redacted as :func:`sanitize_response` redacts a body
+    (JSON value by value, else as text) and its string headers as text; the
+    frame is then written again with its lengths and CRC32 checksums, so it
+    decodes as the original did. Bytes that do not parse as frames are refused:
+    they could not be redacted.
+    """
+    kept = sanitize_headers(headers, secrets=secrets)
+    if not bodies and 200 <= status < 300:
+        return ExchangeResponse(status=status, headers=kept, omitted=True)
+    try:
+        frames = _redacted_frames(content, secrets)
+    except ValueError as exc:
+        raise CassetteError(
+            f"an {EVENTSTREAM} answer cannot be recorded: {exc}",
+            hint="record the call without streaming (--kind complete)",
+        ) from None
+    return ExchangeResponse(
+        status=status, headers=kept, body_base64=base64.b64encode(frames).decode("ascii")
+    )
+
+
+# Header value sizes of the AWS event-stream format by type: 0/1 booleans, 2 byte,
+# 3 short, 4 int, 5 long, 8 timestamp, 9 uuid; 6 (bytes) and 7 (string) carry a length.
+_FIXED: Final = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
+
+
+def _redacted_headers(raw: bytes, secrets: Sequence[str]) -> bytes:
+    out = bytearray()
+    at = 0
+    while at < len(raw):
+        size = raw[at]
+        name_end = at + 1 + size
+        if name_end >= len(raw):
+            raise ValueError("a frame's headers are cut short")
+        kind = raw[name_end]
+        head = raw[at : name_end + 1]
+        at = name_end + 1
+        if kind in _FIXED:
+            out += head + raw[at : at + _FIXED[kind]]
+            at += _FIXED[kind]
+            continue
+        if kind not in (6, 7) or at + 2 > len(raw):
+            raise ValueError(f"a frame has a header of unknown type {kind}")
+        (length,) = struct.unpack_from(">H", raw, at)
+        value = raw[at + 2 : at + 2 + length]
+        at += 2 + length
+        if kind == 7:
+            value = redact(value.decode("utf-8", errors="replace"), secrets).encode("utf-8")
+        out += head + struct.pack(">H", len(value)) + value
+    return bytes(out)
+
+
+def _redacted_payload(payload: bytes, secrets: Sequence[str]) -> bytes:
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return payload  # opaque bytes: nothing a key could be read from as text
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return redact(text, secrets).encode("utf-8")
+    kept = redact_json(data, secrets)
+    # Unchanged payloads keep their bytes: a clean recording is the provider's, verbatim.
+    if kept == data:
+        return payload
+    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _redacted_frames(content: bytes, secrets: Sequence[str]) -> bytes:
+    out = bytearray()
+    at = 0
+    while at < len(content):
+        if at + 12 > len(content):
+            raise ValueError("the last frame is cut short")
+        total, header_size = struct.unpack_from(">II", content, at)
+        if total < 16 + header_size or at + total > len(content):
+            raise ValueError("a frame's length does not fit the answer")
+        headers = content[at + 12 : at + 12 + header_size]
+        payload = content[at + 12 + header_size : at + total - 4]
+        headers = _redacted_headers(headers, secrets)
+        payload = _redacted_payload(payload, secrets)
+        prelude = struct.pack(">II", 16 + len(headers) + len(payload), len(headers))
+        frame = prelude + struct.pack(">I", zlib.crc32(prelude)) + headers + payload
+        out += frame + struct.pack(">I", zlib.crc32(frame))
+        at += total
+    return bytes(out)
+
+
 # -- recording a run ----------------------------------------------------------------------
 
 
 class _Raw:
     """One exchange as it happened, kept until the cassette is made (then redacted)."""
 
-    __slots__ = ("body", "headers", "method", "model", "path", "status", "text")
+    __slots__ = ("body", "content", "headers", "method", "model", "path", "status", "text")
 
     def __init__(
         self,
@@ -138,10 +251,13 @@ class _Raw:
         headers: list[tuple[str, str]],
         text: str,
         body: Any = None,
+        content: bytes | None = None,
     ) -> None:
         self.method, self.path, self.model = method, path, model
         self.status, self.headers, self.text = status, headers, text
         self.body = body
+        #: The answer's bytes, kept only when they are binary framing (:func:`is_binary`).
+        self.content = content
 
 
 class Recorder:
@@ -267,7 +383,8 @@ class Recorder:
             data = None
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             model = data["model"]
-        text = content.decode(response.encoding or "utf-8", errors="replace")
+        binary = is_binary(response.headers.get("content-type", ""))
+        text = "" if binary else content.decode(response.encoding or "utf-8", errors="replace")
         raw = _Raw(
             request.method.upper(),
             request.url.path,
@@ -276,6 +393,7 @@ class Recorder:
             list(response.headers.multi_items()),
             text,
             data if self.bodies and self.request_bodies else None,
+            content if binary else None,
         )
         with self._lock:
             self._raw.append(raw)
@@ -306,8 +424,14 @@ class Recorder:
                         model=redact(raw.model, secrets) if raw.model is not None else None,
                         body=redact_json(raw.body, secrets) if raw.body is not None else None,
                     ),
-                    response=sanitize_response(
-                        raw.status, headers, raw.text, secrets=secrets, bodies=self.bodies
+                    response=(
+                        sanitize_binary(
+                            raw.status, headers, raw.content, secrets=secrets, bodies=self.bodies
+                        )
+                        if raw.content is not None
+                        else sanitize_response(
+                            raw.status, headers, raw.text, secrets=secrets, bodies=self.bodies
+                        )
                     ),
                 )
             )
@@ -544,6 +668,8 @@ class _WallClock:
 # -- recording one call ----------------------------------------------------------------
 
 #: The retry settings a recipe keeps from the environment (the endpoint is kept too).
+#: Where vertex's project and location sit in its resolved URL (llm/vertex.py).
+_VERTEX_URL: Final = re.compile(r"/v1/projects/([^/]+)/locations/([^/]+)/publishers/google$")
 _RECORDED_ENV: Final = (
     "FLUID_LLM_MAX_ATTEMPTS",
     "FLUID_LLM_DEADLINE_SECONDS",
@@ -562,6 +688,16 @@ def recipe_env(client: LLMClient, env: Mapping[str, str]) -> dict[str, str]:
         kept[info.base_url_var] = redact_url(config.base_url, [config.api_key or ""])
     if config.provider == "azure" and config.api_version:
         kept["AZURE_OPENAI_API_VERSION"] = config.api_version
+    if config.provider == "bedrock" and config.region:
+        # The region names the endpoint; replay reaches it with its own bearer token, so
+        # the credential chain (and its instance metadata) is never asked.
+        kept["AWS_REGION"] = config.region
+        kept["AWS_EC2_METADATA_DISABLED"] = "true"
+    if config.provider == "vertex" and config.base_url:
+        # The project may have come from the credentials (ADC), which replay never loads.
+        found = _VERTEX_URL.search(config.base_url)
+        if found:
+            kept["GOOGLE_CLOUD_PROJECT"], kept["GOOGLE_CLOUD_LOCATION"] = found.groups()
     for name in _RECORDED_ENV:
         value = env.get(name)
         if value:
@@ -641,7 +777,9 @@ def record(
             provider=config.provider,
             model=config.model,
             api_key=config.api_key,
-            base_url=config.base_url,
+            # Vertex's resolved URL already holds the project and location, which the
+            # client would add again: it resolves them itself from the caller's endpoint.
+            base_url=base_url if config.provider == "vertex" else config.base_url,
             env=source_env,
             strict_schema=strict_schema,
             clock=ticking,
