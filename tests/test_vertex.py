@@ -762,3 +762,102 @@ def test_a_retry_delay_past_the_cap_waits_the_cap() -> None:
     with httpx.Client(transport=transport) as http, pytest.raises(RateLimitError) as caught:
         _client("gemini-2.5-flash", PROJECT, http_client=http).complete("hi")
     assert caught.value.retry_after == MAX_RETRY_AFTER
+
+
+# -- the async API never waits for a token refresh on its event loop ---------------------
+
+
+class _SlowTokens(BaseHTTPRequestHandler):
+    """A token endpoint that answers only once the test lets it (server.release)."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        server: Any = self.server
+        server.arrived.set()
+        # Only a coroutine running while the refresh is pending can release it; the
+        # timeout bounds a failing run (a refresh blocking the event loop), not a passing one.
+        server.released.append(server.release.wait(3.0))
+        server.release.clear()
+        n = len(server.released)
+        # The n-th token lives n hours: the test's clock leaps ahead, google-auth's does not.
+        raw = json.dumps({"access_token": f"ya29.slow-{n}", "expires_in": 3600 * n}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.mark.parametrize("mode", ["acomplete", "astream"])
+def test_async_calls_refresh_a_stale_token_off_the_event_loop(
+    mode: str, clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowTokens)
+    server.arrived = threading.Event()  # type: ignore[attr-defined]
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    server.released = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        key = _service_account_file(clean_google_env / "key.json", f"{_url(server)}/token")
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+        clock = _Clock()
+        seen: list[str] = []
+
+        row = next(r for r in ROWS if ("stream" in r) == (mode == "astream"))
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            seen.append(request.headers["authorization"])
+            return httpx.Response(row["status"], headers=row["headers"], content=_wire(row))
+
+        async def other(done: asyncio.Event, ticks: list[int]) -> None:
+            # Another coroutine of the same loop: it runs only if the refresh does not
+            # hold the loop, and it is the one that lets the token endpoint answer.
+            while not done.is_set():
+                if server.arrived.is_set():  # type: ignore[attr-defined]
+                    ticks.append(1)
+                    server.arrived.clear()  # type: ignore[attr-defined]
+                    server.release.set()  # type: ignore[attr-defined]
+                await asyncio.sleep(0)
+
+        async def call(client: LLMClient) -> list[int]:
+            done, ticks = asyncio.Event(), []
+            helper = asyncio.create_task(other(done, ticks))
+            try:
+                if mode == "acomplete":
+                    await client.acomplete("hi")
+                else:
+                    assert [e async for e in client.astream("hi")][-1].type == "done"
+            finally:
+                done.set()
+                await helper
+            return ticks
+
+        async def go() -> tuple[list[int], list[int], list[int]]:
+            async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+                client = LLMClient(
+                    "vertex",
+                    envelope=clocked_envelope(FakeClock()),
+                    env={},
+                    async_http_client=http,
+                )
+                (entry,) = client._entries()
+                tokens = entry.adapter.tokens  # type: ignore[attr-defined]
+                tokens._clock = clock  # the token's age, without waiting an hour
+                first = await call(client)  # no token yet: fetched
+                clock.now += timedelta(minutes=30)
+                fresh = await call(client)  # valid: reused, no refresh
+                clock.now += timedelta(minutes=26)  # inside the 5-minute margin: stale
+                stale = await call(client)
+                return first, fresh, stale
+
+        first, fresh, stale = asyncio.run(go())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.released == [True, True]  # type: ignore[attr-defined]
+    assert (first, fresh, stale) == ([1], [], [1])
+    assert seen == ["Bearer ya29.slow-1", "Bearer ya29.slow-1", "Bearer ya29.slow-2"]

@@ -35,6 +35,7 @@ from fluid_build.copilot.agents.errors import (
 from fluid_build.copilot.call.decode import Decoder, request_id, timed_out
 from fluid_build.copilot.call.drive import (
     END,
+    Blocking,
     Close,
     Emit,
     Events,
@@ -140,6 +141,11 @@ class Entry:
         self.window_lock = threading.Lock()
         #: The shared USD budget this entry's calls spend from (None: none); see call/spend.py.
         self.budget: BudgetGuard | None = None
+        #: The blocking step an adapter needs before its next request, if any (Vertex's token
+        #: refresh): asked each attempt, run by the shell (in a thread when async).
+        self.pending: Callable[[], Callable[[], object] | None] | None = getattr(
+            adapter, "pending_refresh", None
+        )
 
     @classmethod
     def configured(
@@ -392,6 +398,8 @@ class Entry:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
+            if self.pending is not None and (refresh := self.pending()) is not None:
+                yield Blocking(refresh)
             spec = self.adapter.request(prepared.spec, stream=False)
             request = http_request(pool, spec, deadline, self.config.timeout)
             tokens, waited = 0, False
@@ -460,6 +468,8 @@ class Entry:
             deadline.check("the next attempt")
             attempts += 1
             state = StreamState()
+            if self.pending is not None and (refresh := self.pending()) is not None:
+                yield Blocking(refresh)
             wire = self.adapter.request(spec, stream=True)
             request = http_request(pool, wire, deadline, self.config.timeout)
             _, waited = yield from self.reserved(request, spec, deadline)

@@ -41,6 +41,7 @@ __all__ = [
     "CALL_ENDS",
     "DEADLINE_EXTENSION",
     "END",
+    "Blocking",
     "Bytes",
     "Call",
     "Close",
@@ -366,6 +367,22 @@ class Call(Effect):
 
     async def arun(self) -> Any:
         return await self.fn()
+
+
+class Blocking(Effect):
+    """Blocking work that is not the call's own I/O (a credential refresh): done in place by
+    the sync shell, in a worker thread by the async one, so that its event loop runs on."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+
+    def run(self) -> object:
+        return self.fn()
+
+    async def arun(self) -> object:
+        return await asyncio.to_thread(self.fn)
 
 
 class Send(Effect):

@@ -264,7 +264,16 @@ class TokenSource:
         expiry = credentials.expiry
         return expiry is not None and expiry - REFRESH_MARGIN <= self._clock()
 
+    def stale(self) -> bool:
+        """Whether :meth:`token` would block on the network (a first fetch or a refresh)."""
+        credentials = self._credentials
+        return credentials is None or self._stale(credentials)
+
     def token(self) -> str:
+        credentials = self._credentials
+        if credentials is not None and not self._stale(credentials):
+            # A valid token needs no lock: an event loop must never wait on a refreshing thread.
+            return str(credentials.token)
         with self._lock:
             if self._credentials is None:
                 self._credentials = self._load()[0]
@@ -310,6 +319,15 @@ class VertexAdapter(GeminiAdapter):
         if tokens is None and not config.api_key:
             _google_auth()  # a missing extra says so when the client is made, not at the call
             self.tokens = TokenSource()
+
+    def pending_refresh(self) -> Callable[[], object] | None:
+        """The token fetch the next request needs first, or None while the token is valid.
+
+        The call runs it before :meth:`request`, the async API in a worker thread: a
+        refresh is a blocking HTTP exchange with Google's token endpoint.
+        """
+        tokens = self.tokens
+        return tokens.token if tokens is not None and tokens.stale() else None
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         if not self.config.base_url:  # never Gemini's home: the token is for Vertex
