@@ -861,3 +861,98 @@ def test_async_calls_refresh_a_stale_token_off_the_event_loop(
     assert server.released == [True, True]  # type: ignore[attr-defined]
     assert (first, fresh, stale) == ([1], [], [1])
     assert seen == ["Bearer ya29.slow-1", "Bearer ya29.slow-1", "Bearer ya29.slow-2"]
+
+
+# -- every transport, over a real socket -------------------------------------------------
+
+TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
+TOKEN = "ya29.explicit-token"
+
+
+def _over(transport: str, url: str, call: str, model: str) -> Any:
+    """One call (``complete`` or ``stream``) to the endpoint ``url`` through ``transport``."""
+    env = {
+        **PROJECT,
+        "FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx",
+    }
+
+    def client(**http: Any) -> LLMClient:
+        return LLMClient(
+            "vertex",
+            model,
+            api_key=TOKEN,
+            base_url=url,
+            envelope=clocked_envelope(FakeClock()),
+            env=env,
+            **http,
+        )
+
+    if transport == "sync-direct":
+        with client() as own:
+            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
+    if transport == "caller-sync":
+        with httpx.Client() as http:
+            made = client(http_client=http)
+            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
+
+    async def go() -> Any:
+        if transport == "caller-async":
+            async with httpx.AsyncClient() as http:
+                made = client(async_http_client=http)
+                if call == "complete":
+                    return await made.acomplete("hi")
+                return [event async for event in made.astream("hi")]
+        async with client() as own:
+            if call == "complete":
+                return await own.acomplete("hi")
+            return [event async for event in own.astream("hi")]
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_transport_carries_a_real_answer_and_a_real_stream(transport: str) -> None:
+    from tests.loopback import Seen, base_url, http_server
+
+    answer = next(r for r in ROWS if r["id"] == "vertex-global-thoughts-count")
+    stream = next(r for r in ROWS if "stream" in r)
+    prefix = "/v1/projects/my-project/locations/us-central1/publishers/google/models/"
+    expected = [
+        (f"{prefix}{answer['request_model']}:generateContent", answer),
+        (f"{prefix}{stream['request_model']}:streamGenerateContent?alt=sse", stream),
+    ]
+
+    def reply(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        path, row = expected.pop(0)
+        assert seen.path == path
+        assert seen.headers["authorization"] == f"Bearer {TOKEN}"
+        assert "x-goog-api-key" not in seen.headers
+        return row["status"], row["headers"], _wire(row)
+
+    with http_server(reply) as server:
+        url = base_url(server)
+        done = _over(transport, url, "complete", answer["request_model"])
+        events = _over(transport, url, "stream", stream["request_model"])
+    assert expected == []
+    _check(done, answer["expect"])
+    assert "".join(e.text for e in events if e.type == "text") == stream["expect"]["text"]
+    assert events[-1].type == "done"
+    _check(events[-1].completion, stream["expect"])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
+    transport: str,
+) -> None:
+    from tests.loopback import serve, sse_then
+
+    chunk = {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "Hal"}]}}],
+        "modelVersion": "gemini-2.5-flash",
+    }
+    first = f"data: {json.dumps(chunk)}\r\n\r\n".encode()
+    with serve(sse_then("reset", first)) as url, pytest.raises(ProviderError) as caught:
+        _over(transport, url, "stream", "gemini-2.5-flash")
+    assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
+    assert caught.value.details["partial_text"] == "Hal"
+    assert TOKEN not in str(caught.value) + repr(caught.value)
