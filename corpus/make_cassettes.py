@@ -1060,6 +1060,14 @@ def recorded_cassettes() -> list[Cassette]:
             retried=True,
         ),
         recorded_error(
+            "vertex-auth-failure",
+            "Vertex refuses an expired access token (401 UNAUTHENTICATED, "
+            "ACCESS_TOKEN_EXPIRED): ProviderAuthError at once, never retried.",
+            "vertex-text-us-central1",
+            payload("vertex-401-access-token-expired"),
+            failure("ProviderAuthError", "llm.auth"),
+        ),
+        recorded_error(
             "vertex-context-overflow",
             "Vertex refuses the input as over the model's token limit: ContextOverflowError, "
             "never retried.",

@@ -49,6 +49,7 @@ RECORDED = {
         "vertex-success",
         "vertex-stream",
         "vertex-rate-limit-retry",
+        "vertex-auth-failure",
         "vertex-context-overflow",
     },
     "deepseek": {"deepseek-success"},
