@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -86,6 +86,13 @@ CONFIG_DIR_NAME: Final = "fluid"
 #: Where older versions kept the configuration, under the home directory.
 LEGACY_DIR_NAME: Final = ".fluid"
 _VERSION: Final = 1
+#: The settings ``fluid ai setup`` stores for a cloud provider, as the variables they fill.
+#: Never a credential: AWS and Google keep theirs in their own files and tools.
+CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = {
+    "bedrock": ("AWS_REGION",),
+    "vertex": ("GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"),
+}
+_SETTING_LIMIT: Final = 100
 _MAX_FILE_BYTES: Final = 64 * 1024
 
 KeySource = Literal["keyring", "file"]
@@ -106,6 +113,8 @@ class AIConfig(BaseModel):
     model: str | None = None
     key_source: KeySource | None = None
     key_sources: dict[str, KeySource] = Field(default_factory=dict)
+    #: Per provider, the variables a cloud provider's stored settings fill (CLOUD_SETTINGS).
+    settings: dict[str, dict[str, str]] = Field(default_factory=dict)
     path: str = ""
     exists: bool = False
     problems: tuple[str, ...] = ()
@@ -121,6 +130,32 @@ class _StoredFile(BaseModel):
     model: str | None = None
     key_sources: dict[str, KeySource] = Field(default_factory=dict)
     keys: dict[str, str] = Field(default_factory=dict)
+    settings: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+
+def setting_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a region, project or location name (it is a name, never a URL)."""
+    if not value or len(value) > _SETTING_LIMIT:
+        return f"must be 1 to {_SETTING_LIMIT} characters"
+    if not all(ch.isascii() and (ch.isalnum() or ch in "-_.") for ch in value):
+        return "may hold only letters, digits, '-', '_' and '.'"
+    return None
+
+
+def _settings(
+    stored: Mapping[str, Mapping[str, str]], warn: Callable[[str], None]
+) -> dict[str, dict[str, str]]:
+    """The stored cloud settings that can be used; each other one is a warning."""
+    kept: dict[str, dict[str, str]] = {}
+    for provider, values in stored.items():
+        allowed = CLOUD_SETTINGS.get(provider, ())
+        for name, value in values.items():
+            problem = setting_problem(value) if name in allowed else "is not a stored setting"
+            if problem is not None:
+                warn(f"settings.{provider[:40]}.{name[:40]} {problem}; ignoring it")
+                continue
+            kept.setdefault(provider, {})[name] = value
+    return kept
 
 
 @dataclass(frozen=True)
@@ -327,11 +362,13 @@ def _load(env: Mapping[str, str]) -> _Loaded:
             problems,
         )
     sources = {p: s for p, s in sources.items() if s == "keyring" or p in keys}
+    settings = _settings(stored.settings, lambda problem: _warn(path, problem, problems))
     config = AIConfig(
         provider=provider,
         model=model,
         key_source=sources.get(provider) if provider else None,
         key_sources=sources,
+        settings=settings,
         path=str(path),
         exists=True,
         problems=tuple(problems),
@@ -422,6 +459,9 @@ def apply_stored_config(env: Mapping[str, str]) -> dict[str, str]:
         return out
     if config.model and provider == config.provider and unset("FLUID_LLM_MODEL"):
         out["FLUID_LLM_MODEL"] = config.model
+    for name, value in config.settings.get(provider, {}).items():
+        if unset(name):
+            out[name] = value
     if info.key_vars and unset("FLUID_LLM_API_KEY") and all(unset(v) for v in info.key_vars):
         key = _stored_key(loaded, provider)
         if key:
@@ -446,12 +486,15 @@ def save_ai_config(
     key_source: KeySource | None = None,
     key: str | None = None,
     env: Mapping[str, str] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> AIConfig:
     """Store ``provider`` (and ``model``); record where its key is.
 
     ``key`` is written to the file only with ``key_source="file"``; with
     ``"keyring"`` the caller has already stored it there, and any plaintext
     copy of that provider's key is removed. Keys of other providers are kept.
+    ``settings`` (CLOUD_SETTINGS' variables) replace that provider's stored settings;
+    None keeps them. Other providers' settings are kept.
     """
     env = _env(env)
     if key_source == "file" and not key:
@@ -476,6 +519,16 @@ def save_ai_config(
     }
     if keys:
         document["keys"] = dict(sorted(keys.items()))
+    kept = dict(loaded.config.settings)
+    if settings is not None:
+        allowed = CLOUD_SETTINGS.get(provider, ())
+        bad = [name for name in settings if name not in allowed]
+        if bad:
+            raise ValueError(f"{provider} has no stored setting {bad[0]!r}")
+        kept[provider] = dict(settings)
+    kept = {p: dict(sorted(v.items())) for p, v in sorted(kept.items()) if v}
+    if kept:
+        document["settings"] = kept
     _write_private(config_path(env), json.dumps(document, indent=2) + "\n")
     return _load(env).config
 

@@ -31,6 +31,14 @@ _KEY_PREFIXES: Final = {
     "openrouter": "sk-or-",
     "gemini": "AIza",
     "groq": "gsk_",
+    "openai_responses": "sk-",
+    "xai": "xai-",
+}
+# The cloud providers' options, as the variables they are stored for (aiconfig.CLOUD_SETTINGS).
+_CLOUD_OPTIONS: Final = {
+    "AWS_REGION": "--region",
+    "GOOGLE_CLOUD_PROJECT": "--project",
+    "GOOGLE_CLOUD_LOCATION": "--location",
 }
 
 
@@ -46,6 +54,11 @@ def command() -> None:
     "--no-key", is_flag=True, help="Store only the provider and model; the key stays in the env."
 )
 @click.option("--check", is_flag=True, help="Test the key against the provider; store nothing.")
+@click.option("--region", metavar="REGION", help="bedrock: the AWS region (e.g. us-east-1).")
+@click.option("--project", metavar="ID", help="vertex: the Google Cloud project id.")
+@click.option(
+    "--location", metavar="LOCATION", help="vertex: the location (us-central1, global, ...)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def setup(
@@ -54,6 +67,9 @@ def setup(
     model: str | None,
     no_key: bool,
     check: bool,
+    region: str | None,
+    project: str | None,
+    location: str | None,
     as_json: bool,
 ) -> None:
     """Store the provider, model and API key (in the OS keyring) that fluid uses.
@@ -63,9 +79,22 @@ def setup(
     """
     from fluid_build.cli._messages import report_error
 
+    given = {
+        name: value
+        for name, value in (
+            ("AWS_REGION", region),
+            ("GOOGLE_CLOUD_PROJECT", project),
+            ("GOOGLE_CLOUD_LOCATION", location),
+        )
+        if value is not None
+    }
+    if check and given:
+        raise click.UsageError("--region, --project and --location are stored, not checked")
     try:
         code = (
-            _check(provider, model, as_json) if check else _setup(provider, model, no_key, as_json)
+            _check(provider, model, as_json)
+            if check
+            else _setup(provider, model, no_key, as_json, given)
         )
     except click.ClickException:
         raise
@@ -211,13 +240,84 @@ def _store_key(provider: str, key: str) -> tuple[str, str | None]:
     raise _cannot_keep(provider, why, asked=True)
 
 
-def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool) -> int:
+def _cloud_settings(
+    name: str, given: dict[str, str], stored: dict[str, str]
+) -> dict[str, str] | None:
+    """The settings to store for ``name`` (None: a provider without any), checked like a
+    usage error; those not given keep their stored value."""
+    from fluid_build.aiconfig import CLOUD_SETTINGS, setting_problem
+
+    allowed = CLOUD_SETTINGS.get(name, ())
+    for variable, value in given.items():
+        option = _CLOUD_OPTIONS[variable]
+        if variable not in allowed:
+            owner = next(p for p, names in CLOUD_SETTINGS.items() if variable in names)
+            raise click.UsageError(f"{option} is for --provider {owner}, not {name}")
+        problem = setting_problem(value.strip())
+        if problem is not None:
+            raise click.BadParameter(f"{value[:40]!r} {problem}", param_hint=option)
+    if not allowed:
+        return None
+    return {**stored, **{variable: value.strip() for variable, value in given.items()}}
+
+
+def _cloud_notes(name: str, settings: dict[str, str]) -> tuple[str | None, list[str]]:
+    """Where the cloud provider's credentials come from (never stored by fluid), and what is
+    still missing, each with its next step."""
+    from fluid_build.cli._credentials import aws_credentials, google_credentials
+
+    env = {**os.environ, **{k: v for k, v in settings.items() if not os.environ.get(k)}}
+    missing: list[str] = []
+    if name == "bedrock":
+        holder = next(
+            (v for v in ("FLUID_LLM_API_KEY", "AWS_BEARER_TOKEN_BEDROCK") if env.get(v)), None
+        )
+        found = aws_credentials(env, holder)
+        from fluid_build.cli._credentials import aws_region
+
+        if aws_region(env, env.get("AWS_ENDPOINT_URL_BEDROCK_RUNTIME"))[0] is None:
+            missing.append("no AWS region: run again with --region us-east-1 (or set AWS_REGION)")
+        if found["source"] is None or found.get("fallback"):
+            missing.append(
+                "no AWS credentials found: run `aws configure` (access keys) or `aws sso login "
+                "--profile NAME` and export AWS_PROFILE=NAME, or export a Bedrock API key in "
+                "AWS_BEARER_TOKEN_BEDROCK; fluid never stores AWS credentials"
+            )
+    else:
+        holder = "FLUID_LLM_API_KEY" if env.get("FLUID_LLM_API_KEY") else None
+        found = google_credentials(env, holder)
+        if found["project"] is None:
+            missing.append(
+                "no Google Cloud project: run again with --project my-project (or set "
+                "GOOGLE_CLOUD_PROJECT)"
+            )
+        if found["source"] is None:
+            missing.append(
+                f"{found['error']}; fluid never stores Google credentials"
+                if found["error"] and "GOOGLE_APPLICATION_CREDENTIALS" in found["error"]
+                else "no Google credentials found: run `gcloud auth application-default login`, "
+                "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; fluid "
+                "never stores Google credentials"
+            )
+    source = found["source"] if not found.get("fallback") else None
+    return source, missing
+
+
+def _setup(
+    provider: str | None,
+    model: str | None,
+    no_key: bool,
+    as_json: bool,
+    given: dict[str, str] | None = None,
+) -> int:
     from fluid_build.aiconfig import load_ai_config, save_ai_config
     from fluid_build.copilot.health.keys import key_fingerprint
     from fluid_build.copilot.llm.settings import PROVIDERS
 
     name = _provider_name(provider)
     info = PROVIDERS[name]
+    previous_settings = load_ai_config().settings.get(name, {})
+    settings = _cloud_settings(name, given or {}, previous_settings)
     model = model.strip() if model and model.strip() else None
     previous = load_ai_config()
     if model is None and previous.provider == name:
@@ -238,8 +338,11 @@ def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool)
         model=model,
         key_source="file" if source == "file" else "keyring" if source else None,
         key=key if source == "file" else None,
+        settings=settings,
     )
     overridden = [v for v in ("FLUID_LLM_API_KEY", *info.key_vars) if os.environ.get(v)]
+    credentials, missing = (None, []) if settings is None else _cloud_notes(name, settings)
+    overridden += [v for v in settings or {} if os.environ.get(v)]
     result: dict[str, Any] = {
         "ok": True,
         "provider": name,
@@ -248,9 +351,11 @@ def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool)
         "key_stored": source is not None,
         "key_source": source,
         "key_fingerprint": key_fingerprint(key) if key else None,
-        "warnings": [w for w in (warning, note) if w],
+        "warnings": [w for w in (warning, note, *missing) if w],
         "overridden_by_env": overridden,
     }
+    if settings is not None:
+        result.update(settings=settings, credentials=credentials)
     if as_json:
         click.echo(json.dumps(result))
         return 0
@@ -266,6 +371,10 @@ def _setup(provider: str | None, model: str | None, no_key: bool, as_json: bool)
         out.print(escape(f"{name}: key stored in {where} (fingerprint {key_fingerprint(key)})"))
     elif info.key_vars and not no_key:
         out.print(escape(f"{name}: no key stored (this provider does not need one)"))
+    for variable, value in (settings or {}).items():
+        out.print(escape(f"{name}: {value} stored for {variable} (used when it is not set)"))
+    if credentials is not None:
+        out.print(escape(f"{name}: credentials: {credentials} (never stored by fluid)"))
     for text in result["warnings"]:
         err.print(f"[yellow]warning:[/] {escape(text)}")
     if overridden:
@@ -338,10 +447,18 @@ def _check(provider: str | None, model: str | None, as_json: bool) -> int:
     from fluid_build.cli.doctor import public_url
     from fluid_build.copilot import LLMClient
     from fluid_build.copilot.agents.error_classification import classify_provider_error
+    from fluid_build.copilot.llm.settings import PROVIDERS
 
     name = _provider_name(provider) if provider else None
     with LLMClient(provider=name, model=model, env=apply_stored_config(os.environ)) as client:
         config = client.config
+        if PROVIDERS[config.provider].adapter in ("bedrock", "vertex"):
+            # Their endpoints have no model list to GET with a key: an unsigned GET would fail
+            # for the wrong reason. Say so rather than report a misleading verdict.
+            raise click.UsageError(
+                f"--check does not test {config.provider}'s cloud credentials: `fluid doctor` "
+                "shows where they come from, and one prompt through `fluid batch` tests them"
+            )
         url, headers, params = _probe(config)
         try:
             response = httpx.get(url, headers=headers, params=params, timeout=config.timeout)

@@ -547,7 +547,10 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     for name, info in PROVIDERS.items():
 
         def provider_row(name: str = name, adapter: str = info.adapter) -> dict[str, Any]:
-            url, url_error = _base_url(name, env)
+            # A cloud provider's stored region/project/location fill what env lacks, as in a run.
+            filled = {k: v for k, v in stored.settings.get(name, {}).items() if not _set(env, k)}
+            row_env = {**env, **filled} if filled else env
+            url, url_error = _base_url(name, row_env)
             row = {
                 "name": name,
                 "adapter": adapter,
@@ -558,7 +561,10 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
                 "selected": name == selection["provider"],
             }
             if adapter in ("bedrock", "vertex"):
-                row.update(_cloud(adapter, env, url))
+                row.update(_cloud(adapter, row_env, url))
+                for part in ("region", "project", "location"):
+                    if row["credentials"].get(f"{part}_source") in filled:
+                        row["credentials"][f"{part}_source"] = "stored by fluid ai setup"
                 # Asked for (a broken key file or profile is then worth a line too).
                 wanted = (_set(env, "FLUID_LLM_PROVIDER") or "").strip().lower() == name
                 explicit = _set(
