@@ -784,6 +784,7 @@ RECORDED_MATRIX: dict[str, dict[str, Any]] = {
     "gemini-3.7-flash": {"context_window": 1_048_576},  # as every Gemini Flash model
     "deepseek-reasoner": {"context_window": 128_000},  # api-docs.deepseek.com: 128K
     "grok-beta": {"context_window": 131_072},  # docs.x.ai models table
+    "llama3.3-70b": {"context_window": 128_000},  # Meta's Llama 3.3 70B: 128K
 }
 
 
@@ -1083,6 +1084,20 @@ def recorded_cassettes() -> list[Cassette]:
             "How do I cross the street?",
         ),
         xai_success(),
+        recorded(
+            "cerebras-success",
+            "A recorded Cerebras chat completion through the cerebras preset.",
+            "cerebras-text",
+            "What is the capital of France?",
+        ),
+        recorded_error(
+            "cerebras-context-overflow",
+            "Cerebras refuses the prompt as longer than the limit ('Current length is ... "
+            "while limit is ...'): ContextOverflowError, never retried.",
+            "cerebras-text",
+            payload("cerebras-400-current-length-while-limit"),
+            overflow,
+        ),
     ]
 
 

@@ -54,6 +54,7 @@ RECORDED = {
     },
     "deepseek": {"deepseek-success"},
     "xai": {"xai-success"},
+    "cerebras": {"cerebras-success", "cerebras-context-overflow"},
 }
 NAMES = sorted(name for names in RECORDED.values() for name in names)
 #: The AWS event-stream prelude of Bedrock's first frame (messageStart): total length
