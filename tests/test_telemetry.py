@@ -386,6 +386,71 @@ def test_message_lists_are_recorded_in_the_conventions_shape() -> None:
     ]
 
 
+# The semantic conventions' gen_ai.provider.name well-known values for fluid's providers
+# (https://opentelemetry.io/docs/specs/semconv/registry/attributes/gen-ai/); together,
+# fireworks and cerebras have none and keep fluid's name.
+WELL_KNOWN = {
+    "openai": "openai",
+    "openai_responses": "openai",
+    "azure": "azure.ai.openai",
+    "anthropic": "anthropic",
+    "gemini": "gcp.gemini",
+    "vertex": "gcp.vertex_ai",
+    "bedrock": "aws.bedrock",
+    "xai": "x_ai",
+    "deepseek": "deepseek",
+    "groq": "groq",
+    "mistral": "mistral_ai",
+    "together": "together",
+    "fireworks": "fireworks",
+    "cerebras": "cerebras",
+    "ollama": "ollama",
+}
+
+
+@pytest.mark.parametrize(("provider", "expected"), sorted(WELL_KNOWN.items()))
+def test_each_provider_has_the_conventions_name(provider: str, expected: str) -> None:
+    from fluid_build.copilot.telemetry import provider_name
+
+    assert provider_name(provider) == expected
+
+
+def test_the_cloud_providers_spans_carry_their_conventions_name() -> None:
+    otel = recorded()
+    for provider, model in (("bedrock", "amazon.nova-micro-v1:0"), ("vertex", "gemini-2.5-flash")):
+        trace = otel.telemetry.call(provider, model, [{"role": "user", "content": "hi"}], {})
+        done = Completion(text="ok", provider=provider, model=model)
+
+        def plan(done: Completion = done) -> Plan[Completion]:
+            return done
+            yield  # a plan that asks for nothing
+
+        assert run(trace.run(plan())) is done
+    names = [
+        ((s.attributes or {})["gen_ai.provider.name"], (s.attributes or {})["fluid.provider"])
+        for s in otel.spans.get_finished_spans()
+    ]
+    assert names == [("aws.bedrock", "bedrock"), ("gcp.vertex_ai", "vertex")]
+
+
+def test_openai_responses_is_openai_and_told_apart_by_fluid_provider() -> None:
+    otel = recorded()
+    for provider in ("openai", "openai_responses"):
+        trace = otel.telemetry.call(provider, "gpt-4o", [{"role": "user", "content": "hi"}], {})
+        done = Completion(text="ok", provider=provider, model="gpt-4o")
+
+        def plan(done: Completion = done) -> Plan[Completion]:
+            return done
+            yield  # a plan that asks for nothing
+
+        assert run(trace.run(plan())) is done
+    seen = [
+        ((s.attributes or {})["gen_ai.provider.name"], (s.attributes or {}).get("fluid.provider"))
+        for s in otel.spans.get_finished_spans()
+    ]
+    assert seen == [("openai", None), ("openai", "openai_responses")]
+
+
 def test_telemetry_is_off_unless_asked_for(caplog: pytest.LogCaptureFixture) -> None:
     assert telemetry_from(None, {}) is None
     assert telemetry_from(False, {"FLUID_OTEL": "1"}) is None

@@ -56,12 +56,22 @@ ENABLE_ENV = "FLUID_OTEL"
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 OPERATION = "chat"
-# The conventions' well-known provider names; any other provider keeps fluid's own name.
+# The conventions' well-known provider names (gen_ai.provider.name's list: openai,
+# azure.ai.openai, anthropic, gcp.gemini, gcp.vertex_ai, aws.bedrock, x_ai, deepseek, groq,
+# mistral_ai, ...); any other provider (together, fireworks, cerebras, ollama, the local
+# servers) keeps fluid's own name, as the conventions ask for a system they do not list.
 _PROVIDER_NAMES = {
     "openai": "openai",
+    "openai_responses": "openai",  # the same provider, another API
     "azure": "azure.ai.openai",
     "anthropic": "anthropic",
     "gemini": "gcp.gemini",
+    "vertex": "gcp.vertex_ai",
+    "bedrock": "aws.bedrock",
+    "xai": "x_ai",
+    "deepseek": "deepseek",
+    "groq": "groq",
+    "mistral": "mistral_ai",
 }
 # The buckets the GenAI conventions advise for each histogram.
 _DURATION_BUCKETS = [0.01 * 2**i for i in range(14)]
@@ -211,6 +221,10 @@ class CallTrace:
 
     def _request_attributes(self) -> dict[str, Any]:
         attributes = self._common()
+        if attributes["gen_ai.provider.name"] != self.provider:
+            # The conventions' name can be shared (openai and openai_responses): fluid's own
+            # name tells them apart on the call span.
+            attributes["fluid.provider"] = self.provider
         if self.options.get("max_output_tokens") is not None:
             attributes["gen_ai.request.max_tokens"] = self.options["max_output_tokens"]
         response_model = self.options.get("response_model")
