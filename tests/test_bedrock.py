@@ -438,3 +438,114 @@ def test_importing_the_library_loads_neither_botocore_nor_the_adapter() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# -- error answers ---------------------------------------------------------------------------
+
+
+def _refused(status: int, kind: str, message: str) -> ProviderError:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            status,
+            json={"message": message},
+            headers={"x-amzn-errortype": f"{kind}:http://internal.amazon.com/coral/x/"},
+        )
+
+    client, http = _client(handler, {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"})
+    with http, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    return caught.value
+
+
+def test_a_rejected_aws_credential_says_the_aws_next_step() -> None:
+    error = _refused(
+        403, "ExpiredTokenException", "The security token included in the request is expired"
+    )
+    assert isinstance(error, ProviderAuthError)
+    assert error.provider_error_type == "ExpiredTokenException"
+    assert "aws sso login" in error.action
+    assert "AWS_BEARER_TOKEN_BEDROCK" in error.action
+    assert "OPENAI_API_KEY" not in error.action
+
+
+def test_access_denied_to_a_model_names_the_iam_permission_and_model_access() -> None:
+    error = _refused(
+        403,
+        "AccessDeniedException",
+        "You don't have access to the model with the specified model ID.",
+    )
+    assert isinstance(error, ProviderAuthError)
+    assert "bedrock:InvokeModel" in error.action
+    assert "Model access" in error.action
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "message", "code", "retryable"),
+    [
+        (
+            400,
+            "ValidationException",
+            "Input is too long for requested model.",
+            "llm.context_overflow",
+            False,
+        ),
+        (
+            400,
+            "ValidationException",
+            "The provided model identifier is invalid.",
+            "llm.model_not_found",
+            False,
+        ),
+        (
+            400,
+            "ValidationException",
+            "Malformed input request, please reformat your input.",
+            "llm.invalid_request",
+            False,
+        ),
+        (404, "ResourceNotFoundException", "Model not found.", "llm.model_not_found", False),
+        (
+            400,
+            "ServiceQuotaExceededException",
+            "Your request exceeds the service quota.",
+            "llm.quota_exhausted",
+            False,
+        ),
+        (
+            424,
+            "ModelStreamErrorException",
+            "An error occurred while streaming the response.",
+            "llm.server_error",
+            True,
+        ),
+        (
+            503,
+            "ServiceUnavailableException",
+            "Bedrock is unable to process your request.",
+            "llm.server_error",
+            True,
+        ),
+        (
+            429,
+            "ThrottlingException",
+            "Too many requests, please wait before trying again.",
+            "llm.rate_limited",
+            True,
+        ),
+    ],
+)
+def test_an_aws_error_type_decides_the_typed_error(
+    status: int, kind: str, message: str, code: str, retryable: bool
+) -> None:
+    error = _refused(status, kind, message)
+    assert (error.code, error.retryable, error.provider_error_type) == (code, retryable, kind)
+
+
+def test_a_model_stream_error_frame_is_retryable_server_trouble() -> None:
+    frame = _frame(
+        {":message-type": "exception", ":exception-type": "modelStreamErrorException"},
+        b'{"message":"An error occurred while streaming the response. Retry your request."}',
+    )
+    with pytest.raises(ProviderError) as caught:
+        _streamed(STREAM[:181] + frame)
+    assert (caught.value.code, caught.value.retryable) == ("llm.server_error", True)

@@ -42,6 +42,7 @@ __all__ = [
     "Override",
     "Rule",
     "Verdict",
+    "aws_error",
     "decide",
 ]
 
@@ -297,10 +298,86 @@ _BUSY = _rx(
 )
 _RESOURCES = _rx(r"requires more system memory", r"out of memory", r"insufficient memory")
 
+# AWS Bedrock: its error types (lower-cased, as the event stream spells them too) and the
+# wordings a ValidationException uses for a prompt that does not fit.
+_BEDROCK_OVERFLOW = _rx(r"too long", r"too many (?:input |total )?tokens")
+_BEDROCK_NO_MODEL = _rx(r"the provided model identifier is invalid")
+_AWS_AUTH_TYPES: Final = frozenset(
+    {
+        "accessdeniedexception",
+        "unrecognizedclientexception",
+        "expiredtokenexception",
+        "invalidsignatureexception",
+        "incompletesignatureexception",
+        "missingauthenticationtokenexception",
+    }
+)
+_AWS_SERVER_TYPES: Final = frozenset(
+    {
+        "serviceunavailableexception",
+        "internalserverexception",
+        "modelstreamerrorexception",
+        "modelnotreadyexception",
+    }
+)
+
 
 # --------------------------------------------------------------------------
 # Conditions beyond status and wording
 # --------------------------------------------------------------------------
+
+
+def aws_error(evidence: Evidence) -> tuple[str, str]:
+    """AWS's error type and message; ``("", "")`` for an answer that is not AWS's.
+
+    AWS (Bedrock) names the error in the ``x-amzn-errortype`` header
+    (``ValidationException:http://internal.amazon.com/coral/...``) or the body's
+    ``__type`` (``com.amazon.coral.validate#ValidationException``): the type is
+    what comes before the ``:`` and after the ``#``. The message is ``message``
+    or ``Message``.
+    """
+    data = evidence.body.data if evidence.body.kind == "json" else None
+    body: dict[str, object] = data if isinstance(data, dict) else {}
+    kind = evidence.headers.get("x-amzn-errortype", "").split(":", 1)[0].strip()
+    named = body.get("__type")
+    if not kind and isinstance(named, str):
+        kind = named.rsplit("#", 1)[-1].strip()
+    message = body.get("message") or body.get("Message")
+    return kind[:200], message if isinstance(message, str) else ""
+
+
+def _aws_type(evidence: Evidence) -> str:
+    return aws_error(evidence)[0].lower()
+
+
+def _bedrock_too_long(evidence: Evidence) -> bool:
+    kind, message = aws_error(evidence)
+    return kind.lower() == "validationexception" and bool(_BEDROCK_OVERFLOW.search(message))
+
+
+def _aws_credentials_refused(evidence: Evidence) -> bool:
+    return _aws_type(evidence) in _AWS_AUTH_TYPES
+
+
+def _aws_service_quota(evidence: Evidence) -> bool:
+    return _aws_type(evidence) == "servicequotaexceededexception"
+
+
+def _bedrock_no_model(evidence: Evidence) -> bool:
+    """Bedrock's "The provided model identifier is invalid." (its type is often lost on
+    the way), or ResourceNotFoundException."""
+    kind, message = aws_error(evidence)
+    return kind.lower() == "resourcenotfoundexception" or bool(
+        _BEDROCK_NO_MODEL.search(evidence.text) or _BEDROCK_NO_MODEL.search(message)
+    )
+
+
+def _aws_throttled(evidence: Evidence) -> bool:
+    return _aws_type(evidence) == "throttlingexception"
+
+
+def _aws_server_trouble(evidence: Evidence) -> bool:
+    return _aws_type(evidence) in _AWS_SERVER_TYPES
 
 
 def _redirected(evidence: Evidence) -> bool:
@@ -398,6 +475,15 @@ RULES: Final[tuple[Rule, ...]] = (
         when=_redirected,
     ),
     # -- the prompt does not fit ---------------------------------------------------
+    Rule(
+        "bedrock-validation-too-long",
+        "AWS `ValidationException` saying 'too long' or 'too many tokens' (Bedrock)",
+        OVERFLOW,
+        "https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html "
+        "(ValidationException); issue aws-samples/assessment-generator#2 "
+        f"({_ERRORS_JSON}: bedrock-400-input-too-long)",
+        when=_bedrock_too_long,
+    ),
     Rule(
         "openai-string-above-max-length",
         "`string_above_max_length` whose param (or quoted name) is the prompt",
@@ -507,6 +593,16 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     # -- the key is rejected -------------------------------------------------------
     Rule(
+        "aws-credentials-refused",
+        "AWS `AccessDeniedException`, `UnrecognizedClientException`, `ExpiredTokenException`, "
+        "`InvalidSignatureException` (Bedrock)",
+        AUTH,
+        "https://docs.aws.amazon.com/bedrock/latest/APIReference/CommonErrors.html; issues "
+        f"Aider-AI/aider#1986, vercel/ai#4163 ({_ERRORS_JSON}: "
+        "bedrock-403-unrecognized-client)",
+        when=_aws_credentials_refused,
+    ),
+    Rule(
         "openai-invalid-api-key",
         "`invalid_api_key`, 'Incorrect API key', 'You didn't provide an API key' "
         "(OpenAI, llama.cpp)",
@@ -553,6 +649,14 @@ RULES: Final[tuple[Rule, ...]] = (
         statuses=frozenset({401, 403}),
     ),
     # -- the quota or the credits are spent ----------------------------------------
+    Rule(
+        "bedrock-service-quota",
+        "AWS `ServiceQuotaExceededException` (Bedrock)",
+        QUOTA,
+        "https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html "
+        f"(ServiceQuotaExceededException) ({_ERRORS_JSON}: bedrock-400-service-quota-exceeded)",
+        when=_aws_service_quota,
+    ),
     Rule(
         "gemini-quota-per-day",
         "RESOURCE_EXHAUSTED with a per-day QuotaFailure id or 'limit: 0' (Gemini)",
@@ -624,6 +728,14 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     # -- the model or the endpoint is not there ------------------------------------
     Rule(
+        "bedrock-model-not-found",
+        "'The provided model identifier is invalid', AWS `ResourceNotFoundException` (Bedrock)",
+        MODEL_NOT_FOUND,
+        "pydantic/pydantic-ai tests/models/cassettes/test_bedrock/test_bedrock_error.yaml "
+        f"({_ERRORS_JSON}: bedrock-400-model-identifier-invalid)",
+        when=_bedrock_no_model,
+    ),
+    Rule(
         "openai-model-not-found",
         "`model_not_found` (OpenAI, Ollama's /v1)",
         MODEL_NOT_FOUND,
@@ -670,6 +782,15 @@ RULES: Final[tuple[Rule, ...]] = (
         statuses=frozenset({404, 405}),
     ),
     # -- slow down -----------------------------------------------------------------
+    Rule(
+        "aws-throttling",
+        "AWS `ThrottlingException` (Bedrock)",
+        RATE_LIMITED,
+        "https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html "
+        "(ThrottlingException); pydantic/pydantic-ai tests/models/cassettes/test_bedrock/"
+        f"test_bedrock_throttling_error.yaml ({_ERRORS_JSON}: bedrock-429-throttling)",
+        when=_aws_throttled,
+    ),
     Rule(
         "gateway-relayed-429",
         "a 5xx whose body says code 429 or RESOURCE_EXHAUSTED",
@@ -750,6 +871,15 @@ RULES: Final[tuple[Rule, ...]] = (
         OVERLOADED,
         f"issue ikechan8370/chatgpt-plugin#125 ({_ERRORS_JSON}: openai-503-model-overloaded)",
         wording=_BUSY,
+    ),
+    Rule(
+        "aws-server-trouble",
+        "AWS `ServiceUnavailableException`, `InternalServerException`, "
+        "`ModelStreamErrorException` (424), `ModelNotReadyException` (Bedrock)",
+        SERVER_ERROR,
+        "https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStream.html "
+        f"(Errors) ({_ERRORS_JSON}: bedrock-424-model-stream-error)",
+        when=_aws_server_trouble,
     ),
     Rule(
         "gateway-html-page",

@@ -43,6 +43,7 @@ from fluid_build.copilot.agents.classification_rules import (
     REDIRECTED,
     SHOULD_RETRY,
     Verdict,
+    aws_error,
     decide,
 )
 from fluid_build.copilot.agents.error_answers import (
@@ -318,7 +319,8 @@ def _classify_answer(
     response: httpx.Response, ctx: _Context, now: float | datetime | None
 ) -> ProviderError:
     headers = response.headers
-    error = _judge_answer(Evidence(response.status_code, headers, read_body(response), now), ctx)
+    evidence = _with_aws_type(Evidence(response.status_code, headers, read_body(response), now))
+    error = _judge_answer(evidence, ctx)
     # The server knows whether sending the same request again can work; its
     # SDKs obey this header before looking at the status, and so does the
     # envelope. "false" always stops. "true" overrides a verdict drawn from the
@@ -334,6 +336,21 @@ def _classify_answer(
             error.details["retryable_source"] = "x-should-retry header"
             error.retryable = verdict
     return error
+
+
+def _with_aws_type(evidence: Evidence) -> Evidence:
+    """AWS's error type and message (:func:`aws_error`) as the fields the error reports,
+    when the body names no type of its own."""
+    fields = evidence.fields
+    kind, message = aws_error(evidence)
+    if not kind or fields.type:
+        return evidence
+    before = fields.search_text()
+    fields.type = kind
+    fields.message = fields.message or message
+    # The words the rules match: the fields' own, then whatever the body added after them.
+    evidence.text = fields.search_text() + evidence.text[len(before) :]
+    return evidence
 
 
 def _judge_answer(evidence: Evidence, ctx: _Context) -> ProviderError:
@@ -358,6 +375,7 @@ def _judge_answer(evidence: Evidence, ctx: _Context) -> ProviderError:
         or headers.get("x-request-id")
         or headers.get("request-id")
         or headers.get("apim-request-id")
+        or headers.get("x-amzn-requestid")
         or None
     )
     common: dict[str, Any] = {

@@ -160,8 +160,26 @@ _KEY_VARIABLES: Final[Mapping[str, str]] = {
 _LOCAL_SERVERS: Final[Mapping[str, str]] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
 
-def _key_advice(provider: str | None) -> str | None:
+#: Bedrock has no key variable of its own: the AWS credential chain, or a Bedrock API key.
+_AWS_CREDENTIALS: Final = (
+    "Check the AWS credentials in the shell running fluid: AWS_PROFILE (run `aws sso login` "
+    "for that profile when it uses SSO and the session expired), AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN for temporary ones), or a Bedrock API key "
+    "in AWS_BEARER_TOKEN_BEDROCK."
+)
+#: The credentials were accepted but may not call the model.
+_AWS_PERMISSION: Final = (
+    "The AWS credentials were accepted but may not call this model: give the role or user "
+    "the IAM permissions bedrock:InvokeModel and bedrock:InvokeModelWithResponseStream, and "
+    "enable access to the model in the Bedrock console (Model access) of this region."
+)
+
+
+def _key_advice(provider: str | None, error_type: str | None = None) -> str | None:
     """The advice for a rejected key that names the provider's own variable, or None."""
+    if provider == "bedrock":
+        refused = (error_type or "").lower() == "accessdeniedexception"
+        return _AWS_PERMISSION if refused else _AWS_CREDENTIALS
     server = _LOCAL_SERVERS.get(provider or "")
     if server is not None:
         return (
@@ -666,8 +684,9 @@ class ProviderAuthError(ProviderError):
 
     @property
     def action(self) -> str:
-        advice = _key_advice(self.provider) if self.code == "llm.auth" else None
-        return advice or super().action
+        if self.code != "llm.auth":
+            return super().action
+        return _key_advice(self.provider, self.provider_error_type) or super().action
 
 
 class ProviderServerError(ProviderError):

@@ -41,6 +41,21 @@ AWS_NEXT_STEP: Final = (
     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a Bedrock API key in "
     "AWS_BEARER_TOKEN_BEDROCK"
 )
+#: What botocore's credential chain reads from the process environment. It reads them
+#: from ``os.environ``, not from ``LLMClient(env=)``: the region, the endpoint and
+#: AWS_BEARER_TOKEN_BEDROCK come from ``env``, the signing credentials from the process.
+AWS_CHAIN_VARIABLES: Final = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_EC2_METADATA_DISABLED",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+)
 #: The finish reason of an answer a guardrail stopped.
 GUARDRAIL: Final = "guardrail_intervened"
 
@@ -279,10 +294,16 @@ class _Signer:
 
 
 def _no_credentials(what: str) -> ProviderAuthError:
+    import os
+
+    # The names of what the chain could have read, never a value: the usual cause is a
+    # variable set in another shell, or a profile that is not the one selected.
+    seen = [name for name in AWS_CHAIN_VARIABLES if os.environ.get(name)]
     return ProviderAuthError(
-        f"bedrock: {what}; {AWS_NEXT_STEP}",
+        f"bedrock: {what} (AWS variables set for this process: {', '.join(seen) or 'none'}); "
+        f"{AWS_NEXT_STEP}",
         provider="bedrock",
-        details={"variable": "AWS_PROFILE", "example": "my-profile"},
+        details={"variable": "AWS_PROFILE", "example": "my-profile", "aws_variables": seen},
     )
 
 
