@@ -549,3 +549,158 @@ def test_a_model_stream_error_frame_is_retryable_server_trouble() -> None:
     with pytest.raises(ProviderError) as caught:
         _streamed(STREAM[:181] + frame)
     assert (caught.value.code, caught.value.retryable) == ("llm.server_error", True)
+
+
+# -- credentials from the container endpoint and the instance metadata service ----------------
+
+
+class _Metadata:
+    """A loopback HTTP server answering as the ECS/EKS container credentials endpoint and as
+    the EC2 instance metadata service (IMDSv2: a token PUT, then the role GETs), with the
+    documented JSON. Each credentials answer hands out the next access key of ``keys``."""
+
+    def __init__(self, keys: list[str], expires_in: float) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.keys = keys
+        self.expires_in = expires_in
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self) -> None:
+                outer.seen.append(("PUT", self.path, dict(self.headers.items())))
+                if self.path == "/latest/api/token":
+                    self._send(200, b"imds-token-1")
+                else:
+                    self._send(404, b"")
+
+            def do_GET(self) -> None:
+                outer.seen.append(("GET", self.path, dict(self.headers.items())))
+                roles = "/latest/meta-data/iam/security-credentials/"
+                if self.path == roles:
+                    self._send(200, b"fluid-role")
+                elif self.path in (roles + "fluid-role", "/creds"):
+                    self._send(200, json.dumps(outer.next_credentials()).encode())
+                else:
+                    self._send(404, b"")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def next_credentials(self) -> dict[str, str]:
+        from datetime import UTC, datetime, timedelta
+
+        expiry = datetime.now(UTC) + timedelta(seconds=self.expires_in)
+        return {
+            "Code": "Success",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": self.keys.pop(0),
+            "SecretAccessKey": SECRET,
+            "Token": "role-session-token",
+            "Expiration": expiry.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _signed_keys(count: int) -> list[str]:
+    """Send ``count`` calls through one client; the access key each was signed with."""
+    seen: list[httpx.Request] = []
+    client, http = _client(_answer(seen), {"AWS_REGION": "us-east-1"})
+    with http:
+        for _ in range(count):
+            client.complete("hi")
+    for request in seen:  # signed with the secret the server handed out, as AWS checks it
+        assert request.headers["authorization"].endswith(
+            _expected_signature(request, SECRET, "us-east-1")
+        )
+        assert request.headers["x-amz-security-token"] == "role-session-token"
+    return [r.headers["authorization"].split("Credential=")[1].split("/")[0] for r in seen]
+
+
+def test_credentials_from_the_container_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _Metadata(["AKIDCONTAINER1"], expires_in=6 * 3600)
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", server.url + "/creds")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    try:
+        assert _signed_keys(2) == ["AKIDCONTAINER1", "AKIDCONTAINER1"]
+    finally:
+        server.close()
+    assert [(m, p) for m, p, _ in server.seen] == [("GET", "/creds")]  # fetched once
+
+
+def test_credentials_from_the_instance_metadata_service_with_an_imdsv2_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _Metadata(["AKIDINSTANCE1"], expires_in=6 * 3600)
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", server.url + "/")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    try:
+        assert _signed_keys(1) == ["AKIDINSTANCE1"]
+    finally:
+        server.close()
+    calls = [(m, p) for m, p, _ in server.seen]
+    assert calls[0] == ("PUT", "/latest/api/token")
+    assert ("GET", "/latest/meta-data/iam/security-credentials/fluid-role") in calls
+    for method, _, headers in server.seen:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        if method == "GET":  # IMDSv2: every read carries the session token
+            assert lowered["x-aws-ec2-metadata-token"] == "imds-token-1"
+
+
+def test_role_credentials_about_to_expire_are_refreshed_before_signing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Five minutes left is inside botocore's mandatory refresh window (10 min): each
+    # signing fetches fresh credentials, so each call carries the next key served.
+    server = _Metadata(["AKIDOLD", "AKIDNEW1", "AKIDNEW2"], expires_in=300)
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", server.url + "/creds")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    try:
+        assert _signed_keys(2) == ["AKIDNEW1", "AKIDNEW2"]
+    finally:
+        server.close()
+    assert len(server.seen) == 3
+
+
+def test_the_aws_chain_reads_the_process_environment_not_the_env_mapping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # LLMClient(env=) gives the region, the endpoint and AWS_BEARER_TOKEN_BEDROCK; the
+    # signing credentials are botocore's chain, which reads the process environment
+    # (docs/llm-providers.md says so).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDPROCESS")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    seen: list[httpx.Request] = []
+    env = {"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "AKIDMAPPING"}
+    client, http = _client(_answer(seen), env)
+    with http:
+        client.complete("hi")
+    assert "Credential=AKIDPROCESS/" in seen[0].headers["authorization"]
+
+
+def test_no_credentials_names_the_aws_variables_the_process_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDHALF")  # no secret: the chain finds nothing
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"})
+    with http, pytest.raises(ProviderAuthError) as caught:
+        client.complete("hi")
+    assert "AWS variables set for this process: AWS_ACCESS_KEY_ID," in str(caught.value)
+    assert "AKIDHALF" not in str(caught.value)
