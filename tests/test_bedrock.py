@@ -704,3 +704,59 @@ def test_no_credentials_names_the_aws_variables_the_process_has(
         client.complete("hi")
     assert "AWS variables set for this process: AWS_ACCESS_KEY_ID," in str(caught.value)
     assert "AKIDHALF" not in str(caught.value)
+
+
+# -- the capability matrix and prices ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "window", "output"),
+    [
+        ("anthropic.claude-sonnet-4-5-20250929-v1:0", 200_000, 64_000),
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", 200_000, 64_000),
+        ("eu.anthropic.claude-haiku-4-5-20251001-v1:0", 200_000, 64_000),
+        ("global.anthropic.claude-opus-4-1-20250805-v1:0", 200_000, 32_000),
+        ("apac.anthropic.claude-3-5-haiku-20241022-v1:0", 200_000, 8_192),
+        (
+            "arn:aws:bedrock:us-east-1:123456789012:inference-profile/"
+            "us.anthropic.claude-sonnet-4-20250514-v1:0",
+            200_000,
+            64_000,
+        ),
+    ],
+)
+def test_claude_on_bedrock_has_its_model_cards_window_whatever_the_inference_profile(
+    model: str, window: int, output: int
+) -> None:
+    from fluid_build.copilot.call.capabilities import capabilities_for
+
+    row = capabilities_for("bedrock", model)
+    assert (row.known, row.context_window, row.max_output_tokens) == (True, window, output)
+    assert row.tools is True
+    # Structured output goes through a forced tool: Bedrock does not hold it to the schema.
+    assert row.strict_schema is False
+
+
+def test_a_bedrock_model_not_in_the_matrix_is_unknown() -> None:
+    from fluid_build.copilot.call.capabilities import capabilities_for
+
+    assert capabilities_for("bedrock", "amazon.nova-micro-v1:0").known is False
+    assert capabilities_for("bedrock", "us.meta.llama3-3-70b-instruct-v1:0").known is False
+
+
+@pytest.mark.parametrize(
+    ("model", "usd"),
+    [
+        # genai-prices' AWS Bedrock list: a regional inference profile costs 10% more.
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", 3.30 + 16.50),
+        ("global.anthropic.claude-sonnet-4-5-20250929-v1:0", 3.00 + 15.00),
+        ("amazon.nova-micro-v1:0", 0.035 + 0.14),
+    ],
+)
+def test_a_bedrock_answer_is_priced_by_its_model_id(model: str, usd: float) -> None:
+    from fluid_build.copilot.call.prices import known_price, price_call
+    from fluid_build.copilot.llm.types import Usage
+
+    usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    assert known_price("bedrock", model)
+    assert price_call("bedrock", model, usage) == pytest.approx(usd)

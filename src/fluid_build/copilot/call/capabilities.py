@@ -258,6 +258,42 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         _claude("claude-3-5-sonnet", 200_000, 8_192, strict=False, suggest=False),
         _claude("claude-3-5-haiku", 200_000, 8_192, strict=False, suggest=False),
     ),
+    # Claude on AWS Bedrock: the Anthropic rows above (the Bedrock model cards state the
+    # same windows and output caps) under Bedrock's ids; "us."/"eu."/"global." inference
+    # profiles and ARNs resolve to them (_bedrock_model). Structured output there is a
+    # forced tool the service does not hold to the schema: never strict. Never suggested:
+    # a Bedrock id names a version the row does not. Amazon Nova, Meta Llama and Mistral
+    # are not listed: their Bedrock model cards round the output cap ("Max output
+    # tokens: 5K"), and a guessed cap is worse than the unknown default.
+    "bedrock": (
+        _claude(
+            "anthropic.claude-opus-4-7",
+            1_000_000,
+            128_000,
+            strict=False,
+            tokenizer="claude-4.7",
+            suggest=False,
+        ),
+        _claude(
+            "anthropic.claude-opus-4-8",
+            1_000_000,
+            128_000,
+            strict=False,
+            tokenizer="claude-4.7",
+            suggest=False,
+        ),
+        _claude("anthropic.claude-opus-4-6", 1_000_000, 128_000, strict=False, suggest=False),
+        _claude("anthropic.claude-sonnet-4-6", 1_000_000, 128_000, strict=False, suggest=False),
+        _claude("anthropic.claude-sonnet-4-5", 200_000, 64_000, strict=False, suggest=False),
+        _claude("anthropic.claude-opus-4-5", 200_000, 64_000, strict=False, suggest=False),
+        _claude("anthropic.claude-haiku-4-5", 200_000, 64_000, strict=False, suggest=False),
+        _claude("anthropic.claude-opus-4-1", 200_000, 32_000, strict=False, suggest=False),
+        _claude("anthropic.claude-opus-4", 200_000, 32_000, strict=False, suggest=False),
+        _claude("anthropic.claude-sonnet-4", 200_000, 64_000, strict=False, suggest=False),
+        _claude("anthropic.claude-3-7-sonnet", 200_000, 64_000, strict=False, suggest=False),
+        _claude("anthropic.claude-3-5-sonnet", 200_000, 8_192, strict=False, suggest=False),
+        _claude("anthropic.claude-3-5-haiku", 200_000, 8_192, strict=False, suggest=False),
+    ),
     # Gemini: ai.google.dev/gemini-api/docs/models/<model> and the Vertex AI model
     # pages ("Input token limit" / "Output token limit"). The operator reference
     # says 2M for gemini-2.5-pro; Google documents 1,048,576 (see
@@ -295,6 +331,20 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
     ),
 }
 
+#: Bedrock's cross-region inference profiles put a geography before the model id.
+_BEDROCK_GEOGRAPHIES: Final = frozenset(
+    {"us", "us-gov", "eu", "apac", "jp", "au", "ca", "in", "global"}
+)
+
+
+def _bedrock_model(name: str) -> str:
+    """The model id inside a Bedrock inference profile id or ARN
+    (``arn:...:inference-profile/us.anthropic.claude-...`` -> ``anthropic.claude-...``)."""
+    name = name.rpartition("/")[2]
+    geography, _, rest = name.partition(".")
+    return rest if rest and geography in _BEDROCK_GEOGRAPHIES else name
+
+
 # Provider names that share a matrix section. Azure deployments and the
 # OpenAI-compatible family (vLLM, llama.cpp, Groq, OpenRouter ...) name models
 # freely and are never looked up.
@@ -305,6 +355,7 @@ _SECTIONS: Final[Mapping[str, str]] = {
     "gemini": "gemini",
     "google": "gemini",
     "vertex": "gemini",
+    "bedrock": "bedrock",
     "ollama": "ollama",
 }
 _NEVER_KNOWN: Final = frozenset(
@@ -341,6 +392,8 @@ def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
     if provider in _NEVER_KNOWN:
         return None
     section = _SECTIONS.get(provider)
+    if section == "bedrock":
+        name = _bedrock_model(name)
     if section is not None:
         row = _match(_MATRIX[section], name)
         if row is None and section == "openai_responses":  # it serves OpenAI's models too

@@ -55,6 +55,7 @@ _PROVIDER_IDS: Final[Mapping[str, str]] = {
     "anthropic": "anthropic",
     "gemini": "google",
     "vertex": "google",  # Gemini on Vertex AI: Google's list covers both
+    "bedrock": "aws",  # genai-prices lists Bedrock's model ids, inference profiles too
     "groq": "groq",
     "mistral": "mistral",
     "openrouter": "openrouter",
