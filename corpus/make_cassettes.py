@@ -899,8 +899,9 @@ def recorded_error(
     )
 
 
-# Bedrock error answers from pydantic-ai's cassettes (not in provider_errors.json): the
-# error type is the body's __type, as Bedrock's JSON protocol sends it.
+# Bedrock's 500 from pydantic-ai's cassette test_bedrock_server_error.yaml (not in
+# provider_errors.json): the error type is the body's __type, as Bedrock's JSON protocol
+# sends it.
 PYDANTIC_AI_BEDROCK = "pydantic/pydantic-ai tests/models/cassettes/test_bedrock/"
 
 
@@ -1004,11 +1005,7 @@ def recorded_cassettes() -> list[Cassette]:
             "Bedrock's 429 ThrottlingException (no Retry-After): one backoff of 1 s (no "
             "jitter), then the recorded answer.",
             "bedrock-text",
-            bedrock_error(
-                429,
-                {"__type": "ThrottlingException", "message": "Rate exceeded"},
-                "test_bedrock_throttling_error.yaml",
-            ),
+            payload("bedrock-429-throttling"),
             success(2, [1.0], ANSWERS["bedrock-text"]["expect"]["text"]),
             retried=True,
         ),
@@ -1026,14 +1023,35 @@ def recorded_cassettes() -> list[Cassette]:
             retried=True,
         ),
         recorded_error(
+            "bedrock-overloaded-retry",
+            "Bedrock's 503 ServiceUnavailableException: one backoff of 1 s (no jitter), then "
+            "the recorded answer.",
+            "bedrock-text",
+            payload("bedrock-503-service-unavailable"),
+            success(2, [1.0], ANSWERS["bedrock-text"]["expect"]["text"]),
+            retried=True,
+        ),
+        recorded_error(
+            "bedrock-auth-failure",
+            "Bedrock rejects the credentials (403 UnrecognizedClientException): "
+            "ProviderAuthError at once, never retried.",
+            "bedrock-text",
+            payload("bedrock-403-unrecognized-client"),
+            failure("ProviderAuthError", "llm.auth"),
+        ),
+        recorded_error(
+            "bedrock-context-overflow",
+            "Bedrock refuses the input (400 ValidationException 'Input is too long for "
+            "requested model.'): ContextOverflowError, never retried.",
+            "bedrock-text",
+            payload("bedrock-400-input-too-long"),
+            overflow,
+        ),
+        recorded_error(
             "bedrock-model-not-found",
             "Bedrock refuses an unknown model id (HTTP 400, no __type): not retried.",
             "bedrock-text",
-            bedrock_error(
-                400,
-                {"message": "The provided model identifier is invalid."},
-                "test_bedrock_error.yaml",
-            ),
+            payload("bedrock-400-model-identifier-invalid"),
             failure("ProviderError", "llm.model_not_found"),
         ),
         recorded(

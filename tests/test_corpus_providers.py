@@ -43,6 +43,9 @@ RECORDED = {
         "bedrock-stream",
         "bedrock-rate-limit-retry",
         "bedrock-server-error-retry",
+        "bedrock-overloaded-retry",
+        "bedrock-auth-failure",
+        "bedrock-context-overflow",
         "bedrock-model-not-found",
     },
     "vertex": {
