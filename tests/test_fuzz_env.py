@@ -622,6 +622,42 @@ ENV_VARS = sorted(
         *URL_VARS,
     }
 )
+#: bedrock's and vertex's variables (fuzzed by the cloud test below): read from the mapping
+#: a caller passes ...
+CLOUD_VARS = (
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
+    "AWS_BEARER_TOKEN_BEDROCK",
+    "AWS_PROFILE",
+    "GOOGLE_CLOUD_PROJECT",
+    "GOOGLE_CLOUD_LOCATION",
+)
+#: ... or by botocore and google-auth themselves, from the process environment.
+PROCESS_VARS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_CONFIG",
+)
+#: Any value of these says "ask a metadata service" (AWS's, Google's): they are held at a
+#: closed loopback port or off in every fuzzed case, and get their own test below.
+METADATA_VARS = (
+    "AWS_EC2_METADATA_DISABLED",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    "GCE_METADATA_HOST",
+    "GCE_METADATA_IP",
+    "K_SERVICE",
+    "CLOUD_RUN_JOB",
+    "FUNCTION_TARGET",
+)
 # Names in the source that look like variables but are constants (module attributes).
 _NOT_VARIABLES = {
     "ANTHROPIC_VERSION",
@@ -637,10 +673,12 @@ def test_every_variable_the_source_reads_is_fuzzed() -> None:
     source = Path(__file__).resolve().parents[1] / "src" / "fluid_build"
     pattern = re.compile(
         r"[\"']((?:FLUID|OPENAI|AZURE|ANTHROPIC|GEMINI|GOOGLE|GROQ|MISTRAL|OPENROUTER|OLLAMA|"
-        r"XDG|TIKTOKEN|DATA_GYM)_[A-Z0-9_]+)[\"']"
+        r"XDG|TIKTOKEN|DATA_GYM|XAI|DEEPSEEK|TOGETHER|FIREWORKS|CEREBRAS|AWS|GCE|CLOUDSDK|"
+        r"CLOUD_RUN|K|FUNCTION)_[A-Z0-9_]+)[\"']"
     )
     found = {m for path in source.rglob("*.py") for m in pattern.findall(path.read_text())}
-    missing = sorted(found - set(ENV_VARS) - _NOT_VARIABLES)
+    fuzzed = {*ENV_VARS, *CLOUD_VARS, *PROCESS_VARS, *METADATA_VARS}
+    missing = sorted(found - fuzzed - _NOT_VARIABLES)
     assert not missing, f"read by the library but not fuzzed here: {missing}"
 
 
@@ -932,3 +970,135 @@ def test_capability_matrix_from_env_gives_overrides_or_a_typed_error(raw: str, m
         return
     assert set(overrides) <= OVERRIDE_KEYS
     capabilities_for("azure", model, overrides)  # what the reader passed is valid input
+
+
+# -- the cloud providers' variables: bedrock, vertex ----------------------------------------
+
+CLOUD_BASES = [
+    {"FLUID_LLM_PROVIDER": "bedrock", "AWS_REGION": "us-east-1"},
+    {
+        "FLUID_LLM_PROVIDER": "bedrock",
+        "AWS_BEARER_TOKEN_BEDROCK": "ABSKFUZZBEARER0123456789abcdef",
+        "AWS_REGION": "eu-west-3",
+    },
+    {"FLUID_LLM_PROVIDER": "vertex", "GOOGLE_CLOUD_PROJECT": "fuzz-project"},
+    {"FLUID_LLM_PROVIDER": "vertex", "FLUID_LLM_API_KEY": "ya29.FUZZTOKEN0123456789abcdef"},
+    {
+        "FLUID_LLM_PROVIDER": "xai",
+        "XAI_API_KEY": "xai-FUZZBASEKEY0123456789abcdef",
+        "FLUID_LLM_MODEL": "grok-4",
+    },
+    {
+        "FLUID_LLM_PROVIDER": "deepseek",
+        "DEEPSEEK_API_KEY": "sk-FUZZDEEPSEEK0123456789abcd",
+        "FLUID_LLM_MODEL": "deepseek-chat",
+    },
+]
+_CLOUD_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK")
+
+
+@contextmanager
+def process_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in os.environ inside the block (botocore and google-auth read it there)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@SLOW
+@given(
+    base=st.sampled_from(CLOUD_BASES),
+    garbage=st.dictionaries(
+        st.sampled_from(sorted({*CLOUD_VARS, *PROCESS_VARS})), ENV_GARBAGE, min_size=1, max_size=4
+    ),
+)
+def test_garbage_in_the_cloud_variables_gives_a_typed_error_and_no_secret_or_call(
+    cooldown_tmp: Path, base: dict[str, str], garbage: dict[str, str]
+) -> None:
+    from fluid_build.cli.doctor import collect_report
+
+    # An environment cannot hold a NUL: such a value cannot reach botocore or google-auth.
+    assume(not any("\x00" in value for value in garbage.values()))
+    port = closed_port()
+    home = cooldown_tmp / "cloud-home"  # no ~/.aws, no gcloud login: only what is fuzzed
+    env = {
+        **base,
+        **garbage,
+        "HOME": str(home),
+        "FLUID_HOME": str(cooldown_tmp / "home"),
+        "FLUID_COOLDOWN_URL": "memory://",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{port}",
+    }
+    others = [v for k, v in env.items() if k not in (*KEY_VARS, *_CLOUD_SECRETS)]
+    secrets = [
+        v.strip()
+        for k, v in env.items()
+        if k in (*KEY_VARS, *_CLOUD_SECRETS)
+        and len(v.strip()) > 8
+        and not any(v.strip() in o for o in others)
+    ]
+    secrets.append("hunter2")
+    process = {k: v for k, v in env.items() if k in PROCESS_VARS or k.startswith("AWS_EC2")}
+    process.setdefault("CLOUDSDK_CONFIG", str(home / "gcloud"))
+    for name in PROCESS_VARS:  # unset unless fuzzed: nothing of the machine's leaks in
+        process.setdefault(name, "")
+    with process_env(process):
+        for name, entry in {
+            "LLMClient.from_env": lambda: LLMClient.from_env(env),
+            "resolve_provider_config": lambda: resolve_provider_config(env=env),
+        }.items():
+            error: FluidError | None = None
+            try:
+                made = entry()
+            except FluidError as raised:  # anything else (a crash, a network try) fails
+                error, made = raised, None
+            if error is not None:
+                event(f"{name}: {type(error).__name__} [{getattr(error, 'code', None)}]")
+                text = str(error) + repr(error)
+                assert _mentions(str(error)) or any(v in str(error) for v in CLOUD_VARS), text
+                for secret in secrets:
+                    assert secret not in text
+            close = getattr(made, "close", None)
+            if callable(close):
+                close()
+        report = collect_report(env)
+    shown = json.dumps(report)
+    for secret in secrets:
+        assert secret not in shown
+    rows = {row["name"]: row for row in report["providers"]}
+    for cloud in ("bedrock", "vertex"):
+        found = rows[cloud].get("credentials")
+        assert found is not None, rows[cloud]  # never the broken-row finding
+        assert found["source"] is None or isinstance(found["source"], str)
+
+
+def test_on_google_cloud_the_metadata_server_is_asked_on_loopback_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each variable that says "on Google Cloud", with the metadata server at a closed
+    loopback port: a typed error, google-auth's waits recorded instead of slept."""
+    import google.auth._exponential_backoff as backoff
+
+    waits: list[float] = []
+    monkeypatch.setattr(backoff.time, "sleep", waits.append)
+    host = f"127.0.0.1:{closed_port()}"
+    for name in ("GCE_METADATA_HOST", "K_SERVICE", "CLOUD_RUN_JOB", "FUNCTION_TARGET"):
+        values = {
+            "GCE_METADATA_IP": host,
+            "GCE_METADATA_HOST": host,
+            name: host if name.startswith("GCE") else "fuzz\x1b[31m",
+            "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        }
+        env = {"FLUID_LLM_PROVIDER": "vertex", "FLUID_COOLDOWN_URL": "memory://", **values}
+        with process_env(values), pytest.raises(ProviderAuthError) as caught:
+            LLMClient.from_env(env)
+        assert "gcloud auth application-default login" in caught.value.message
+    assert waits  # google-auth's ping backed off: recorded, never slept

@@ -45,14 +45,23 @@ def _set(env: Mapping[str, str], name: str) -> str | None:
     return value.strip() if value and value.strip() else None
 
 
+def _shown(value: str) -> str:
+    """A value from the environment as the report may show it: redacted (a URL pasted into
+    the wrong variable can hold a password), and cut short."""
+    from fluid_build._redact import redact
+
+    return redact(value)[:80]
+
+
 def _aws_source(method: str, env: Mapping[str, str], profile: str) -> str:
+    profile = _shown(profile)
     if method == "env":
         return "environment (AWS_ACCESS_KEY_ID)"
     if method == "shared-credentials-file":
-        path = _set(env, "AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+        path = _shown(_set(env, "AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials")
         return f"shared credentials file {path}, profile {profile}"
     if method == "config-file":
-        path = _set(env, "AWS_CONFIG_FILE") or "~/.aws/config"
+        path = _shown(_set(env, "AWS_CONFIG_FILE") or "~/.aws/config")
         return f"config file {path}, profile {profile}"
     if method == "sso":
         return f"SSO profile {profile} (`aws sso login --profile {profile}` when it expires)"
@@ -89,7 +98,8 @@ def aws_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str, An
             if method == "custom-process":
                 if session.get_scoped_config().get("credential_process"):
                     return {
-                        "source": f"credential_process of profile {profile} (not run by doctor)",
+                        "source": f"credential_process of profile {_shown(profile)} (not run "
+                        "by doctor)",
                         "checked": False,
                         "error": None,
                     }
@@ -136,12 +146,12 @@ def aws_region(env: Mapping[str, str], url: str | None) -> tuple[str | None, str
     for variable in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         value = _set(env, variable)
         if value is not None:
-            return value, variable
+            return _shown(value), variable
     from fluid_build.copilot.llm.bedrock import _profile_region, _region_of
 
     region = _profile_region(env)
     if region is not None:
-        return region, f"profile {_set(env, 'AWS_PROFILE') or 'default'}"
+        return region, f"profile {_shown(_set(env, 'AWS_PROFILE') or 'default')}"
     region = _region_of(url) if url else None
     return (region, "endpoint host name") if region else (None, None)
 
@@ -157,7 +167,7 @@ def _read_key_file(path: str) -> dict[str, Any]:
     """The JSON object in a credentials file, read bounded; raises ValueError saying why."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ValueError(f"{path} is not a file")
+        raise ValueError(f"{path[:200]} is not a file")
     with file.open("rb") as handle:
         data = handle.read(_KEY_FILE_LIMIT + 1)
     if len(data) > _KEY_FILE_LIMIT:
@@ -199,12 +209,15 @@ def google_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str,
     if api_key is not None:
         result["source"] = f"access token ({api_key})"
     elif named := _set(env, "GOOGLE_APPLICATION_CREDENTIALS"):
+        from fluid_build._redact import redact
+
         try:
             data = _read_key_file(named)
         except (OSError, ValueError) as exc:
-            result["error"] = f"GOOGLE_APPLICATION_CREDENTIALS: {exc}"
+            # The path as the error names it, redacted: a URL pasted there can hold a password.
+            result["error"] = redact(f"GOOGLE_APPLICATION_CREDENTIALS: {exc}")[:300]
         else:
-            result["source"] = _describe(data.get("type"), data, named)
+            result["source"] = _describe(data.get("type"), data, redact(named))
             project = data.get("project_id")
             file_project = project if isinstance(project, str) and project else None
     else:
@@ -228,12 +241,12 @@ def google_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str,
                 "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
             )
     if project := _set(env, "GOOGLE_CLOUD_PROJECT"):
-        result.update(project=project, project_source="GOOGLE_CLOUD_PROJECT")
+        result.update(project=_shown(project), project_source="GOOGLE_CLOUD_PROJECT")
     elif file_project is not None:
         result.update(project=file_project, project_source="the key file")
     else:
         result.update(project=None, project_source=None)
     location = _set(env, "GOOGLE_CLOUD_LOCATION")
-    result["location"] = location or DEFAULT_LOCATION
+    result["location"] = _shown(location) if location else DEFAULT_LOCATION
     result["location_source"] = "GOOGLE_CLOUD_LOCATION" if location else "default"
     return result
