@@ -911,7 +911,8 @@ def bedrock_error(
     return documented(
         status,
         {"content-type": "application/json"},
-        f"{PYDANTIC_AI_BEDROCK}{cassette_file} (the recorded answer, parsed_body verbatim)",
+        f"{PYDANTIC_AI_BEDROCK}{cassette_file} (status and parsed_body verbatim; like the "
+        "throttling cassette, written for pydantic-ai's retry test rather than recorded)",
         body=body,
     )
 
