@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -100,11 +100,14 @@ def _expected_signature(request: httpx.Request, secret: str, region: str) -> str
     auth = request.headers["authorization"]
     signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
     stamp = request.headers["x-amz-date"]
-    # Not S3: the path is URI-encoded once more (":" was %3A, is now %253A).
+    # Not S3: each path segment is URI-encoded twice (":" is %253A), whether the client
+    # sent it as ":" (aiohttp) or "%3A" (httpx).
+    segments = request.url.raw_path.decode().split("?")[0].split("/")
+    path = "/".join(quote(quote(unquote(part), safe="~"), safe="~") for part in segments)
     canonical = "\n".join(
         [
             request.method,
-            quote(request.url.raw_path.decode().split("?")[0], safe="/~"),
+            path,
             "",
             *(f"{name}:{request.headers[name].strip()}" for name in signed),
             "",
@@ -760,3 +763,141 @@ def test_a_bedrock_answer_is_priced_by_its_model_id(model: str, usd: float) -> N
     usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
     assert known_price("bedrock", model)
     assert price_call("bedrock", model, usage) == pytest.approx(usd)
+
+
+# -- every transport, over a real socket ---------------------------------------------------
+
+TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
+
+
+class _Bedrock:
+    """A loopback Bedrock runtime: each POST is kept (path, headers, body) and answered with
+    the next of ``answers`` (content type, bytes)."""
+
+    def __init__(self, answers: list[tuple[str, bytes]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[httpx.Request] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                outer.seen.append(
+                    httpx.Request(
+                        "POST",
+                        outer.url + self.path,
+                        headers=[(k.lower(), v) for k, v in self.headers.items()],
+                        content=body,
+                    )
+                )
+                kind, data = answers.pop(0)
+                self.send_response(200)
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _over(transport: str, url: str, call: str, **more: str) -> Any:
+    """One call (``complete`` or ``stream``) to ``url`` through ``transport``, signed with
+    the process's AWS credentials (or a Bedrock API key in ``more``)."""
+    import asyncio
+
+    env = {
+        **more,
+        "AWS_REGION": "us-east-1",
+        "FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx",
+    }
+
+    def client(**http: Any) -> LLMClient:
+        return LLMClient(
+            "bedrock",
+            MODEL,
+            base_url=url,
+            envelope=clocked_envelope(FakeClock()),
+            env=env,
+            **http,
+        )
+
+    if transport == "sync-direct":
+        with client() as own:
+            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
+    if transport == "caller-sync":
+        with httpx.Client() as http:
+            made = client(http_client=http)
+            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
+
+    async def go() -> Any:
+        if transport == "caller-async":
+            async with httpx.AsyncClient() as http:
+                made = client(async_http_client=http)
+                if call == "complete":
+                    return await made.acomplete("hi")
+                return [event async for event in made.astream("hi")]
+        async with client() as own:
+            if call == "complete":
+                return await own.acomplete("hi")
+            return [event async for event in own.astream("hi")]
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_transport_carries_a_signed_answer_and_an_event_stream(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server = _Bedrock(
+        [
+            ("application/json", json.dumps(ANSWER).encode()),
+            ("application/vnd.amazon.eventstream", STREAM),
+        ]
+    )
+    try:
+        done = _over(transport, server.url, "complete")
+        events = _over(transport, server.url, "stream")
+    finally:
+        server.close()
+    assert (done.text, done.finish_reason) == ("hi", "end_turn")
+    streamed = events[-1].completion
+    assert streamed.text.startswith("The capital of France is Paris.")
+    assert (streamed.usage.input_tokens, streamed.usage.output_tokens) == (13, 82)
+    answer, stream = server.seen
+    assert answer.url.path == "/model/amazon.nova-micro-v1:0/converse"
+    assert stream.url.path == "/model/amazon.nova-micro-v1:0/converse-stream"
+    for request in server.seen:  # the bytes that arrived are the bytes that were signed
+        assert request.headers["authorization"].endswith(
+            "Signature=" + _expected_signature(request, SECRET, "us-east-1")
+        )
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_event_stream_reset_mid_frame_is_the_same_typed_error_on_every_transport(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.loopback import serve, sse_then
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    key = {"AWS_BEARER_TOKEN_BEDROCK": "bedrock-api-key-1"}
+    with serve(sse_then("reset", STREAM[:200])) as url, pytest.raises(ProviderError) as caught:
+        _over(transport, url, "stream", **key)
+    assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
+    assert "bedrock-api-key-1" not in str(caught.value)
