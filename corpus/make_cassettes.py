@@ -873,11 +873,15 @@ def recorded_error(
     *,
     retried: bool = False,
 ) -> Cassette:
-    """A recorded error answer (and its source); retried: then the row's answer."""
+    """A recorded error answer (and its source); retried: then the row's answer.
+
+    A row holding a stream makes a stream call: the error answers the stream request.
+    """
     row = ANSWERS[row_id]
     provider, model = row["provider"], row["request_model"]
     error, source = recorded_answer
-    req = _request(provider, model)
+    stream = "stream" in row
+    req = _request(provider, model, stream=stream)
     exchanges = [Exchange(request=req, response=error)]
     if retried:
         exchanges.append(Exchange(request=req, response=_recorded_body(row)))
@@ -890,6 +894,7 @@ def recorded_error(
         source=f"recorded from {provider}: the error {source}"
         + (f"; then provider_answers.json {row_id}, {row['source']}" if retried else ""),
         call=CallRecipe(
+            kind="stream" if stream else "complete",
             messages=[{"role": "user", "content": "What is the capital of France?"}],
             env=dict(RECORDED_ENV.get(provider, {})),
             capability_matrix=dict(RECORDED_MATRIX.get(model, {})),
@@ -1030,6 +1035,15 @@ def recorded_cassettes() -> list[Cassette]:
             "bedrock-text",
             payload("bedrock-503-service-unavailable"),
             success(2, [1.0], ANSWERS["bedrock-text"]["expect"]["text"]),
+            retried=True,
+        ),
+        recorded_error(
+            "bedrock-stream-error-retry",
+            "converse-stream answers 424 ModelStreamErrorException ('Retry your request'): "
+            "one backoff of 1 s (no jitter), then the recorded event stream.",
+            "bedrock-stream-text",
+            payload("bedrock-424-model-stream-error"),
+            success(2, [1.0], ANSWERS["bedrock-stream-text"]["expect"]["text"]),
             retried=True,
         ),
         recorded_error(

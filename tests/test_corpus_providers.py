@@ -44,6 +44,7 @@ RECORDED = {
         "bedrock-rate-limit-retry",
         "bedrock-server-error-retry",
         "bedrock-overloaded-retry",
+        "bedrock-stream-error-retry",
         "bedrock-auth-failure",
         "bedrock-context-overflow",
         "bedrock-model-not-found",
