@@ -124,6 +124,36 @@ def test_bedrock_credential_process_is_never_run(home: Path) -> None:
     assert not ran.exists()
 
 
+@pytest.mark.parametrize(
+    "source", ["source_profile = base", "credential_source = Ec2InstanceMetadata"]
+)
+def test_bedrock_assumed_role_is_named_and_its_source_never_resolved(
+    home: Path, source: str
+) -> None:
+    ran = home / "ran"
+    _write_aws(
+        home,
+        config=(
+            f"[profile ops]\nrole_arn = arn:aws:iam::111122223333:role/Ops\n{source}\n"
+            f"region = us-east-1\n[profile base]\ncredential_process = touch {ran}\n"
+        ),
+    )
+    with socket.socket() as listener:  # an instance metadata service never to be asked
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        env = fresh_env(
+            home,
+            AWS_PROFILE="ops",
+            AWS_EC2_METADATA_SERVICE_ENDPOINT=f"http://127.0.0.1:{listener.getsockname()[1]}",
+        )
+        text, _ = _doctor(home, env)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert "bedrock: AWS credentials: assumed role of profile ops (not checked" in text
+    assert not ran.exists()
+
+
 def test_bedrock_container_role_is_named_not_asked(home: Path) -> None:
     with socket.socket() as listener:  # a credentials endpoint that must never be connected to
         listener.bind(("127.0.0.1", 0))

@@ -24,9 +24,7 @@ _KEY_FILE_LIMIT = 1 << 20
 _OFFLINE_METHODS = frozenset(
     {
         "env",
-        "assume-role",  # deferred: STS is asked at the first signing, not by load()
-        "assume-role-with-web-identity",
-        "sso",
+        "sso",  # deferred: the SSO portal is asked at the first signing, not by load()
         "login",
         "shared-credentials-file",
         "config-file",
@@ -95,6 +93,13 @@ def aws_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str, An
         resolver = session.get_component("credential_provider")
         for provider in resolver.providers:
             method = getattr(provider, "METHOD", "")
+            if method in ("assume-role", "assume-role-with-web-identity"):
+                # Not load(): it resolves the source credentials at once, which can ask the
+                # instance metadata service or run a source profile's credential_process.
+                assumed = _assumed_role(method, env, session.get_scoped_config(), profile)
+                if assumed is not None:
+                    return {"source": assumed, "checked": False, "error": None}
+                continue
             if method == "custom-process":
                 if session.get_scoped_config().get("credential_process"):
                     return {
@@ -133,6 +138,24 @@ def aws_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str, An
         "error": None,
         "fallback": True,
     }
+
+
+def _assumed_role(
+    method: str, env: Mapping[str, str], config: Mapping[str, Any], profile: str
+) -> str | None:
+    """The role botocore would assume, from the configuration alone (None: no such role)."""
+    if method == "assume-role-with-web-identity":
+        if _set(env, "AWS_ROLE_ARN") and _set(env, "AWS_WEB_IDENTITY_TOKEN_FILE"):
+            return "web identity role (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE; not checked)"
+        if config.get("role_arn") and config.get("web_identity_token_file"):
+            return f"web identity role of profile {_shown(profile)} (not checked)"
+        return None
+    if config.get("role_arn") and (config.get("source_profile") or config.get("credential_source")):
+        return (
+            f"assumed role of profile {_shown(profile)} (not checked: botocore assumes it at "
+            "the first call)"
+        )
+    return None
 
 
 def _aws_error(exc: BaseException) -> str:
