@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from keyring.backend import KeyringBackend
 
-from fluid_build.aiconfig import apply_stored_config
+from fluid_build.aiconfig import CLOUD_SETTINGS, apply_stored_config, setting_problem
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
@@ -501,8 +501,19 @@ def stored_files(draw: st.DrawFn) -> tuple[bytes | None, int, dict[str, str]]:
         "model": draw(st.sampled_from(["gpt-4o", "my-model", " ", ""])),
         "key_sources": sources,
     }
+    if draw(st.booleans()):  # a cloud provider's settings, as setup writes them, or garbage
+        names = st.sampled_from([*STORED_SETTINGS, "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY"])
+        values = st.one_of(st.sampled_from(["us-east-1", "my-proj", "global"]), any_text)
+        owners = st.one_of(st.sampled_from(sorted(CLOUD_SETTINGS)), providers)
+        document["settings"] = draw(
+            st.dictionaries(owners, st.dictionaries(names, values, max_size=3), max_size=2)
+        )
+        if draw(st.booleans()):  # a cloud provider stored with its settings
+            document["provider"] = draw(st.sampled_from(sorted(CLOUD_SETTINGS)))
     if draw(st.integers(0, 2)) == 0:  # one field of the wrong type or value
-        field = draw(st.sampled_from(["version", "provider", "model", "key_sources", "keys"]))
+        field = draw(
+            st.sampled_from(["version", "provider", "model", "key_sources", "keys", "settings"])
+        )
         document[field] = draw(
             st.one_of(json_scalars, st.dictionaries(json_scalars.map(str), source_values))
         )
@@ -511,8 +522,9 @@ def stored_files(draw: st.DrawFn) -> tuple[bytes | None, int, dict[str, str]]:
     return json.dumps(document).encode(), mode, keys
 
 
+STORED_SETTINGS = sorted({v for names in CLOUD_SETTINGS.values() for v in names})
 KNOWN = sorted(
-    {"FLUID_LLM_PROVIDER", "FLUID_LLM_MODEL", "FLUID_LLM_API_KEY"}
+    {"FLUID_LLM_PROVIDER", "FLUID_LLM_MODEL", "FLUID_LLM_API_KEY", *STORED_SETTINGS}
     | {v for info in PROVIDERS.values() for v in info.key_vars}
 )
 
@@ -570,6 +582,45 @@ def test_apply_stored_config_only_fills_what_the_environment_leaves_unset(
     # A key comes only from where setup put it.
     for name in added & {v for info in PROVIDERS.values() for v in info.key_vars}:
         assert out[name] in set(file_keys.values()) | set(in_keyring.values())
+    # A cloud setting only for the provider in effect, that provider's, and only a name.
+    in_effect = (out.get("FLUID_LLM_PROVIDER") or "").strip().lower()
+    for name in added & set(STORED_SETTINGS):
+        event(f"setting {name}")
+        assert name in CLOUD_SETTINGS.get(in_effect, ())
+        assert setting_problem(out[name]) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "filled"),
+    [
+        ({}, {"GOOGLE_CLOUD_PROJECT": "my-proj"}),  # the stored provider's settings
+        ({"GOOGLE_CLOUD_PROJECT": "mine"}, {}),  # the environment wins
+        ({"FLUID_LLM_PROVIDER": "bedrock"}, {"AWS_REGION": "eu-west-3"}),
+        ({"FLUID_LLM_PROVIDER": "openai"}, {}),  # another provider in effect: none
+    ],
+)
+def test_stored_cloud_settings_fill_only_the_provider_in_effect(
+    homes: Path, env: dict[str, str], filled: dict[str, str]
+) -> None:
+    home = Path(tempfile.mkdtemp(dir=homes))
+    path = home / "ai_config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "provider": "vertex",
+                "settings": {
+                    "vertex": {"GOOGLE_CLOUD_PROJECT": "my-proj", "GOOGLE_CLOUD_LOCATION": "a b"},
+                    "bedrock": {"AWS_REGION": "eu-west-3", "AWS_SECRET_ACCESS_KEY": "x" * 40},
+                },
+            }
+        )
+    )
+    os.chmod(path, 0o600)
+    given_env = {**env, "FLUID_HOME": str(home)}
+    out = apply_stored_config(given_env)
+    assert {k: v for k, v in out.items() if k in STORED_SETTINGS and k not in env} == filled
+    assert "AWS_SECRET_ACCESS_KEY" not in out
 
 
 # -- every variable the library reads, through the public entry points -------------------
