@@ -544,6 +544,24 @@ def test_an_aws_error_type_decides_the_typed_error(
     assert (error.code, error.retryable, error.provider_error_type) == (code, retryable, kind)
 
 
+def test_the_aws_request_id_is_kept_for_a_support_case() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            400,
+            json={"message": "Malformed input request, please reformat your input."},
+            headers={
+                "x-amzn-errortype": "ValidationException",
+                "x-amzn-requestid": "9251f066-a420-483b-b3ae-7485084f6dc6",
+            },
+        )
+
+    client, http = _client(handler, {"AWS_REGION": "us-east-1", "AWS_BEARER_TOKEN_BEDROCK": "k"})
+    with http, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert caught.value.request_id == "9251f066-a420-483b-b3ae-7485084f6dc6"
+    assert caught.value.code == "llm.invalid_request"
+
+
 def test_a_model_stream_error_frame_is_retryable_server_trouble() -> None:
     frame = _frame(
         {":message-type": "exception", ":exception-type": "modelStreamErrorException"},
