@@ -232,3 +232,20 @@ def test_an_xai_key_that_does_not_look_like_one_is_warned_about(
     env = _env(home, FLUID_ALLOW_PLAINTEXT_AI_SECRETS="1")
     result = _setup(home, "--provider", "xai", "--json", env=env, stdin=key)
     assert json.loads(result.stdout)["warnings"][0] == warning
+
+
+def test_without_the_bedrock_extra_setup_and_doctor_name_the_pip_line(
+    home: Path, tmp_path: Path
+) -> None:
+    hidden = tmp_path / "hidden"  # botocore that cannot be imported, as when the extra is missing
+    (hidden / "botocore").mkdir(parents=True)
+    (hidden / "botocore" / "__init__.py").write_text("raise ImportError('no botocore here')\n")
+    env = _env(home, PYTHONPATH=str(hidden), FLUID_LLM_PROVIDER="bedrock", AWS_REGION="us-east-1")
+    result = _setup(home, "--provider", "bedrock", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["warnings"] == [
+        "botocore is missing: pip install 'fluid-build[bedrock]'"
+    ]
+    doctor = fluid(home, "doctor", env=env)
+    assert doctor.returncode == 0
+    assert "bedrock: AWS credentials: none (botocore is missing: pip install" in doctor.stdout

@@ -277,7 +277,9 @@ def _cloud_notes(name: str, settings: dict[str, str]) -> tuple[str | None, list[
 
         if aws_region(env, env.get("AWS_ENDPOINT_URL_BEDROCK_RUNTIME"))[0] is None:
             missing.append("no AWS region: run again with --region us-east-1 (or set AWS_REGION)")
-        if found["source"] is None or found.get("fallback"):
+        if found["source"] is None and found["error"] and "pip install" in found["error"]:
+            missing.append(found["error"])  # the extra is missing: nothing else can be checked
+        elif found["source"] is None or found.get("fallback"):
             missing.append(
                 "no AWS credentials found: run `aws configure` (access keys) or `aws sso login "
                 "--profile NAME` and export AWS_PROFILE=NAME, or export a Bedrock API key in "
