@@ -91,6 +91,10 @@ def _profile_region(env: Mapping[str, str]) -> str | None:
     return str(region).strip() or None if region else None
 
 
+#: What a URL path may hold unquoted and yarl unquotes: sent as is, so signed as sent.
+_PATH_SAFE: Final = ":@!$&'()*+,;="
+
+
 def resolve_endpoint(
     url: str | None, key: str | None, env: Mapping[str, str]
 ) -> tuple[str, str | None, str | None]:
@@ -356,7 +360,10 @@ class BedrockAdapter(Adapter):
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or endpoint_for(self.config.region or "us-east-1")).rstrip("/")
         action = "converse-stream" if stream else "converse"
-        url = f"{base}/model/{quote(spec.model, safe='')}/{action}"
+        # The bytes sent are the bytes signed on every transport: aiohttp (yarl) sends a
+        # ":" for "%3A", and AWS signs the path as it arrives, so the characters yarl would
+        # unquote stay unquoted here (a model id's ":", an ARN's); "/" and the rest are quoted.
+        url = f"{base}/model/{quote(spec.model, safe=_PATH_SAFE)}/{action}"
         headers = {
             "content-type": "application/json",
             "accept": "application/vnd.amazon.eventstream" if stream else "application/json",
