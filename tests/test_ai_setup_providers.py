@@ -249,3 +249,26 @@ def test_without_the_bedrock_extra_setup_and_doctor_name_the_pip_line(
     doctor = fluid(home, "doctor", env=env)
     assert doctor.returncode == 0
     assert "bedrock: AWS credentials: none (botocore is missing: pip install" in doctor.stdout
+
+
+def test_without_the_vertex_extra_setup_and_doctor_name_the_pip_line(
+    home: Path, tmp_path: Path
+) -> None:
+    hidden = tmp_path / "hidden"  # google-auth that cannot be imported
+    (hidden / "google").mkdir(parents=True)
+    (hidden / "google" / "__init__.py").write_text("raise ImportError('no google here')\n")
+    gcloud = home / ".config" / "gcloud"
+    gcloud.mkdir(parents=True)
+    (gcloud / "application_default_credentials.json").write_text('{"type": "authorized_user"}')
+    env = _env(home, PYTHONPATH=str(hidden), FLUID_LLM_PROVIDER="vertex")
+    result = _setup(home, "--provider", "vertex", "--project", "p1", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["warnings"] == [
+        "google-auth is missing: pip install 'fluid-build[vertex]'"
+    ]
+    doctor = fluid(home, "doctor", env=env)
+    assert doctor.returncode == 0
+    assert (
+        "vertex: Google credentials: gcloud application-default login (`gcloud auth "
+        "application-default login`); but google-auth is missing: pip install"
+    ) in doctor.stdout

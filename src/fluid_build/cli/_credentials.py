@@ -263,6 +263,11 @@ def google_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str,
                 "no Google credentials: run `gcloud auth application-default login` or set "
                 "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
             )
+    if api_key is None and not _google_auth_installed():
+        from fluid_build.copilot.llm.vertex import VERTEX_INSTALL
+
+        # Found or not, no token can be made from them without it.
+        result["error"] = f"google-auth is missing: {VERTEX_INSTALL}"
     if project := _set(env, "GOOGLE_CLOUD_PROJECT"):
         result.update(project=_shown(project), project_source="GOOGLE_CLOUD_PROJECT")
     elif file_project is not None:
@@ -273,3 +278,12 @@ def google_credentials(env: Mapping[str, str], api_key: str | None) -> dict[str,
     result["location"] = _shown(location) if location else DEFAULT_LOCATION
     result["location_source"] = "GOOGLE_CLOUD_LOCATION" if location else "default"
     return result
+
+
+def _google_auth_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("google.auth") is not None
+    except ImportError:  # a "google" package that is not Google's, or a broken one
+        return False

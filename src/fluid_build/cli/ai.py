@@ -293,7 +293,9 @@ def _cloud_notes(name: str, settings: dict[str, str]) -> tuple[str | None, list[
                 "no Google Cloud project: run again with --project my-project (or set "
                 "GOOGLE_CLOUD_PROJECT)"
             )
-        if found["source"] is None:
+        if found["error"] and "pip install" in found["error"]:
+            missing.append(found["error"])  # the extra is missing: no token can be made
+        elif found["source"] is None:
             missing.append(
                 f"{found['error']}; fluid never stores Google credentials"
                 if found["error"] and "GOOGLE_APPLICATION_CREDENTIALS" in found["error"]

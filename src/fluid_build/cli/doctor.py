@@ -967,6 +967,8 @@ def _cloud_lines(providers: list[Mapping[str, Any]]) -> list[str]:
         if found is None or not (configured or row["selected"] or found.get("wanted")):
             continue
         source = found["source"] or f"none ({found['error']})"
+        if found["source"] and found["error"]:
+            source += f"; but {found['error']}"
         if row["adapter"] == "bedrock":
             region = (
                 f"{found['region']} ({found['region_source']})"
