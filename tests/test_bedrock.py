@@ -919,3 +919,169 @@ def test_an_event_stream_reset_mid_frame_is_the_same_typed_error_on_every_transp
         _over(transport, url, "stream", **key)
     assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
     assert "bedrock-api-key-1" not in str(caught.value)
+
+
+# -- credentials from AWS IAM Identity Center (SSO) --------------------------------------------
+
+SSO_START_URL = "https://fluid-example.awsapps.com/start"
+SSO_TOKEN = "sso-access-token-from-aws-sso-login"
+
+
+class _Portal:
+    """A loopback HTTP server answering as the SSO portal's GetRoleCredentials
+    (``GET /federation/credentials``, the token in ``x-amz-sso_bearer_token``), with the
+    documented JSON; each answer hands out the next access key of ``keys``."""
+
+    def __init__(self, keys: list[str]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.keys = keys
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                outer.seen.append((self.path, headers))
+                if headers.get("x-amz-sso_bearer_token") != SSO_TOKEN:
+                    status, body = 401, {"message": "Session token not found or invalid"}
+                else:
+                    status, body = 200, outer.role_credentials()
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def role_credentials(self) -> dict[str, Any]:
+        import time
+
+        expiry_ms = int((time.time() + 6 * 3600) * 1000)
+        return {
+            "roleCredentials": {
+                "accessKeyId": self.keys.pop(0),
+                "secretAccessKey": SECRET,
+                "sessionToken": "role-session-token",
+                "expiration": expiry_ms,
+            }
+        }
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _sso_profile(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    session: bool,
+    expires_in_hours: float | None,
+    portal_in_config: str | None = None,
+) -> None:
+    """Write what `aws configure sso` and `aws sso login` leave behind in ~/.aws: a profile
+    ``dev`` (with an ``sso-session`` section, or the legacy ``sso_start_url`` form) and the
+    cached token, named as botocore's SSOTokenLoader looks it up: the SHA-1 of the session
+    name, or of the start URL when there is no session."""
+    from datetime import UTC, datetime, timedelta
+
+    aws = home / ".aws"
+    (aws / "sso" / "cache").mkdir(parents=True)
+    role = "sso_account_id = 123456789012\nsso_role_name = FluidBedrockUser\nregion = us-east-1\n"
+    services = "services = loopback-portal\n" if portal_in_config else ""
+    if session:
+        config = (
+            f"[profile dev]\nsso_session = fluid\n{role}{services}\n"
+            f"[sso-session fluid]\nsso_start_url = {SSO_START_URL}\nsso_region = eu-west-1\n"
+        )
+        key = "fluid"
+    else:
+        config = (
+            f"[profile dev]\nsso_start_url = {SSO_START_URL}\nsso_region = eu-west-1\n"
+            f"{role}{services}"
+        )
+        key = SSO_START_URL
+    if portal_in_config:
+        config += f"\n[services loopback-portal]\nsso =\n  endpoint_url = {portal_in_config}\n"
+    (aws / "config").write_text(config)
+    if expires_in_hours is not None:  # None: `aws sso login` never ran
+        expires = datetime.now(UTC) + timedelta(hours=expires_in_hours)
+        token = {
+            "startUrl": SSO_START_URL,
+            "region": "eu-west-1",
+            "accessToken": SSO_TOKEN,
+            "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        name = hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest() + ".json"
+        (aws / "sso" / "cache" / name).write_text(json.dumps(token))
+    monkeypatch.setenv("AWS_PROFILE", "dev")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    # botocore fixes its SSO cache directory from HOME when it is first imported; this
+    # process imported it under an earlier test's HOME, a real one starts with its own.
+    import botocore.credentials
+    import botocore.tokens
+
+    cache = str(aws / "sso" / "cache")
+    monkeypatch.setattr(botocore.credentials.SSOProvider, "_SSO_TOKEN_CACHE_DIR", cache)
+    monkeypatch.setattr(botocore.tokens.SSOTokenProvider, "_SSO_TOKEN_CACHE_DIR", cache)
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["sso-session", "legacy-start-url"])
+@pytest.mark.parametrize("portal_from", ["environment", "config"])
+def test_credentials_from_an_sso_profile_and_its_cached_login(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch, session: bool, portal_from: str
+) -> None:
+    portal = _Portal(["AKIDSSOROLE1"])
+    try:
+        if portal_from == "environment":
+            monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal.url)
+            _sso_profile(aws_home, monkeypatch, session=session, expires_in_hours=8)
+        else:
+            _sso_profile(
+                aws_home,
+                monkeypatch,
+                session=session,
+                expires_in_hours=8,
+                portal_in_config=portal.url,
+            )
+        # Signed with the key the portal handed out, and its secret, as AWS checks it.
+        assert _signed_keys(2) == ["AKIDSSOROLE1", "AKIDSSOROLE1"]
+    finally:
+        portal.close()
+    [(path, headers)] = portal.seen  # asked once: the role credentials last six hours
+    assert path.startswith("/federation/credentials?")
+    assert "role_name=FluidBedrockUser" in path
+    assert "account_id=123456789012" in path
+    assert headers["x-amz-sso_bearer_token"] == SSO_TOKEN
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["sso-session", "legacy-start-url"])
+@pytest.mark.parametrize("expires_in_hours", [-1, None], ids=["expired", "never-logged-in"])
+def test_an_expired_sso_login_is_an_auth_error_naming_aws_sso_login_for_the_profile(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch, session: bool, expires_in_hours: float | None
+) -> None:
+    portal = _Portal(["AKIDNEVER"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal.url)
+    _sso_profile(aws_home, monkeypatch, session=session, expires_in_hours=expires_in_hours)
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"})
+    try:
+        with http, pytest.raises(ProviderAuthError) as caught:
+            client.complete("hi")
+    finally:
+        portal.close()
+    message = str(caught.value)
+    assert "aws sso login --profile dev" in message
+    assert "\n" not in message
+    assert SSO_TOKEN not in message
+    assert (caught.value.code, caught.value.retryable) == ("llm.auth", False)
+    assert portal.seen == []  # an expired token is never sent

@@ -271,7 +271,7 @@ class _Signer:
         self.lock = threading.Lock()
 
     def _resolved(self) -> Any:
-        from botocore.exceptions import BotoCoreError
+        from botocore.exceptions import BotoCoreError, SSOError, TokenRetrievalError
 
         with self.lock:
             if self.credentials is None:
@@ -283,6 +283,10 @@ class _Signer:
                     raise _no_credentials("no AWS credentials were found")
             try:
                 return self.credentials.get_frozen_credentials()
+            # An SSO profile's cached login expired or is missing (TokenRetrievalError: the
+            # sso-session token provider, botocore's only token provider, could not refresh).
+            except (SSOError, TokenRetrievalError):
+                raise _sso_login_needed(self.session.profile) from None
             except BotoCoreError as exc:
                 raise _no_credentials(
                     f"the AWS credentials could not be refreshed: {exc}"
@@ -308,6 +312,18 @@ def _no_credentials(what: str) -> ProviderAuthError:
         f"{AWS_NEXT_STEP}",
         provider="bedrock",
         details={"variable": "AWS_PROFILE", "example": "my-profile", "aws_variables": seen},
+    )
+
+
+def _sso_login_needed(profile: str | None) -> ProviderAuthError:
+    """The SSO login behind the profile expired or never happened: botocore's own message
+    says "the corresponding profile"; the operator needs the command for this one."""
+    name = profile or "default"
+    return ProviderAuthError(
+        f"bedrock: the AWS SSO login of profile {name!r} has expired or was never made: "
+        f"run `aws sso login --profile {name}`, then retry",
+        provider="bedrock",
+        details={"variable": "AWS_PROFILE", "profile": name, "aws_sso": True},
     )
 
 
