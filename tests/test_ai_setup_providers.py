@@ -84,6 +84,10 @@ def test_bedrock_stores_its_region_and_names_the_credentials_it_never_stores(hom
     # The environment wins over what is stored, and setup says so.
     again = _setup(home, "--provider", "bedrock", "--json", env={**env, "AWS_REGION": "us-west-2"})
     assert json.loads(again.stdout)["overridden_by_env"] == ["AWS_REGION"]
+    said = _setup(home, "--provider", "bedrock", env={**env, "AWS_REGION": "us-west-2"})
+    assert "note: AWS_REGION is set in this environment and wins over the stored setting" in (
+        said.stderr
+    )
     assert _doctor_row(home, {**env, "AWS_REGION": "us-west-2"}, "bedrock")["base_url"] == (
         "https://bedrock-runtime.us-west-2.amazonaws.com"
     )

@@ -382,9 +382,10 @@ def _setup(
     for text in result["warnings"]:
         err.print(f"[yellow]warning:[/] {escape(text)}")
     if overridden:
+        what = "stored setting" if all(v in (settings or {}) for v in overridden) else "stored key"
         err.print(
             f"[cyan]note:[/] {escape(', '.join(overridden))} is set in this environment and "
-            "wins over the stored key"
+            f"wins over the {what}"
         )
     return 0
 
