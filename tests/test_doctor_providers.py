@@ -289,3 +289,13 @@ def test_openai_responses_and_a_preset_show_their_key_and_endpoint(home: Path) -
     )
     assert _row(report, "xai")["key"]["source"] == "XAI_API_KEY"
     assert _row(report, "xai")["base_url"] == "https://api.x.ai/v1"
+
+
+def test_bedrock_profile_that_does_not_exist_is_named(home: Path) -> None:
+    _write_aws(home, config="[profile real]\nregion = us-east-1\n")
+    text, report = _doctor(home, _aws_env(home, AWS_PROFILE="missing", AWS_REGION="us-east-1"))
+    assert (
+        "bedrock: AWS credentials: none (ProfileNotFound: The config profile (missing) could "
+        "not be found)"
+    ) in text
+    assert _row(report, "bedrock")["credentials"]["source"] is None
