@@ -68,15 +68,23 @@ def _usage_of(data: Any) -> dict[str, Any] | None:
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
-    """prompt_tokens includes cached tokens and completion_tokens reasoning: both are subsets."""
+    """prompt_tokens includes cached tokens and completion_tokens reasoning: both are subsets.
+
+    Except where the total says otherwise: xAI's completion_tokens leaves its
+    reasoning out (total_tokens = prompt + completion + reasoning), and output
+    includes reasoning on every provider here, so it is added back.
+    """
     prompt = usage.get("prompt_tokens_details")
     completion = usage.get("completion_tokens_details")
+    inputs = _count(usage.get("prompt_tokens"))
+    output = _count(usage.get("completion_tokens"))
+    reasoning = _count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else 0
+    if reasoning and _count(usage.get("total_tokens")) == inputs + output + reasoning:
+        output += reasoning
     return Usage(
-        input_tokens=_count(usage.get("prompt_tokens")),
-        output_tokens=_count(usage.get("completion_tokens")),
-        reasoning_tokens=_count(completion.get("reasoning_tokens"))
-        if isinstance(completion, dict)
-        else 0,
+        input_tokens=inputs,
+        output_tokens=output,
+        reasoning_tokens=reasoning,
         cache_read_tokens=_count(prompt.get("cached_tokens")) if isinstance(prompt, dict) else 0,
     )
 
@@ -84,6 +92,7 @@ def _usage(usage: dict[str, Any]) -> Usage:
 _USAGE = {
     "prompt_tokens": COUNT,
     "completion_tokens": COUNT,
+    "total_tokens": COUNT,
     "prompt_tokens_details": {"cached_tokens": COUNT},
     "completion_tokens_details": {"reasoning_tokens": COUNT},
 }
