@@ -28,6 +28,20 @@ _PROVIDER_ENV_PREFIXES = (
     "GOOGLE_API_KEY",
     "OLLAMA_",
     "FLUID_",
+    # The presets and the clouds: a developer's real AWS or Google setup never reaches a test.
+    "XAI_",
+    "DEEPSEEK_",
+    "TOGETHER_",
+    "FIREWORKS_",
+    "CEREBRAS_",
+    "AWS_",
+    "GOOGLE_",
+    "GCLOUD_",
+    "GCE_",
+    "CLOUDSDK_",
+    "K_SERVICE",
+    "CLOUD_RUN_JOB",
+    "FUNCTION_TARGET",
 )
 
 
@@ -42,6 +56,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # ~/.fluid never touch the home of whoever runs the suite. Not created here.
     monkeypatch.setenv("HOME", str(tmp_path / "test-home"))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    # No test asks a cloud's metadata service unless it serves one on loopback itself.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture(autouse=True)
