@@ -530,9 +530,14 @@ def test_gcloud_user_credentials_refresh_against_their_token_uri(
 def test_the_metadata_server_gives_the_token_and_project(
     google: ThreadingHTTPServer, clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from google.auth.compute_engine import _metadata
+
     host = _url(google).removeprefix("http://")
     monkeypatch.setenv("GCE_METADATA_HOST", host)
     monkeypatch.setenv("GCE_METADATA_IP", host)
+    # google-auth reads GCE_METADATA_HOST once, when it is first imported (an earlier test
+    # may have imported it): the test harness points it here too.
+    monkeypatch.setattr(_metadata, "_GCE_METADATA_HOST", host)
     credentials, project = vertex.load_adc()
     assert project == "metadata-project"
     token = vertex.TokenSource(credentials).token()
