@@ -42,6 +42,9 @@ def main(argv: list[str]) -> int:
         prices=PRICES,
         budget="team",
         deadline=5.0 if mode == "hold" else 30.0,
+        # Its window given: the client does not ask the server for it, so the one
+        # connection a call makes is its request (the hold test waits for exactly that).
+        capability_matrix={"context_window": 32_768},
     )
     print("ready", flush=True)
     sys.stdin.readline()

@@ -468,6 +468,7 @@ def _worker_env(tmp_path: Path, store_url: str | None) -> dict[str, str]:
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "FLUID_BUDGETS": f"team={BUDGET_USD}usd/month",
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONFAULTHANDLER": "1",  # a worker that crashes says where
     }
     if store_url is not None:
         env["FLUID_COOLDOWN_URL"] = store_url
@@ -554,6 +555,14 @@ def test_eight_processes_share_one_budget(
         f"{fleet['requests']} requests sent, {len(granted)} calls granted, "
         f"{len(refused)} refused"
     )
+    # Run again on the same store, nothing cleared: the spend outlived every process, so
+    # the whole second fleet is refused and sends nothing.
+    again = _fleet(tmp_path, url)
+    assert again["requests"] == 0
+    assert len(again["records"]) == WORKERS * 15
+    assert {r["outcome"] for r in again["records"]} == {"budget.cost_exhausted"}
+    (after,) = _ledger_of(tmp_path, url).states(time.time())
+    assert (after.spent, after.reserved) == (state.spent, 0)
 
 
 def test_a_killed_process_releases_its_reservation_after_deadline_plus_margin(
@@ -577,17 +586,15 @@ def test_a_killed_process_releases_its_reservation_after_deadline_plus_margin(
         proc.stdin.write("go\n")
         proc.stdin.flush()
         ledger = _ledger_of(tmp_path, None)
-        held = None
-        for _ in range(500):  # the worker's call reserves before it sends (bounded: 5 s)
-            states = ledger.states(time.time())
-            if states and states[0].reserved:
-                held = states[0]
-                break
-            time.sleep(0.01)
-        assert held is not None, "the worker's call never reserved"
+        # The call reserves before it sends: once it has connected, its hold is in the store.
+        silent.settimeout(30)
+        connection, _ = silent.accept()
+        (held,) = ledger.states(time.time())
+        assert held.reserved, "the worker's call connected without a reservation"
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         _close(proc)
+        connection.close()
     finally:
         silent.close()
     # The worker's call had a 5 s deadline: its hold lives until then plus the margin.

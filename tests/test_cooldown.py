@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -513,3 +514,41 @@ def test_an_empty_sqlite_url_uses_the_default_file(
     assert isinstance(store.primary, SqliteCooldownStore)
     assert store.primary.path == default_cooldown_path(env)
     assert "names no file" in caplog.text
+
+
+def test_a_second_connection_on_the_same_file_never_opens_and_closes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing any descriptor of a file drops every POSIX lock this process holds on it:
+    sqlite's own (the WAL index's) among them. A second store or the budget ledger on a
+    file a connection of this process has open must not open the database, -wal or -shm
+    again (8 processes on one budget died of SIGBUS when it did)."""
+    import os
+
+    from fluid_build.copilot.health import sqlite_store
+
+    path = tmp_path / "c.sqlite3"
+    first = SqliteCooldownStore(path)
+    first.extend("k", 5.0, NOW)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spying(file: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_store.os, "open", spying)
+    second = SqliteCooldownStore(path)
+    second.extend("k", 6.0, NOW)
+    ledger = second.budget_ledger()
+    assert ledger.states(NOW) == []
+    database = [f for f in opened if f in {str(path), f"{path}-wal", f"{path}-shm"}]
+    assert database == []
+    # A new file at that path (the old one removed) is checked again, as a new file.
+    ledger.close()
+    second.close()
+    first.close()
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        name.unlink(missing_ok=True)
+    SqliteCooldownStore(path).extend("k", 1.0, NOW)
+    assert str(path) in opened

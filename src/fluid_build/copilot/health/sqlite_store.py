@@ -186,13 +186,42 @@ def _tighten_sidecars(path: Path) -> None:
             os.close(fd)
 
 
+# The database files this process has checked, by path: (device, inode) -> their stat.
+# Checked once per file: closing any descriptor of a file drops every POSIX lock this
+# process holds on it, and sqlite's locks (the WAL index's "dead man switch" on -shm
+# above all) are POSIX locks. A second check while a connection of this process had
+# the file open let another process think it was the only one and reset the WAL index
+# under its readers: SIGBUS (8 processes spending from one budget found it).
+_CLAIMED: dict[str, os.stat_result] = {}
+_CLAIMED_LOCK = threading.Lock()
+
+
 def _claim(path: Path) -> os.stat_result:
     """Open (or create, mode 0600) ``path`` as the database, never through a link.
 
     Refused with :class:`StoreFileError` unless it is a regular file this user
     owns with one name: sqlite opens a path and follows links, so whatever is
     there is checked first, without blocking (a FIFO) and without following.
+    A file this process already checked (the same inode at the same path) is not
+    opened again: see :data:`_CLAIMED`.
     """
+    key = os.fspath(path)
+    with _CLAIMED_LOCK:
+        known = _CLAIMED.get(key)
+        if known is not None:
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except OSError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (known.st_dev, known.st_ino):
+                return known
+        info = _check(path)
+        _CLAIMED[key] = info
+        return info
+
+
+def _check(path: Path) -> os.stat_result:
+    """:func:`_claim`'s checks, on a file no connection of this process has open."""
     flags = os.O_RDWR | os.O_CREAT | _O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
     what = None
     try:
