@@ -785,6 +785,9 @@ RECORDED_MATRIX: dict[str, dict[str, Any]] = {
     "deepseek-reasoner": {"context_window": 128_000},  # api-docs.deepseek.com: 128K
     "grok-beta": {"context_window": 131_072},  # docs.x.ai models table
     "llama3.3-70b": {"context_window": 128_000},  # Meta's Llama 3.3 70B: 128K
+    # Meta's Llama 3.1 model card: 128K, as Together and Fireworks serve them.
+    "meta-llama/Meta-Llama-3.1-405B-Instruct-Turbo": {"context_window": 128_000},
+    "accounts/fireworks/models/llama-v3p1-8b-instruct": {"context_window": 128_000},
 }
 
 
@@ -811,6 +814,8 @@ def _path(provider: str, model: str, *, stream: bool, location: str = "us-centra
             f"/v1/projects/{VERTEX_PROJECT}/locations/{location}/publishers/google/models/"
             f"{model}:{verb}"
         )
+    if provider == "fireworks":  # its base URL is https://api.fireworks.ai/inference/v1
+        return "/inference/v1/chat/completions"
     return "/chat/completions" if provider == "deepseek" else "/v1/chat/completions"
 
 
@@ -1130,6 +1135,27 @@ def recorded_cassettes() -> list[Cassette]:
             "cerebras-text",
             payload("cerebras-400-current-length-while-limit"),
             overflow,
+        ),
+        recorded(
+            "together-success",
+            "A recorded Together chat completion (Llama 3.1 405B Turbo) through the together "
+            "preset; its finish reason is Together's own 'eos'.",
+            "together-text-finish-eos",
+            "Which is cooler, SF or LA?",
+        ),
+        recorded(
+            "together-tool-call",
+            "A recorded Together answer that is a tool call (get_weather, call_id kept): "
+            "no text; replay compares the text, tests/test_corpus_providers.py the call.",
+            "together-tool-call-llama-405b",
+            "What is the weather in SF?",
+        ),
+        recorded(
+            "fireworks-stream",
+            "A recorded Fireworks stream (Llama 3.1 8B) through the fireworks preset: "
+            "chat completion chunks, the usage in the last one with the finish reason.",
+            "fireworks-stream-llama-usage-in-last-chunk",
+            "What is the Latin name for the Sun?",
         ),
     ]
 

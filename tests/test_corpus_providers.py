@@ -1,10 +1,11 @@
 """The cassette corpus covers the providers of issue 23 with real recorded answers.
 
 openai_responses, bedrock (JSON and an AWS event-stream stream, a binary body
-kept as ``body_base64``), vertex, deepseek and xai each have cassettes in
-corpus/ whose answers were recorded from the provider (pydantic-ai's cassettes
-and other cited recordings), and ``fluid corpus replay corpus`` replays them
-offline, in a fresh HOME, with no AWS or Google credentials anywhere.
+kept as ``body_base64``), vertex and the five OpenAI-compatible presets each
+have cassettes in corpus/ whose answers were recorded from the provider
+(pydantic-ai's cassettes and other cited recordings), and ``fluid corpus
+replay corpus`` replays them offline, in a fresh HOME, with no AWS or Google
+credentials anywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fluid_build.corpus.cassette import (
     dump_cassette,
     load_cassette,
 )
-from fluid_build.corpus.replay import ReplayTransport, run_cassette
+from fluid_build.corpus.replay import ReplayTransport, replay_client, run_cassette
 from tests.test_cli_conventions import fluid, fresh_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,9 @@ RECORDED = {
     "deepseek": {"deepseek-success"},
     "xai": {"xai-success"},
     "cerebras": {"cerebras-success", "cerebras-context-overflow"},
+    "together": {"together-success", "together-tool-call"},
+    # Only a stream of Fireworks was found recorded (Llama Stack's recording): no JSON answer.
+    "fireworks": {"fireworks-stream"},
 }
 NAMES = sorted(name for names in RECORDED.values() for name in names)
 #: The AWS event-stream prelude of Bedrock's first frame (messageStart): total length
@@ -82,6 +86,9 @@ def test_recorded_cassette_replays_and_says_where_it_was_recorded(name: str) -> 
 
 def test_every_provider_has_a_success_and_the_cloud_ones_a_stream() -> None:
     for provider, names in RECORDED.items():
+        if provider == "fireworks":  # its one recorded answer is a stream
+            assert _load("fireworks-stream").call.kind == "stream"
+            continue
         assert f"{provider}-success" in names
     kinds = {name: _load(name).call.kind for name in NAMES}
     for provider in ("openai_responses", "bedrock", "vertex"):
@@ -101,6 +108,36 @@ def test_recorded_answers_are_read_as_the_provider_wrote_them() -> None:
     assert run_cassette(deepseek).output == message["content"]
     xai = run_cassette(_load("xai-success"))
     assert xai.output.endswith("and many others tailored")  # cut at max_tokens, as recorded
+
+
+def test_together_and_fireworks_answers_are_read_as_recorded() -> None:
+    # Replay compares the text only; the tool call, finish reason and usage are checked
+    # here against the recorded bodies, through the same replayed client.
+    tool = _load("together-tool-call")
+    assert tool.call.kind == "complete"
+    done = replay_client(tool).complete(tool.call.messages)
+    assert done.text == ""
+    assert [(c.id, c.name, c.arguments) for c in done.tool_calls] == [
+        ("call_u7v0m4oa34v7vl7dmjbcy6c2", "get_weather", {"location": "SF"})
+    ]
+    assert done.finish_reason == "tool_calls"
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (420, 14)
+    text = _load("together-success")
+    done = replay_client(text).complete(text.call.messages)
+    assert done.finish_reason == "eos"  # Together's own word, kept as sent
+    assert done.text.startswith("San Francisco (SF) is generally cooler than Los Angeles")
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (313, 269)
+    stream = _load("fireworks-stream")
+    assert stream.exchanges[0].request.path == "/inference/v1/chat/completions"
+    events = list(replay_client(stream).stream(stream.call.messages))
+    deltas = [e.text for e in events if e.type == "text"]
+    assert len(deltas) > 1  # the recorded chunks arrive one by one
+    completion = events[-1].completion
+    assert completion is not None
+    assert completion.text == "".join(deltas) == 'The Latin name for the Sun is "Sol".'
+    assert completion.finish_reason == "stop"
+    # Usage rides in the last chunk, with the finish reason.
+    assert (completion.usage.input_tokens, completion.usage.output_tokens) == (20, 11)
 
 
 # -- binary bodies: the AWS event-stream framing ----------------------------------------
