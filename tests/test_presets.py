@@ -18,6 +18,13 @@ import pytest
 
 from fluid_build.copilot import LLMClient, StreamEvent
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.call.capabilities import (
+    UNKNOWN_CONTEXT_WINDOW,
+    UNKNOWN_MAX_OUTPUT,
+    capabilities_for,
+    models_with_larger_window,
+    run_start_warnings,
+)
 from fluid_build.copilot.call.prices import known_price
 from fluid_build.copilot.llm.settings import resolve_provider_config
 from tests.fakes import FakeClock, clocked_envelope
@@ -183,3 +190,86 @@ def test_fluid_doctor_shows_each_preset_and_where_its_key_came_from(tmp_path: Pa
         assert row["adapter"] == "openai_compatible"
         assert row["base_url"] == base
         assert (row["key"]["present"], row["key"]["source"]) == (True, variable)
+
+
+# -- the capability matrix ----------------------------------------------------------------
+
+# (provider, model as a user names it, window, max output, tools, strict schema, JSON mode)
+PRESET_ROWS = [
+    # api-docs.deepseek.com/quick_start/pricing
+    ("deepseek", "deepseek-chat", 128_000, 8_192, True, False, True),
+    ("deepseek", "deepseek-reasoner", 128_000, 65_536, True, False, True),
+    # docs.x.ai/docs/models
+    ("xai", "grok-4", 256_000, 256_000, True, True, True),
+    ("xai", "grok-4-0709", 256_000, 256_000, True, True, True),
+    ("xai", "grok-code-fast-1", 256_000, 256_000, True, True, True),
+    ("xai", "grok-3", 131_072, 131_072, True, True, True),
+    ("xai", "grok-3-mini", 131_072, 131_072, True, True, True),
+    ("xai", "grok-3-mini-fast", 131_072, 131_072, True, True, True),
+    # docs.together.ai/docs/serverless-models; Together's ids are mixed case
+    ("together", "meta-llama/Llama-3.3-70B-Instruct-Turbo", 131_072, 131_072, True, False, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "window", "output", "tools", "strict", "json_mode"), PRESET_ROWS
+)
+def test_a_presets_main_models_are_in_the_capability_matrix(
+    provider: str,
+    model: str,
+    window: int,
+    output: int,
+    tools: bool,
+    strict: bool,
+    json_mode: bool,
+) -> None:
+    caps = capabilities_for(provider, model)
+    assert caps.known
+    assert (caps.provider, caps.model) == (provider, model)
+    assert (caps.context_window, caps.max_output_tokens, caps.max_input_tokens) == (
+        window,
+        output,
+        None,
+    )
+    assert (caps.tools, caps.strict_schema, caps.json_mode) == (tools, strict, json_mode)
+    # No tokenizer of theirs is bundled: estimated with a margin, never counted as OpenAI's.
+    assert caps.tokenizer == "llama"
+    assert run_start_warnings(caps, uses_tools=True, wants_strict_schema=strict) == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "model"),
+    [
+        ("xai", "grok-9-ultra"),
+        ("deepseek", "deepseek-coder-v9"),
+        ("together", "Qwen/Qwen9-Giant"),
+        ("fireworks", "accounts/fireworks/models/llama-v3p3-70b-instruct"),
+        ("cerebras", "llama-3.3-70b"),
+        # A preset's model under another preset is not that preset's row.
+        ("together", "deepseek-chat"),
+    ],
+)
+def test_an_unknown_model_under_a_preset_gets_the_conservative_default(
+    provider: str, model: str
+) -> None:
+    caps = capabilities_for(provider, model)
+    assert not caps.known
+    assert (caps.context_window, caps.max_output_tokens) == (
+        UNKNOWN_CONTEXT_WINDOW,
+        UNKNOWN_MAX_OUTPUT,
+    )
+    assert (caps.tools, caps.strict_schema, caps.json_mode) == (False, False, False)
+    [warning] = run_start_warnings(caps)
+    assert f"{provider}:{model} is not in the capability matrix" in warning
+
+
+def test_a_presets_models_are_suggested_only_to_that_preset() -> None:
+    # A larger window on another provider's preset needs another key: not offered to
+    # an OpenAI run, but offered to a run of the same preset.
+    everywhere = " ".join(models_with_larger_window(0, limit=100))
+    for section in ("xai:", "deepseek:", "together:"):
+        assert section not in everywhere
+    assert models_with_larger_window(131_072, provider="xai") == ["xai:grok-4 (256,000)"]
+    assert models_with_larger_window(100_000, provider="deepseek") == [
+        "deepseek:deepseek-chat (128,000)"
+    ]

@@ -309,6 +309,42 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
             "gemini-1.5-flash", 1_048_576, 8_192, weaknesses=(WEAK_NESTED_SCHEMAS,), suggest=False
         ),
     ),
+    # The OpenAI-compatible presets: suggested only to a run of the same provider
+    # (_OWN_PROVIDER_ONLY). No tokenizer of theirs is bundled: open-weight and Grok
+    # models are estimated like local ones ("llama"); gpt-oss is o200k_base.
+    # DeepSeek: api-docs.deepseek.com/quick_start/pricing ("CONTEXT LENGTH 128K";
+    # "MAX OUTPUT ... MAXIMUM: 8K" for deepseek-chat, "64K" for deepseek-reasoner;
+    # JSON Output for both). 128K is taken as 128,000, the smaller reading. The
+    # reasoner answers a request with tools (through deepseek-chat, the same page
+    # says), so both take tools. Only json_object: no strict json_schema.
+    "deepseek": (
+        _Row("deepseek-chat", 128_000, 8_192, True, False, True, "llama"),
+        _Row("deepseek-reasoner", 128_000, 65_536, True, False, True, "llama"),
+    ),
+    # xAI: docs.x.ai/docs/models/<model> (grok-4 and grok-code-fast-1: 256,000;
+    # grok-3 and grok-3-mini: 131,072, also on Oracle's xai.grok-3-mini model card).
+    # xAI gives no output cap apart from the window: output shares it. Function
+    # calling and structured outputs (response_format json_schema, the answer held
+    # to the schema: docs.x.ai/docs/guides/structured-outputs, and Google's "Structured
+    # output for Grok models" page: "output that always adheres to a specific schema",
+    # sent with "strict": true) on all four. The
+    # larger-window grok-4-fast and grok-4.x families resolve to grok-4 by prefix:
+    # a smaller window than theirs, never a larger one.
+    "xai": (
+        _Row("grok-4", 256_000, 256_000, True, True, True, "llama"),
+        _Row("grok-code-fast-1", 256_000, 256_000, True, True, True, "llama"),
+        _Row("grok-3", 131_072, 131_072, True, True, True, "llama"),
+        _Row("grok-3-mini", 131_072, 131_072, True, True, True, "llama"),
+    ),
+    # Together: docs.together.ai/docs/serverless-models (context length 131,072;
+    # function calling and JSON mode listed for it). Together gives no separate
+    # output cap: output shares the window. Its json_schema mode is not OpenAI's
+    # strict one. Fireworks and Cerebras have no rows: see docs/capability-warnings.md.
+    "together": (
+        _Row(
+            "meta-llama/llama-3.3-70b-instruct-turbo", 131_072, 131_072, True, False, True, "llama"
+        ),
+    ),
     # Ollama: the trained window from ollama.com/library/<model> ("context length",
     # as `ollama show <model>` prints it) and the "tools" tag there. Ollama serves
     # num_ctx tokens, not this window, unless it is raised (docs/context-length).
@@ -356,8 +392,14 @@ _SECTIONS: Final[Mapping[str, str]] = {
     "google": "gemini",
     "vertex": "gemini",
     "bedrock": "bedrock",
+    "deepseek": "deepseek",
+    "xai": "xai",
+    "together": "together",
     "ollama": "ollama",
 }
+# Sections offered as a larger-window alternative only to a run of the same provider:
+# a local model, or a preset's, needs another server or another key.
+_OWN_PROVIDER_ONLY: Final = frozenset({"ollama", "deepseek", "xai", "together"})
 _NEVER_KNOWN: Final = frozenset(
     {"azure", "openai_compatible", "vllm", "llamacpp", "groq", "mistral", "openrouter"}
 )
@@ -670,14 +712,14 @@ def models_with_larger_window(
     Where a provider caps input below the window (GPT-5), that cap is what
     counts and is shown, as ``"openai:gpt-5 (272,000 input)"``. ``provider``
     keeps one provider's models (any name the matrix knows, such as
-    ``vertex`` for Gemini); without it the hosted providers are listed and
-    local Ollama models are left out. Retired and legacy models are never
-    suggested.
+    ``vertex`` for Gemini); without it the hosted providers are listed, and
+    local Ollama models and the presets' (xai, deepseek, together) are left
+    out. Retired and legacy models are never suggested.
     """
     if limit <= 0:
         return []
     if provider is None:
-        sections = [name for name in _MATRIX if name != "ollama"]
+        sections = [name for name in _MATRIX if name not in _OWN_PROVIDER_ONLY]
     else:
         section = _SECTIONS.get(provider.strip().lower())
         sections = [section] if section else []
