@@ -206,7 +206,7 @@ PRESET_ROWS = [
     ("xai", "grok-3", 131_072, 131_072, True, True, True),
     ("xai", "grok-3-mini", 131_072, 131_072, True, True, True),
     ("xai", "grok-3-mini-fast", 131_072, 131_072, True, True, True),
-    # docs.together.ai/docs/serverless-models; Together's ids are mixed case
+    # docs.together.ai/docs/chat-models; Together's ids are mixed case
     ("together", "meta-llama/Llama-3.3-70B-Instruct-Turbo", 131_072, 131_072, True, False, True),
 ]
 

@@ -322,7 +322,8 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         _Row("deepseek-reasoner", 128_000, 65_536, True, False, True, "llama"),
     ),
     # xAI: docs.x.ai/docs/models/<model> (grok-4 and grok-code-fast-1: 256,000;
-    # grok-3 and grok-3-mini: 131,072, also on Oracle's xai.grok-3-mini model card).
+    # grok-3 and grok-3-mini: 131,072), as mirrored on OpenRouter's and the Vercel AI
+    # Gateway's grok-4 pages (256,000) and Oracle's xai.grok-3-mini model card (131,072).
     # xAI gives no output cap apart from the window: output shares it. Function
     # calling and structured outputs (response_format json_schema, the answer held
     # to the schema: docs.x.ai/docs/guides/structured-outputs, and Google's "Structured
@@ -336,8 +337,9 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         _Row("grok-3", 131_072, 131_072, True, True, True, "llama"),
         _Row("grok-3-mini", 131_072, 131_072, True, True, True, "llama"),
     ),
-    # Together: docs.together.ai/docs/serverless-models (context length 131,072;
-    # function calling and JSON mode listed for it). Together gives no separate
+    # Together: docs.together.ai/docs/chat-models (context length 131,072, as mirrored
+    # in LobeHub's Together provider list, which cites that page; function calling
+    # and JSON mode in Together's docs). Together gives no separate
     # output cap: output shares the window. Its json_schema mode is not OpenAI's
     # strict one. Fireworks and Cerebras have no rows: see docs/capability-warnings.md.
     "together": (
