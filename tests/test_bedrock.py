@@ -24,6 +24,7 @@ from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.settings import resolve_provider_config
 from tests.fakes import FakeClock, clocked_envelope
+from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ENDPOINT = "https://bedrock-runtime.us-east-1.amazonaws.com"
 MODEL = "amazon.nova-micro-v1:0"
@@ -785,8 +786,6 @@ def test_a_bedrock_answer_is_priced_by_its_model_id(model: str, usd: float) -> N
 
 # -- every transport, over a real socket ---------------------------------------------------
 
-TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
-
 
 class _Bedrock:
     """A loopback Bedrock runtime: each POST is kept (path, headers, body) and answered with
@@ -835,12 +834,11 @@ class _Bedrock:
 def _over(transport: str, url: str, call: str, **more: str) -> Any:
     """One call (``complete`` or ``stream``) to ``url`` through ``transport``, signed with
     the process's AWS credentials (or a Bedrock API key in ``more``)."""
-    import asyncio
 
     env = {
         **more,
         "AWS_REGION": "us-east-1",
-        "FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx",
+        **transport_env(transport),
     }
 
     def client(**http: Any) -> LLMClient:
@@ -853,27 +851,7 @@ def _over(transport: str, url: str, call: str, **more: str) -> Any:
             **http,
         )
 
-    if transport == "sync-direct":
-        with client() as own:
-            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
-    if transport == "caller-sync":
-        with httpx.Client() as http:
-            made = client(http_client=http)
-            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
-
-    async def go() -> Any:
-        if transport == "caller-async":
-            async with httpx.AsyncClient() as http:
-                made = client(async_http_client=http)
-                if call == "complete":
-                    return await made.acomplete("hi")
-                return [event async for event in made.astream("hi")]
-        async with client() as own:
-            if call == "complete":
-                return await own.acomplete("hi")
-            return [event async for event in own.astream("hi")]
-
-    return asyncio.run(go())
+    return call_over(transport, client, call)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -26,6 +26,7 @@ from fluid_build.copilot.call.prices import known_price
 from fluid_build.copilot.llm.settings import resolve_provider_config
 from fluid_build.copilot.llm.types import ToolSpec
 from tests.fakes import FakeClock, clocked_envelope
+from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 KEY = "sk-test-responses-0123456789"
 URL = "https://api.openai.com/v1/responses"
@@ -599,12 +600,10 @@ def test_the_matrix_knows_the_responses_only_models_and_openais() -> None:
 
 # -- every transport, over a real socket ---------------------------------------------------
 
-TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
-
 
 def _over(transport: str, url: str, call: str) -> Any:
     """One call (``complete`` or ``stream``) to ``url`` through ``transport``."""
-    env = {"FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx"}
+    env = transport_env(transport)
 
     def client(**http: Any) -> LLMClient:
         return LLMClient(
@@ -617,27 +616,7 @@ def _over(transport: str, url: str, call: str) -> Any:
             **http,
         )
 
-    if transport == "sync-direct":
-        with client() as own:
-            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
-    if transport == "caller-sync":
-        with httpx.Client() as http:
-            made = client(http_client=http)
-            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
-
-    async def go() -> Any:
-        if transport == "caller-async":
-            async with httpx.AsyncClient() as http:
-                made = client(async_http_client=http)
-                if call == "complete":
-                    return await made.acomplete("hi")
-                return [event async for event in made.astream("hi")]
-        async with client() as own:
-            if call == "complete":
-                return await own.acomplete("hi")
-            return [event async for event in own.astream("hi")]
-
-    return asyncio.run(go())
+    return call_over(transport, client, call)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -27,6 +27,7 @@ from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, 
 from fluid_build.copilot.llm import vertex
 from fluid_build.copilot.llm.settings import resolve_provider_config
 from tests.fakes import FakeClock, clocked_envelope
+from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ROWS = [
     row
@@ -870,7 +871,6 @@ def test_async_calls_refresh_a_stale_token_off_the_event_loop(
 
 # -- every transport, over a real socket -------------------------------------------------
 
-TRANSPORTS = ["sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async"]
 TOKEN = "ya29.explicit-token"
 
 
@@ -878,7 +878,7 @@ def _over(transport: str, url: str, call: str, model: str) -> Any:
     """One call (``complete`` or ``stream``) to the endpoint ``url`` through ``transport``."""
     env = {
         **PROJECT,
-        "FLUID_LLM_TRANSPORT": "aiohttp" if transport == "async-aiohttp" else "httpx",
+        **transport_env(transport),
     }
 
     def client(**http: Any) -> LLMClient:
@@ -892,27 +892,7 @@ def _over(transport: str, url: str, call: str, model: str) -> Any:
             **http,
         )
 
-    if transport == "sync-direct":
-        with client() as own:
-            return own.complete("hi") if call == "complete" else list(own.stream("hi"))
-    if transport == "caller-sync":
-        with httpx.Client() as http:
-            made = client(http_client=http)
-            return made.complete("hi") if call == "complete" else list(made.stream("hi"))
-
-    async def go() -> Any:
-        if transport == "caller-async":
-            async with httpx.AsyncClient() as http:
-                made = client(async_http_client=http)
-                if call == "complete":
-                    return await made.acomplete("hi")
-                return [event async for event in made.astream("hi")]
-        async with client() as own:
-            if call == "complete":
-                return await own.acomplete("hi")
-            return [event async for event in own.astream("hi")]
-
-    return asyncio.run(go())
+    return call_over(transport, client, call)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
