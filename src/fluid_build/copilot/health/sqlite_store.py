@@ -402,6 +402,10 @@ class SqliteCooldownStore:
         try:
             conn = self._connection()
             with conn:
+                # The write lock first, waiting for it: a deferred transaction whose read
+                # snapshot another writer overtook fails at once ("database is locked")
+                # without waiting at all.
+                conn.execute("BEGIN IMMEDIATE")
                 if now is not None:
                     conn.execute(_PURGE_SQL, {"now": now, "ended": now - 60.0})
                 row = conn.execute(sql, params).fetchone()
