@@ -18,10 +18,10 @@ from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.call.transport import (
-    POOL_LIMITS,
     PooledAsyncClient,
     PooledClient,
     build_client,
+    pool_limits,
 )
 from tests import loopback
 from tests.test_transport import ANSWER
@@ -44,7 +44,7 @@ def vllm(base_url: str, **kwargs: Any) -> LLMClient:
 
 
 def test_a_direct_request_is_the_one_build_request_makes() -> None:
-    pool = PooledClient(timeout=httpx.Timeout(30.0), limits=POOL_LIMITS)
+    pool = PooledClient(timeout=httpx.Timeout(30.0), limits=pool_limits())
     plain = httpx.Client()
     headers = {"Authorization": "Bearer sk-test", "x-extra": "1"}
     direct = pool.fluid_json_request("POST", URL, headers, PAYLOAD, 12.5)

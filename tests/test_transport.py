@@ -18,13 +18,13 @@ from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
 from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.call.transport import (
-    MAX_CONNECTIONS,
     TRANSPORT_ENV,
     AdmissionGate,
     GatedTransport,
     PooledAsyncClient,
     build_async_client,
     build_client,
+    connection_ceiling,
     transport_choice,
 )
 from tests import loopback
@@ -104,17 +104,18 @@ def test_pools_keep_every_connection_alive() -> None:
     for name in ("aiohttp", "httpx"):
         other = build_async_client(30.0, "openai", {TRANSPORT_ENV: name})
         assert other.transport_name == name
-        assert gate_of(other).slots == MAX_CONNECTIONS
+        assert gate_of(other).slots == connection_ceiling()
         asyncio.run(other.aclose())
     client = build_async_client(30.0, "openai", {TRANSPORT_ENV: "httpx"})
     gate = gate_of(client)
     pool = client._transport.inner._pool  # type: ignore[attr-defined]
-    assert gate.slots == MAX_CONNECTIONS == 100
-    assert pool._max_connections == pool._max_keepalive_connections == MAX_CONNECTIONS
+    slots = connection_ceiling()
+    assert gate.slots == slots
+    assert pool._max_connections == pool._max_keepalive_connections == slots
     assert client.timeout == httpx.Timeout(30.0)
     sync = build_client(30.0, "openai", {})
     sync_pool = sync._transport.pool  # type: ignore[attr-defined]
-    assert sync_pool._max_connections == sync_pool._max_keepalive_connections == MAX_CONNECTIONS
+    assert sync_pool._max_connections == sync_pool._max_keepalive_connections == slots
     sync.close()
     asyncio.run(client.aclose())
 

@@ -187,6 +187,9 @@ class LLMClient:
     genai-prices does not know, or replaces its price (see docs/budgets.md).
     ``budget`` (or ``FLUID_BUDGET``) names the shared USD budget of
     ``FLUID_BUDGETS`` every attempt reserves from (docs/budgets.md).
+    ``max_connections`` (or ``FLUID_LLM_MAX_CONNECTIONS``) caps each of the client's
+    pools; by default a pool opens as many connections as there are calls in flight
+    (docs/llm-providers.md, "Connection pools").
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class LLMClient:
         telemetry: Telemetry | bool | None = None,
         prices: Mapping[str, Any] | None = None,
         budget: str | None = None,
+        max_connections: int | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
@@ -229,6 +233,14 @@ class LLMClient:
         self._ahttp = async_http_client  # the caller's own, used in whatever loop they use it
         self._apools: LoopPools | None = None  # ours: one pool per event loop
         self._env = env
+        # Each pool's cap on connections; None: as many as the calls in flight.
+        self.max_connections: int | None = None
+        if max_connections is not None or source.get("FLUID_LLM_MAX_CONNECTIONS"):
+            from fluid_build.copilot.call.transport import max_connections_choice
+
+            self.max_connections = max_connections_choice(
+                source, max_connections, provider=config.provider
+            )
         # USD per million tokens by model (docs/budgets.md): the argument's win over FLUID_PRICES.
         self.prices: dict[str, ModelPrice] = {
             **prices_from_env(source),
@@ -273,6 +285,7 @@ class LLMClient:
                     limits=self.limits,
                     telemetry=False,  # the call's span covers the whole chain
                     prices=self.prices,
+                    max_connections=self.max_connections,
                 )
             )
         # The whole chain spends from the primary's budget, each entry at its own price.
@@ -345,7 +358,12 @@ class LLMClient:
                     # The pools' module (and asyncio, for the async gate) loads with the first.
                     from fluid_build.copilot.call.transport import build_client
 
-                    self._http = build_client(self.config.timeout, self.provider, self._env)
+                    self._http = build_client(
+                        self.config.timeout,
+                        self.provider,
+                        self._env,
+                        max_connections=self.max_connections,
+                    )
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
@@ -358,7 +376,12 @@ class LLMClient:
             from fluid_build.copilot.call.transport import LoopPools, build_async_client
 
             def make() -> httpx.AsyncClient:
-                return build_async_client(self.config.timeout, self.provider, self._env)
+                return build_async_client(
+                    self.config.timeout,
+                    self.provider,
+                    self._env,
+                    max_connections=self.max_connections,
+                )
 
             pools = self._apools = LoopPools(make)
         return pools.get()

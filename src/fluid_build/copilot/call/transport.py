@@ -53,8 +53,9 @@ from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 __all__ = [
     "CALL_ENDS",
     "HEAD_LIMIT",
+    "KEEPALIVE_EXPIRY",
     "MAX_CONNECTIONS",
-    "POOL_LIMITS",
+    "MAX_CONNECTIONS_ENV",
     "TRANSPORTS",
     "TRANSPORT_ENV",
     "AdmissionGate",
@@ -68,9 +69,12 @@ __all__ = [
     "Transport",
     "build_async_client",
     "build_client",
+    "connection_ceiling",
     "env_mounts",
     "env_proxies",
     "httpx_mocked",
+    "max_connections_choice",
+    "pool_limits",
     "transport_choice",
 ]
 
@@ -79,13 +83,71 @@ Transport = Literal["httpx", "aiohttp"]
 TRANSPORTS: Final[tuple[str, ...]] = ("auto", "aiohttp", "httpx")
 TRANSPORT_ENV: Final = "FLUID_LLM_TRANSPORT"
 
-#: Connections per pool (per proxy, per client). More gave no more calls/s
-#: against one server in docs/benchmarks.md; fewer sockets are kinder to it.
-MAX_CONNECTIONS: Final = 100
-#: All of them kept alive: an idle connection is never closed to make room.
-POOL_LIMITS: Final = httpx.Limits(
-    max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
-)
+#: Where a user caps the connections of each pool (``LLMClient(max_connections=)`` wins).
+MAX_CONNECTIONS_ENV: Final = "FLUID_LLM_MAX_CONNECTIONS"
+#: The most any pool opens, capped or not: a port range's worth to one server is
+#: far past every provider's own limit on concurrent requests.
+MAX_CONNECTIONS: Final = 10_000
+#: Seconds an idle connection is kept before it is closed (httpx's default): the
+#: connections a burst of calls opened do not outlive it by much.
+KEEPALIVE_EXPIRY: Final = 5.0
+
+
+def connection_ceiling() -> int:
+    """How many connections a pool may open when the user set no cap: as many as the
+    calls in flight, bounded only by what the process may open (half its open-file
+    limit, ``ulimit -n``, leaving the rest to files, the store and the caller) and by
+    :data:`MAX_CONNECTIONS`. Read when a pool is made, so a limit raised at start counts."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no such limit here (Windows): the cap alone
+        return MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return MAX_CONNECTIONS
+    return max(min(soft // 2, MAX_CONNECTIONS), 1)
+
+
+def pool_limits(max_connections: int | None = None) -> httpx.Limits:
+    """A pool's limits: ``max_connections`` (None: :func:`connection_ceiling`), every
+    one of them kept alive while in use, an idle one closed after :data:`KEEPALIVE_EXPIRY`."""
+    slots = connection_ceiling() if max_connections is None else max_connections
+    return httpx.Limits(
+        max_connections=slots, max_keepalive_connections=slots, keepalive_expiry=KEEPALIVE_EXPIRY
+    )
+
+
+def max_connections_choice(
+    env: Mapping[str, str] | None = None,
+    max_connections: int | None = None,
+    *,
+    provider: str | None = None,
+) -> int | None:
+    """The user's cap on each pool's connections (the argument, else
+    ``FLUID_LLM_MAX_CONNECTIONS``), checked; None: no cap, the pool follows the calls
+    in flight. Not a whole number from 1 to :data:`MAX_CONNECTIONS`: a typed
+    ``llm.not_configured`` error naming where the value came from."""
+    if max_connections is not None:
+        source, raw = "max_connections=", str(max_connections)
+        ok = isinstance(max_connections, int) and not isinstance(max_connections, bool)
+    else:
+        raw = (os.environ if env is None else env).get(MAX_CONNECTIONS_ENV, "").strip()
+        if not raw:
+            return None
+        source, ok = MAX_CONNECTIONS_ENV, raw.isascii() and raw.isdigit()
+    value = int(raw) if ok else 0
+    if 1 <= value <= MAX_CONNECTIONS:
+        return value
+    raise _not_configured(
+        f"{source} {truncate(redact(raw), 40)!r} is not a number of connections; a whole "
+        f"number from 1 to {MAX_CONNECTIONS:,}, or unset to follow the calls in flight "
+        f"(e.g. {MAX_CONNECTIONS_ENV}=200)",
+        provider,
+        variable=MAX_CONNECTIONS_ENV if source == MAX_CONNECTIONS_ENV else None,
+        example="200",
+    )
+
 
 #: What httpx reads from the environment when it makes a connection pool.
 _POOL_VARS: Final = (
@@ -453,9 +515,10 @@ class CoreTransport(httpx.BaseTransport):
         verify: ssl.SSLContext | str | bool = True,
         cert: Any = None,
         trust_env: bool = True,
-        limits: httpx.Limits = POOL_LIMITS,
+        limits: httpx.Limits | None = None,
         proxy: httpx.Proxy | None = None,
     ) -> None:
+        limits = limits or pool_limits()
         common: dict[str, Any] = {
             "ssl_context": httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
             "max_connections": limits.max_connections,
@@ -869,13 +932,15 @@ class PooledClient(_Direct, httpx.Client):
         self,
         *,
         timeout: httpx.Timeout | float = 5.0,
-        limits: httpx.Limits = POOL_LIMITS,
+        limits: httpx.Limits | None = None,
         verify: ssl.SSLContext | str | bool = True,
         cert: Any = None,
         trust_env: bool = True,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        limits = limits or pool_limits()
+
         def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
             return CoreTransport(
                 verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
@@ -911,7 +976,7 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
         *,
         transport_name: Transport = "httpx",
         timeout: httpx.Timeout | float = 5.0,
-        limits: httpx.Limits = POOL_LIMITS,
+        limits: httpx.Limits | None = None,
         verify: ssl.SSLContext | str | bool = True,
         cert: Any = None,
         trust_env: bool = True,
@@ -919,6 +984,7 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.transport_name: Transport = transport_name
+        limits = limits or pool_limits()
 
         def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
             inner: httpx.AsyncBaseTransport
@@ -980,15 +1046,20 @@ def _made(make: Callable[[], _Pool], provider: str | None) -> _Pool:
 
 
 def build_client(
-    timeout: float, provider: str | None, env: Mapping[str, str] | None = None
+    timeout: float,
+    provider: str | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    max_connections: int | None = None,
 ) -> httpx.Client:
     """The sync pool: httpx, every connection kept alive (threads wait in httpx's own pool).
 
-    ``env`` is accepted for symmetry with :func:`build_async_client`; the
-    transport variable concerns async calls only.
+    ``max_connections`` (else ``FLUID_LLM_MAX_CONNECTIONS`` in ``env``, default
+    ``os.environ``) caps it; uncapped, it opens as many as there are calls in
+    flight (:func:`connection_ceiling`).
     """
-    del env
-    return _made(lambda: PooledClient(timeout=httpx.Timeout(timeout), limits=POOL_LIMITS), provider)
+    limits = pool_limits(max_connections_choice(env, max_connections, provider=provider))
+    return _made(lambda: PooledClient(timeout=httpx.Timeout(timeout), limits=limits), provider)
 
 
 def build_async_client(
@@ -997,17 +1068,22 @@ def build_async_client(
     env: Mapping[str, str] | None = None,
     *,
     transport: str | None = None,
-    limits: httpx.Limits = POOL_LIMITS,
+    max_connections: int | None = None,
+    limits: httpx.Limits | None = None,
 ) -> httpx.AsyncClient:
     """The async pool: the chosen transport, every connection kept alive, a FIFO gate before it.
 
-    ``env`` (default ``os.environ``) is where ``FLUID_LLM_TRANSPORT`` is read;
-    ``transport=`` overrides it.
+    ``env`` (default ``os.environ``) is where ``FLUID_LLM_TRANSPORT`` and
+    ``FLUID_LLM_MAX_CONNECTIONS`` are read; ``transport=`` and ``max_connections=``
+    override them (``limits=``: the whole of httpx's limits, for tests).
     """
     name = transport_choice(env, transport, provider=provider)
+    if limits is None:
+        limits = pool_limits(max_connections_choice(env, max_connections, provider=provider))
+    chosen = limits
     return _made(
         lambda: PooledAsyncClient(
-            transport_name=name, timeout=httpx.Timeout(timeout), limits=limits
+            transport_name=name, timeout=httpx.Timeout(timeout), limits=chosen
         ),
         provider,
     )
