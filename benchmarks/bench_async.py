@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +54,9 @@ from bench_client import (
     machine,
     machine_line,
 )
+from bench_client import (
+    RESPONSE as _RESPONSE,
+)
 
 CONCURRENCY = (100, 1_000)
 CALLS = {False: 5_000, True: 1_000}  # by --quick
@@ -60,6 +66,8 @@ Call = Callable[[], Awaitable[object]]
 Close = Callable[[], Awaitable[None]]
 
 ROWS: tuple[tuple[str, str, str | None], ...] = (  # (variant, label, module it needs)
+    ("aiohttp", "bare aiohttp ClientSession, its default pool (100 connections)", "aiohttp"),
+    ("aiohttp-1000", "bare aiohttp ClientSession, 1,000-connection pool", "aiohttp"),
     ("httpx-default", "bare httpx 0.28, defaults (100 conns, 20 kept alive, 5 s)", None),
     ("httpx-ka100", "bare httpx 0.28, 100 conns all kept alive", None),
     ("httpx2", "bare httpx2, defaults (timeout 120 s)", "httpx2"),
@@ -78,13 +86,50 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (  # (variant, label, module it 
 
 class _Counted(_Answer):
     accepted = 0
+    delay = 0.0  # seconds before each answer: 0 for CPU-bound runs, 0.2 for latency-bound
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         _Counted.accepted += 1
         super().connection_made(transport)
 
+    def data_received(self, data: bytes) -> None:
+        if not self.delay:
+            super().data_received(data)
+            return
+        self.buffer += data
+        while True:  # _Answer's framing, each answer written ``delay`` seconds later
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buffer[:end]).lower()
+            at = head.find(b"\r\ncontent-length:")
+            length = 0
+            if at >= 0:
+                stop = head.find(b"\r\n", at + 2)
+                length = int(head[at + 17 : stop if stop >= 0 else len(head)].strip() or 0)
+            if len(self.buffer) < end + 4 + length:
+                return
+            del self.buffer[: end + 4 + length]
+            assert self.transport is not None
+            asyncio.get_running_loop().call_later(self.delay, self._answer)
 
-def _serve(ready: Any, control: Any) -> None:
+    def _answer(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_RESPONSE)
+
+
+def _pin(cpu: int) -> None:
+    """Keep this process on one core (the server on the first, clients on the second), as
+    the issue's measurements were made; a no-op on a one-core machine."""
+    with contextlib.suppress(AttributeError, OSError):
+        if len(os.sched_getaffinity(0)) > 1:
+            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cpu]})
+
+
+def _serve(ready: Any, control: Any, delay: float) -> None:
+    _pin(0)
+    _Counted.delay = delay
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(_Counted, "127.0.0.1", 0, backlog=4096)
@@ -102,12 +147,12 @@ def _serve(ready: Any, control: Any) -> None:
 
 
 @contextmanager
-def counting_server() -> Iterator[tuple[str, Callable[[], int]]]:
+def counting_server(delay: float = 0.0) -> Iterator[tuple[str, Callable[[], int]]]:
     """The loopback server in its own process: its base URL and a count of its accepts."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     ask, control = ctx.Pipe()
-    process = ctx.Process(target=_serve, args=(child, control), daemon=True)
+    process = ctx.Process(target=_serve, args=(child, control, delay), daemon=True)
     process.start()
 
     def accepted() -> int:
@@ -128,6 +173,20 @@ def counting_server() -> Iterator[tuple[str, Callable[[], int]]]:
 
 def variant(name: str, url: str) -> tuple[Call, Close]:
     endpoint = f"{url}/chat/completions"
+    if name in ("aiohttp", "aiohttp-1000"):
+        import aiohttp
+
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1_000 if name == "aiohttp-1000" else 100),
+            timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+        )
+
+        async def bare() -> object:
+            async with session.post(endpoint, json=PAYLOAD, headers=HEADERS) as response:
+                response.raise_for_status()
+                return await response.json()
+
+        return bare, session.close
     if name.startswith(("httpx", "pool")):
         if name == "httpx-default":
             import httpx
@@ -204,8 +263,14 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
     raise ValueError(name)
 
 
-async def run(name: str, url: str, concurrency: int, calls: int) -> dict[str, Any]:
-    """``concurrency`` workers making ``calls`` calls in all; then one traced round."""
+async def run(
+    name: str, url: str, concurrency: int, calls: int, profile: str | None = None
+) -> dict[str, Any]:
+    """``concurrency`` workers making ``calls`` calls in all; then one traced round.
+
+    ``profile``: a path to write a cProfile of the timed calls to (then the figures are
+    the profiler's, inflated, and only good for where the time goes).
+    """
     call, close = variant(name, url)
     latencies: list[float] = []
     failures: Counter[str] = Counter()
@@ -228,9 +293,20 @@ async def run(name: str, url: str, concurrency: int, calls: int) -> dict[str, An
             await call()
         gc.collect()
         rss_warm = _rss_mib()
+        profiler = None
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         rss_peak = _rss_mib()
         gc.collect()
         tracemalloc.start()  # one traced round of `concurrency` calls at once: memory only
@@ -247,6 +323,7 @@ async def run(name: str, url: str, concurrency: int, calls: int) -> dict[str, An
 
     return {
         "calls_per_s": len(latencies) / elapsed,
+        "cpu_us_per_call": cpu / max(len(latencies), 1) * 1e6,
         "p50_s": at(0.50),
         "p99_s": at(0.99),
         "max_s": latencies[-1] if latencies else 0.0,
@@ -257,10 +334,13 @@ async def run(name: str, url: str, concurrency: int, calls: int) -> dict[str, An
     }
 
 
-def measure(name: str, url: str, concurrency: int, calls: int) -> dict[str, Any]:
+def measure(
+    name: str, url: str, concurrency: int, calls: int, profile: str | None = None
+) -> dict[str, Any]:
     """One variant in a fresh interpreter, so that its memory and its pool are its own."""
+    extra = ["--profile-to", profile] if profile else []
     done = subprocess.run(  # noqa: S603 - this script, this interpreter
-        [sys.executable, __file__, "--worker", name, url, str(concurrency), str(calls)],
+        [sys.executable, __file__, "--worker", name, url, str(concurrency), str(calls), *extra],
         capture_output=True,
         text=True,
         check=False,
@@ -269,6 +349,58 @@ def measure(name: str, url: str, concurrency: int, calls: int) -> dict[str, Any]
     if done.returncode != 0:
         raise RuntimeError(f"worker {name} x{concurrency} failed:\n{done.stderr[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _ratio(runs: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> str:
+    """The median over passes of a pass's calls/s over the baseline's in the same pass."""
+    if not base:
+        return "n/a"
+    pairs = zip(runs, base, strict=False)
+    return f"{statistics.median(r['calls_per_s'] / b['calls_per_s'] for r, b in pairs):.2f}x"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def profile_variant(args: argparse.Namespace) -> int:
+    """cProfile ``args.profile``'s timed calls at each N; print the functions that cost most,
+    fluid_build's and its libraries' alike (own time and cumulative, us per call)."""
+    import pstats
+
+    calls = args.calls or CALLS[args.quick]
+    with tempfile.TemporaryDirectory() as tmp, counting_server(args.delay) as (url, _):
+        for concurrency in tuple(args.concurrency or CONCURRENCY):
+            path = str(Path(tmp) / f"{concurrency}.prof")
+            result = measure(args.profile, url, concurrency, calls, profile=path)
+            stats = pstats.Stats(path)
+            table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+            done = result["calls_per_s"] and calls
+            total = sum(row[2] for row in table.values())
+            print(
+                f"cProfile of {calls:,} {args.profile} calls at {concurrency:,} in flight "
+                f"(us per call, profiled: about 2x the real figures; {total / done * 1e6:,.0f} "
+                "us of own time per call in all):"
+            )
+            print()
+            print("| function | own (us) | cumulative (us) |")
+            print("| --- | ---: | ---: |")
+            rows = sorted(table.items(), key=lambda item: item[1][2], reverse=True)
+            for (filename, line, func), (_, _, own, cumulative, _) in rows[:30]:
+                where = filename
+                for marker in ("site-packages/", "src/", "lib/python3"):
+                    if marker in where:
+                        where = where[where.index(marker) + len(marker) :]
+                        break
+                print(
+                    f"| {where}:{line}({func}) | {own / done * 1e6:.1f} | "
+                    f"{cumulative / done * 1e6:.1f} |"
+                )
+            print()
+    return 0
 
 
 def installed(module: str | None) -> bool:
@@ -287,22 +419,39 @@ def main() -> int:
     parser.add_argument(
         "--concurrency", type=int, action="append", help="calls in flight (default: 100, 1000)"
     )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        help="seconds the server waits before each answer (0: CPU-bound; 0.2: latency-bound)",
+    )
+    parser.add_argument("--calls", type=int, help="calls a variant (default 5,000; --quick 1,000)")
+    parser.add_argument(
+        "--profile",
+        metavar="VARIANT",
+        help="cProfile one variant's timed calls at each N and print where the time goes",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        _pin(1)
         name, url, concurrency, calls = args.worker
-        print(json.dumps(asyncio.run(run(name, url, int(concurrency), int(calls)))))
+        result = asyncio.run(run(name, url, int(concurrency), int(calls), args.profile_to))
+        print(json.dumps(result))
         return 0
+    if args.profile:
+        return profile_variant(args)
 
-    calls = CALLS[args.quick]
+    calls = args.calls or CALLS[args.quick]
     passes = args.passes or (1 if args.quick else 2)
     wanted = set(args.only.split(",")) if args.only else None
     levels = tuple(args.concurrency or CONCURRENCY)
     rows = [r for r in ROWS if wanted is None or r[0] in wanted]
     present = [name for name, _, module in rows if installed(module)]
     seen: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    with counting_server() as (url, accepted):
+    with counting_server(args.delay) as (url, accepted):
         for _ in range(passes):  # interleaved: load from other processes falls on all alike
             for concurrency in levels:
                 for name in present:
@@ -318,18 +467,26 @@ def main() -> int:
     print(machine_line(machine()))
     print(", ".join(f"{d} {v or 'not installed'}" for d, v in versions.items()))
     print()
+    pinned = "server and client pinned to their own cores" if _cores() > 1 else "one core"
     print(
         f"{calls:,} calls a variant (after {WARM_CALLS} warm-up calls), N always in flight, "
+        f"server answering after {args.delay * 1000:g} ms, {pinned}, "
         f"each variant in a fresh process, {passes} interleaved pass(es): calls/s and "
-        "latencies as min-max over passes; memory the largest pass; connections include the "
-        "warm-up and the traced round of N:"
+        "latencies as min-max over passes; 'x aiohttp' is the median over passes of each "
+        "pass's calls/s over bare aiohttp's (default pool, and 1,000 connections) in the same pass; CPU per call is the client "
+        "process's CPU time over the timed calls; memory the largest pass; connections "
+        "include the warm-up and the traced round of N:"
     )
     print()
     print(
-        "| N | variant | calls/s | p50 (s) | p99 (s) | max (s) | failures | connections "
+        "| N | variant | calls/s | x aiohttp | x aiohttp 1,000 conns | p50 (s) | p99 (s) | p99/p50 | max (s) "
+        "| CPU per call (us) | failures | connections "
         "| peak RSS (MiB) | RSS per in-flight call (KiB) | traced per in-flight call (KiB) |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+        "| ---: | ---: | ---: |"
+    )
     table: list[dict[str, Any]] = []
 
     def span(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
@@ -350,10 +507,17 @@ def main() -> int:
             for r in runs:
                 failures.update(r["failures"])
             shown = ", ".join(f"{n:,} {k}" for k, n in failures.most_common()) or "0"
+            ratio = " | ".join(
+                _ratio(runs, seen.get((base, concurrency))) for base in ("aiohttp", "aiohttp-1000")
+            )
+            for r in runs:
+                r["p99_over_p50"] = r["p99_s"] / r["p50_s"] if r["p50_s"] else 0.0
             print(
-                f"| {concurrency:,} | {label} | {span(runs, 'calls_per_s', ',.0f')} | "
-                f"{span(runs, 'p50_s', '.2f')} | {span(runs, 'p99_s', '.2f')} | "
-                f"{span(runs, 'max_s', '.1f')} | {shown} | {span(runs, 'connections', ',d')} | "
+                f"| {concurrency:,} | {label} | {span(runs, 'calls_per_s', ',.0f')} | {ratio} | "
+                f"{span(runs, 'p50_s', '.3f')} | {span(runs, 'p99_s', '.3f')} | "
+                f"{span(runs, 'p99_over_p50', '.2f')} | "
+                f"{span(runs, 'max_s', '.2f')} | {span(runs, 'cpu_us_per_call', ',.0f')} | "
+                f"{shown} | {span(runs, 'connections', ',d')} | "
                 f"{max(r['rss_peak_mib'] for r in runs):.0f} | "
                 f"{max(r['rss_per_call_kib'] for r in runs):.1f} | "
                 f"{max(r['traced_per_call_kib'] for r in runs):.1f} |"
