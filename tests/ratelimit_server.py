@@ -6,22 +6,43 @@ bytes / 4 plus its ``max_tokens`` (as OpenAI counts at admission); one that
 does not fit is answered 429 with ``Retry-After`` / ``retry-after-ms`` and not
 counted. Every answer announces the budget as OpenAI does (``x-ratelimit-*``,
 resets as ``1.25s``) or, with ``style="anthropic"``, as Anthropic does
-(``anthropic-ratelimit-*``, resets as RFC 3339 times).
+(``anthropic-ratelimit-*``, resets as RFC 3339 times). Given ``tag_of``, the
+provider also keeps a log of every answer (when, its status, the tag
+``tag_of`` finds in the body: which host of a fleet sent it) and of when
+each window began.
+
+:class:`RestartableRedis` is the Redis a fleet of processes shares in
+benchmarks/bench_ratelimit.py ``--fleet`` and tests/test_fleet_ratelimit.py: a
+real redis-server on a fixed loopback port, which can be killed and started
+again there (its state lost, as a restart without persistence loses it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from tests.redis_server import _free_port, redis_binary
 
 Style = Literal["openai", "anthropic"]
+
+
+class Answer(NamedTuple):
+    """One answer in the log: ``clock()`` when admitted, its status, the request's tag."""
+
+    at: float
+    status: int
+    tag: str
 
 
 def duration(seconds: float) -> str:
@@ -46,9 +67,14 @@ class RateLimitedProvider:
         style: Style = "openai",
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        tag_of: Callable[[bytes], str] | None = None,
     ) -> None:
         self.requests, self.tokens, self.window, self.style = requests, tokens, window, style
         self.clock, self.wall = clock, wall
+        self.tag_of = tag_of
+        #: With ``tag_of``: every answer, and the ``clock()`` each window began at.
+        self.log: list[Answer] = []
+        self.windows: list[float] = []
         self._lock = threading.Lock()
         self._ends = -math.inf
         self._used_requests = 0
@@ -71,6 +97,8 @@ class RateLimitedProvider:
             if now >= self._ends:
                 self._ends = now + self.window
                 self._used_requests = self._used_tokens = 0
+                if self.tag_of is not None:
+                    self.windows.append(now)
             fits = (
                 self._used_requests + 1 <= self.requests and self._used_tokens + cost <= self.tokens
             )
@@ -80,6 +108,8 @@ class RateLimitedProvider:
                 self.ok += 1
             else:
                 self.refused += 1
+            if self.tag_of is not None:
+                self.log.append(Answer(now, 200 if fits else 429, self.tag_of(body)))
             reset = self._ends - now
             headers = self._announce(reset)
         if not fits:
@@ -178,3 +208,62 @@ def serving(provider: RateLimitedProvider) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class RestartableRedis:
+    """A redis-server on a fixed loopback port that a test can kill and start again."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = redis_binary()
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.binary, self.workdir, self.port = binary, workdir, _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> float:
+        """Start redis-server; the ``time.monotonic()`` at which it first answered."""
+        import redis
+
+        self.process = subprocess.Popen(
+            [
+                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10.0
+        with redis.Redis(port=self.port, socket_connect_timeout=0.2) as probe:
+            while True:
+                try:
+                    if probe.ping():
+                        return time.monotonic()
+                except redis.ConnectionError:
+                    pass
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start ({self.process.poll()})")
+                threading.Event().wait(0.01)  # polling a real server's start, bounded
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Stop it (SIGKILL by default: no goodbye to the clients) and wait for the exit."""
+        if self.process is not None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+            self.process = None
+
+    def clients(self) -> dict[str, str]:
+        """Each named connection's last command (``client|setname`` right after connecting)."""
+        import redis
+
+        with redis.Redis(port=self.port, socket_timeout=1.0) as admin:
+            return {
+                entry["name"]: entry["cmd"] for entry in admin.client_list() if entry.get("name")
+            }

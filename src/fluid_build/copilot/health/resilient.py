@@ -86,14 +86,19 @@ class ResilientCooldownStore:
 
     Every change is mirrored in memory, so the process keeps its own windows,
     counts and leases while the shared store is down. The first failure logs
-    one warning; the store is tried again every ``retry_every`` seconds and a
-    recovery is logged too.
+    one warning and a recovery is logged too. While the store is down one
+    operation of the process (not one per call, nor one per thread) tries it
+    again, ``retry_every`` seconds after the failure, then at doubling
+    intervals up to ``retry_most``: a Redis restarted is used again within
+    ``retry_most`` seconds of answering, and a store that stays down costs at
+    most one failed attempt (a refused connection, or the store's short
+    connect timeout) per ``retry_most`` seconds.
 
     Contention is not a failure: when the shared store is busy (another
     process holds the sqlite file's write lock past its short busy timeout,
     see :meth:`is_contention`), the call goes ahead on the mirror's answer,
     the store's answer being advisory. One warning says so (at most one per
-    ``retry_every`` seconds), the store is not marked down, reads keep asking
+    ``warn_every`` seconds), the store is not marked down, reads keep asking
     it, and writes skip it for ``contention_pause`` seconds so that no call
     waits on the lock twice in a row. The changes made meanwhile stay in this
     process until they end.
@@ -107,16 +112,24 @@ class ResilientCooldownStore:
         self,
         primary: CooldownStore,
         *,
-        retry_every: float = 30.0,
+        retry_every: float = 1.0,
+        retry_most: float = 4.0,
+        warn_every: float = 30.0,
         contention_pause: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.primary = primary
         self.fallback = MemoryCooldownStore()
         self._retry_every = retry_every
+        self._retry_most = max(retry_most, retry_every)
+        self._warn_every = warn_every
         self._contention_pause = contention_pause
         self._clock = clock
         self._down_since: float | None = None
+        # While down: when the store may be tried again, and the interval that led there.
+        self._next_try = 0.0
+        self._interval = retry_every
+        self._try_lock = threading.Lock()  # one attempt at a time, however many threads call
         self._busy_until: float | None = None
         self._busy_warned: float | None = None
         self._busy_lock = threading.Lock()  # one warning, however many threads meet the lock
@@ -142,7 +155,18 @@ class ResilientCooldownStore:
         return "is locked" in text or "is busy" in text
 
     def _usable(self) -> bool:
-        return self._down_since is None or self._clock() - self._down_since >= self._retry_every
+        """Whether to ask the shared store: always when up; when down, one caller per interval."""
+        if self._down_since is None:
+            return True
+        with self._try_lock:
+            now = self._clock()
+            if now < self._next_try:
+                return False
+            # This caller tries it; the others keep to the mirror meanwhile. Pushed
+            # forward before trying, so an attempt that never reports back (a thread
+            # interrupted) delays the next one instead of stopping them.
+            self._next_try = now + self._interval
+            return True
 
     def _contended(self, write: bool) -> None:
         with self._busy_lock:
@@ -150,7 +174,7 @@ class ResilientCooldownStore:
             self.contended += 1
             if write:  # a busy read says nothing about the next write's chances
                 self._busy_until = now + self._contention_pause
-            if self._busy_warned is not None and now - self._busy_warned < self._retry_every:
+            if self._busy_warned is not None and now - self._busy_warned < self._warn_every:
                 return
             self._busy_warned = now
             LOG.warning(
@@ -169,7 +193,14 @@ class ResilientCooldownStore:
                 type(exc).__name__,
                 without_password(str(exc)),
             )
-        self._down_since = self._clock()
+        with self._try_lock:
+            now = self._clock()
+            if self._down_since is None:
+                self._down_since = now
+                self._interval = self._retry_every
+            else:  # a store that stays down is tried less and less often, up to retry_most
+                self._interval = min(self._interval * 2, self._retry_most)
+            self._next_try = now + self._interval
 
     def _recovered(self) -> None:
         if self._down_since is not None:
