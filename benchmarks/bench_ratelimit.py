@@ -32,7 +32,8 @@ halfway and started again on its port ``--down`` seconds later, empty: the
 every process uses it again (each connects under its own ``client_name``, and
 ``CLIENT LIST`` shows it past the handshake).
 
-    python benchmarks/bench_ratelimit.py --fleet [--restart-redis] [--seconds 30] [--json F]
+    python benchmarks/bench_ratelimit.py --fleet [--restart-redis] [--seconds 30] [--down 2]
+        [--modes off,sqlite,redis,restart] [--json F]
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ def _fleet_worker(
                 answered += 1
             except Exception as exc:  # noqa: BLE001 - a failed call is what is counted
                 failed += 1
-                errors[f"{type(exc).__name__}: {getattr(exc, 'code', '')}"] += 1
+                sent = (getattr(exc, "details", None) or {}).get("attempts", "?")
+                errors[f"{type(exc).__name__} [{getattr(exc, 'code', '')}] after {sent} sent"] += 1
     results.put((host, answered, failed, dict(errors)))
 
 
@@ -386,6 +388,8 @@ def _versions() -> str:
 
 def fleet_main(args: argparse.Namespace) -> None:
     modes = ["off", "sqlite", "redis"] + (["restart"] if args.restart_redis else [])
+    if args.modes:
+        modes = [mode for mode in args.modes.split(",") if mode in FLEET_MODES]
     print(_versions())
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
@@ -421,6 +425,7 @@ def main() -> None:
     parser.add_argument("--restart-redis", action="store_true", help="with --fleet: and a restart")
     parser.add_argument("--seconds", type=float, default=30.0, help="--fleet: each run's length")
     parser.add_argument("--down", type=float, default=2.0, help="--restart-redis: seconds down")
+    parser.add_argument("--modes", help=f"--fleet: only these runs, of {','.join(FLEET_MODES)}")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.fleet or args.restart_redis:

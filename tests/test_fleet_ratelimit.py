@@ -97,11 +97,11 @@ def test_a_store_that_stays_down_is_tried_once_per_interval_at_most() -> None:
         store.put("a", 3, 2.0, NOW)
     tries = primary.tries
     gaps = [later - earlier for earlier, later in itertools.pairwise(tries)]
-    # 1 s after the failure, then 2, then every 4 s: at most 17 attempts in a minute,
-    # and never more than 4 s without one (so a store back is used within 4 s).
-    assert len(primary.tries) <= 1 + 60 / 4 + 2
-    assert max(gaps) <= 4.0 + 0.01
-    assert gaps[:3] == pytest.approx([1.0, 2.0, 4.0])
+    # 1 s after the failure, then every 2 s: at most 31 attempts in a minute, and
+    # never more than 2 s without one (so a store back is used within 2 s of a call).
+    assert len(primary.tries) <= 1 + 60 / 2 + 1
+    assert max(gaps) <= 2.0 + 0.01
+    assert gaps[:3] == pytest.approx([1.0, 2.0, 2.0])
 
 
 def test_one_thread_tries_a_down_store_while_the_others_go_on_in_memory() -> None:

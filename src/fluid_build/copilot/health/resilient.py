@@ -90,9 +90,10 @@ class ResilientCooldownStore:
     operation of the process (not one per call, nor one per thread) tries it
     again, ``retry_every`` seconds after the failure, then at doubling
     intervals up to ``retry_most``: a Redis restarted is used again within
-    ``retry_most`` seconds of answering, and a store that stays down costs at
-    most one failed attempt (a refused connection, or the store's short
-    connect timeout) per ``retry_most`` seconds.
+    ``retry_most`` seconds of answering (by a process that touches the store
+    meanwhile), and a store that stays down costs at most one failed attempt
+    (a refused connection, or the store's short connect timeout) per
+    ``retry_most`` seconds, paid by the one call that makes it.
 
     Contention is not a failure: when the shared store is busy (another
     process holds the sqlite file's write lock past its short busy timeout,
@@ -113,7 +114,7 @@ class ResilientCooldownStore:
         primary: CooldownStore,
         *,
         retry_every: float = 1.0,
-        retry_most: float = 4.0,
+        retry_most: float = 2.0,
         warn_every: float = 30.0,
         contention_pause: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
