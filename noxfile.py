@@ -75,7 +75,12 @@ def bench(session: nox.Session) -> None:
     # litellm 1.110 accepts openai 3.x (openai>=2.20,<4), so every peer shares this env.
     # 1.107.0 stays out: it was reported as a compromised release.
     session.install(
-        ".[aiohttp]", "openai>=3", "httpx2", "matplotlib>=3.8", "litellm>=1.110,!=1.107.0"
+        ".[aiohttp]",
+        "openai>=3",
+        "httpx2",
+        "httpx-aiohttp>=0.2",
+        "matplotlib>=3.8",
+        "litellm>=1.110,!=1.107.0",
     )
     out = Path(session.create_tmp()) / "bench"
     out.mkdir(parents=True, exist_ok=True)
@@ -168,12 +173,11 @@ def realserver(session: nox.Session) -> None:
 
 #: Both ends of the ranges pyproject.toml allows for what carries the bytes of a call
 #: (docs/transports.md, "Which versions"). oldest: the first release of each range; they
-#: install together on Python 3.11 (httpx-aiohttp 0.2.0 asks for ``aiohttp>=3.10.0,<4``,
-#: fluid for 3.12.4, and ``httpx>=0.27.0``; httpcore 1.0.9, the first that takes h11 0.16,
+#: install together on Python 3.11 (fluid asks for aiohttp 3.12.4; httpcore 1.0.9, the first that takes h11 0.16,
 #: which genai-prices' httpcore2 requires). newest: the latest of each in range.
 TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
-    "oldest": ("httpx==0.28.0", "httpcore==1.0.9", "aiohttp==3.12.4", "httpx-aiohttp==0.2.0"),
-    "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4", "httpx-aiohttp>=0.2"),
+    "oldest": ("httpx==0.28.0", "httpcore==1.0.9", "aiohttp==3.12.4"),
+    "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4"),
 }
 #: The transport suite: one scenario list on every transport, and the pools themselves.
 TRANSPORT_TESTS: tuple[str, ...] = (
@@ -187,7 +191,7 @@ import sys
 from importlib.metadata import version
 pins = dict(a.split("==") for a in sys.argv[2:] if "==" in a)
 wrong = []
-for name in ("httpx", "httpcore", "h11", "aiohttp", "httpx-aiohttp", "multidict", "yarl"):
+for name in ("httpx", "httpcore", "h11", "aiohttp", "multidict", "yarl"):
     print(f"{sys.argv[1]}: {name} {version(name)}")
     if name in pins and version(name) != pins[name]:
         wrong.append(f"{name} {version(name)} (pinned {pins[name]})")

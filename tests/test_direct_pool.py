@@ -67,6 +67,30 @@ def test_a_direct_request_is_the_one_build_request_makes() -> None:
     plain.close()
 
 
+@pytest.mark.parametrize(
+    ("url", "headers"),
+    [
+        (URL, {"Authorization": "Bearer sk-test"}),
+        ("http://127.0.0.1:8080/v1/x?a=1", {"x-extra": "1"}),
+        ("http://[::1]:9/v1/x", {}),
+        (URL, {"Host": "signed.example.test", "x-amz-date": "20260101T000000Z"}),
+    ],
+)
+def test_a_direct_request_has_the_headers_content_gives_in_the_same_order(
+    url: str, headers: dict[str, str]
+) -> None:
+    pool = PooledClient(timeout=httpx.Timeout(30.0), limits=pool_limits())
+    direct = pool.fluid_json_request("POST", url, headers, PAYLOAD, 12.5)
+    merged = {**pool._fluid_defaults, **{k.lower(): v for k, v in headers.items()}}
+    public = httpx.Request("POST", url, headers=merged, content=direct.content)
+    assert [(k.lower(), v) for k, v in direct.headers.raw] == [
+        (k.lower(), v) for k, v in public.headers.raw
+    ]
+    assert direct.content == public.content
+    assert list(direct.stream) == [direct.content]  # type: ignore[arg-type]
+    pool.close()
+
+
 def test_a_payload_json_cannot_carry_is_refused_as_httpx_refuses_it() -> None:
     pool = PooledClient()
     with pytest.raises(ValueError, match="JSON compliant"):

@@ -173,10 +173,10 @@ def test_the_transports_session_pins_the_oldest_allowed_versions() -> None:
     first, pins = session.installs
     assert first == (".[test]",)
     pinned = dict(pin.split("==") for pin in pins)
-    assert set(pinned) == {"httpx", "httpcore", "aiohttp", "httpx-aiohttp"}
+    assert set(pinned) == {"httpx", "httpcore", "aiohttp"}
     # The oldest pins are the lower bounds pyproject.toml allows, nothing newer.
     dependencies = _dependencies()
-    for name in ("httpx", "aiohttp", "httpx-aiohttp"):
+    for name in ("httpx", "aiohttp"):
         lower = re.search(r">=([0-9.]+)", dependencies[name])
         assert lower is not None, f"{name} has no lower bound in pyproject.toml"
         wanted = lower.group(1) + ".0" * (2 - lower.group(1).count("."))
@@ -190,7 +190,7 @@ def test_the_transports_session_upgrades_to_the_newest_within_range() -> None:
     assert first == (".[test]",)
     assert upgrade[:3] == ("--upgrade", "--upgrade-strategy", "eager")
     wanted = dict(re.split(r"(?=[<>=])", pin, maxsplit=1) for pin in upgrade[3:])
-    assert set(wanted) == {"httpx", "httpcore", "aiohttp", "httpx-aiohttp"}
+    assert set(wanted) == {"httpx", "httpcore", "aiohttp"}
     assert wanted["httpx"] == _dependencies()["httpx"] == ">=0.28,<0.29"
 
 

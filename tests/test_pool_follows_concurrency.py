@@ -28,6 +28,7 @@ from fluid_build.copilot.call.transport import (
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_ENV,
     TRANSPORT_ENV,
+    AiohttpTransport,
     GatedTransport,
     build_async_client,
     build_client,
@@ -208,7 +209,7 @@ def test_a_capped_sync_pool_holds_that_many_connections() -> None:
 
 def _gate_slots(pool: httpx.AsyncClient) -> int:
     transport = pool._transport
-    assert isinstance(transport, GatedTransport)
+    assert isinstance(transport, GatedTransport | AiohttpTransport)
     return transport.gate.slots
 
 

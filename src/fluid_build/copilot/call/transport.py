@@ -11,9 +11,10 @@ deadline). The pool itself then never queues, and 1,000 calls at once wait
 their turn in order instead of ending in thousands of ``PoolTimeout``.
 
 ``FLUID_LLM_TRANSPORT`` (or ``transport=``) picks what sends the bytes of an
-async call: ``auto`` (the default), ``aiohttp`` (aiohttp's pool through
-httpx-aiohttp: 6x httpx 0.28's calls per second at 1,000 in flight, see
-docs/benchmarks.md "Async at 1,000 concurrent calls") or ``httpx``. ``auto``
+async call: ``auto`` (the default), ``aiohttp`` (aiohttp's pool under httpx's
+types, :class:`AiohttpTransport`: several times httpx 0.28's calls per second at
+1,000 in flight, see docs/benchmarks.md "Async at 1,000 concurrent calls") or
+``httpx``. ``auto``
 is aiohttp, except while a test double stands in for httpx's async transport
 (respx, pytest-httpx, ``mock.patch``): then httpx, so that the double sees the
 calls. Sync calls always use httpx, over :class:`CoreTransport`: httpcore's
@@ -24,6 +25,10 @@ transports (the direct one and one per proxy of the environment) are made
 here and routed here (:class:`Routes`), so nothing depends on how a given
 httpx release builds a client. docs/transports.md states the contract that
 every pool keeps, and tests/test_conformance.py proves it on each.
+
+A pool opens as many connections as there are calls in flight, up to
+:func:`connection_ceiling`, unless ``FLUID_LLM_MAX_CONNECTIONS`` (or
+``max_connections=``) caps it (:func:`max_connections_choice`).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ __all__ = [
     "TRANSPORTS",
     "TRANSPORT_ENV",
     "AdmissionGate",
-    "AiohttpFaults",
+    "AiohttpTransport",
     "CoreTransport",
     "GatedTransport",
     "LoopPools",
@@ -160,7 +165,7 @@ _POOL_VARS: Final = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
 )
-_AIOHTTP_INSTALL: Final = "pip install aiohttp httpx-aiohttp (fluid-build depends on both)"
+_AIOHTTP_INSTALL: Final = "pip install aiohttp (fluid-build depends on it)"
 
 
 def _not_configured(message: str, provider: str | None, **details: Any) -> ProviderError:
@@ -205,7 +210,6 @@ def transport_choice(
         return "httpx"
     try:
         import aiohttp  # noqa: F401
-        import httpx_aiohttp  # noqa: F401
     except ImportError as exc:
         if value == "auto":  # installed without its dependencies: httpx still works
             return "httpx"
@@ -616,30 +620,57 @@ def _aiohttp_fault(exc: BaseException) -> type[httpx.TransportError] | None:
 
 
 def _from_aiohttp(exc: BaseException, request: httpx.Request) -> BaseException:
-    """httpx's error for ``exc``, raised by aiohttp or mapped by httpx-aiohttp (whose map
-    calls every connection error a ``ConnectTimeout``): named by the aiohttp error
-    itself, never chained to it (its ``request_info`` holds the request's headers)."""
-    origin = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
-    fault = _aiohttp_fault(origin)
+    """httpx's error for ``exc``, raised by aiohttp: named by the aiohttp error itself,
+    never chained to it (its ``request_info`` holds the request's headers)."""
+    fault = _aiohttp_fault(exc)
     if fault is None:
         return exc
-    error = fault(f"{type(origin).__name__}: {origin}")
+    error = fault(f"{type(exc).__name__}: {exc}")
     error.request = request
     return error
 
 
-class _AiohttpBody(httpx.AsyncByteStream):
-    """An aiohttp response body, its faults as httpx names them."""
+def _aiohttp_session(
+    verify: ssl.SSLContext | str | bool, cert: Any, trust_env: bool, limits: httpx.Limits
+) -> Callable[[], Any]:
+    """What makes the aiohttp session of a pool, on first use inside the pool's loop: no
+    cookie jar, heads as large as httpx reads, the certificates of the environment."""
+    import aiohttp
 
-    __slots__ = ("_inner", "_request")
+    context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+    sizes: dict[str, Any] = {"max_line_size": HEAD_LIMIT, "max_field_size": HEAD_LIMIT}
+    if "max_headers" in inspect.signature(aiohttp.ClientSession).parameters:
+        sizes["max_headers"] = _MAX_HEADERS
 
-    def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request) -> None:
-        self._inner = inner
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=limits.max_connections or 0,
+            keepalive_timeout=limits.keepalive_expiry or KEEPALIVE_EXPIRY,
+            ssl=context,
+        )
+        return aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, **sizes
+        )
+
+    return session
+
+
+class _AiohttpStream(httpx.AsyncByteStream):
+    """An aiohttp response's body as it arrives, its faults as httpx names them; closing
+    it gives the connection back to aiohttp's pool and the slot to the gate (once)."""
+
+    __slots__ = ("_gate", "_request", "_response")
+    #: Read straight from by call/wire.py (no httpx iterator between): its faults are named.
+    fluid_direct: Final = True
+
+    def __init__(self, response: Any, request: httpx.Request, gate: AdmissionGate) -> None:
+        self._response: Any = response
         self._request = request
+        self._gate: AdmissionGate | None = gate
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._inner:
+            async for chunk in self._response.content.iter_any():
                 yield chunk
         except Exception as exc:  # mapped, or raised as it is
             mapped = _from_aiohttp(exc, self._request)
@@ -648,64 +679,128 @@ class _AiohttpBody(httpx.AsyncByteStream):
             raise mapped from None
 
     async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
+        gate, self._gate = self._gate, None
+        if gate is None:
+            return
+        try:  # read to the end: the connection is kept alive; else it is closed
+            await self._response.__aexit__(None, None, None)
         except Exception as exc:  # mapped, or raised as it is
             mapped = _from_aiohttp(exc, self._request)
             if mapped is exc:
                 raise
             raise mapped from None
+        finally:
+            gate.release()
 
 
-class AiohttpFaults(httpx.AsyncBaseTransport):
-    """httpx-aiohttp's transport, its faults named as on every other transport."""
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """aiohttp's pool under httpx's types, with the admission gate before it.
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
+    What httpx-aiohttp's transport does, without its per-call costs (a URL
+    parsed twice, a timeout object and a header conversion each call, a
+    generator per layer): the URL is handed over as httpx encoded it (so the
+    path sent is the path signed, for SigV4), the request's timeouts are the
+    socket waits, and aiohttp's faults are named as on every other transport.
+    """
+
+    def __init__(
+        self,
+        verify: ssl.SSLContext | str | bool,
+        cert: Any,
+        trust_env: bool,
+        limits: httpx.Limits,
+        proxy: httpx.Proxy | None,
+    ) -> None:
+        import aiohttp
+        import yarl
+
+        self._make = _aiohttp_session(verify, cert, trust_env, limits)
+        self._session: aiohttp.ClientSession | None = None
+        self._yarl = yarl.URL
+        self._timeout = aiohttp.ClientTimeout
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
+        self._urls: dict[str, yarl.URL] = {}
+        self.gate = AdmissionGate(limits.max_connections or MAX_CONNECTIONS)
+        self._proxy: dict[str, Any] = {}
+        if proxy is not None:
+            self._proxy = {
+                "proxy": str(proxy.url),
+                "proxy_auth": aiohttp.BasicAuth(*proxy.auth) if proxy.auth else None,
+                "proxy_headers": dict(proxy.headers) if proxy.headers else None,
+            }
+
+    def _url(self, url: httpx.URL) -> Any:
+        text = str(url)
+        found = self._urls.get(text)
+        if found is None:
+            if len(self._urls) >= _URLS_KEPT:
+                self._urls.clear()
+            found = self._urls[text] = self._yarl(text, encoded=True)
+        return found
+
+    def _timeouts_of(self, timeouts: Mapping[str, float | None]) -> Any:
+        key = (timeouts.get("connect"), timeouts.get("read"), timeouts.get("pool"))
+        found = self._timeouts.get(key)
+        if found is None:
+            if len(self._timeouts) >= _URLS_KEPT:
+                self._timeouts.clear()
+            found = self._timeouts[key] = self._timeout(
+                sock_connect=key[0], sock_read=key[1], connect=key[2]
+            )
+        return found
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        gate = self.gate
+        if not gate.try_acquire():  # a free slot: no clock read on the fast path
+            started = time.monotonic()
+            await gate.acquire(timeouts.get("pool"))
+            if timeouts:
+                timeouts = _shortened(timeouts, time.monotonic() - started)
+                request.extensions["timeout"] = timeouts
         try:
-            response = await self.inner.handle_async_request(request)
-        except Exception as exc:  # mapped, or raised as it is
-            mapped = _from_aiohttp(exc, request)
-            if mapped is exc:
-                raise
-            raise mapped from None
-        response.stream = _AiohttpBody(cast(httpx.AsyncByteStream, response.stream), request)
-        return response
+            session = self._session
+            if session is None:
+                session = self._session = self._make()
+            try:
+                content: Any = request.content or None
+            except httpx.RequestNotRead:  # a streamed body: aiohttp frames it
+                content = request.stream
+                request.headers.pop("transfer-encoding", None)
+            response = await session.request(
+                request.method,
+                self._url(request.url),
+                headers=request.headers.multi_items(),
+                data=content,
+                allow_redirects=False,
+                auto_decompress=False,
+                compress=False,
+                timeout=self._timeouts_of(timeouts),
+                server_hostname=request.extensions.get("sni_hostname"),
+                **self._proxy,
+            )
+        except BaseException as exc:
+            gate.release()
+            if isinstance(exc, Exception):
+                mapped = _from_aiohttp(exc, request)
+                if mapped is not exc:
+                    raise mapped from None
+            raise
+        extensions = {"http_version": b"HTTP/1.1"}
+        if response.reason:
+            extensions["reason_phrase"] = response.reason.encode()
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=_AiohttpStream(response, request, gate),
+            request=request,
+            extensions=extensions,
+        )
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-def _aiohttp_transport(
-    verify: ssl.SSLContext | str | bool,
-    cert: Any,
-    trust_env: bool,
-    limits: httpx.Limits,
-    proxy: httpx.Proxy | None,
-) -> httpx.AsyncBaseTransport:
-    """aiohttp's pool under httpx's types: no cookie jar, heads as large as httpx reads,
-    the certificates of the environment, proxies chosen by us (see :func:`env_proxies`)."""
-    import aiohttp
-    from httpx_aiohttp import AiohttpTransport
-
-    context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
-    sizes: dict[str, Any] = {"max_line_size": HEAD_LIMIT, "max_field_size": HEAD_LIMIT}
-    if "max_headers" in inspect.signature(aiohttp.ClientSession).parameters:
-        sizes["max_headers"] = _MAX_HEADERS
-
-    def session() -> aiohttp.ClientSession:  # made on first use, inside the pool's loop
-        connector = aiohttp.TCPConnector(
-            limit=limits.max_connections or 0,
-            keepalive_timeout=limits.keepalive_expiry or 5.0,
-            ssl=context,
-        )
-        return aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, **sizes
-        )
-
-    return AiohttpFaults(AiohttpTransport(client=session, proxy=proxy, limits=limits))
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 def _gated(inner: httpx.AsyncBaseTransport, limits: httpx.Limits) -> httpx.AsyncBaseTransport:
@@ -900,16 +995,27 @@ class _Direct:
         merged = self._fluid_defaults.copy()
         for name, value in headers.items():
             merged[name.lower()] = value
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return httpx.Request(
+        body = json.dumps(
+            payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode()
+        # The headers httpx would send, in its order (Host first, Content-Length last),
+        # made once: ``content=`` would build them twice and encode the body again.
+        fields = list(merged.items())
+        if "host" not in merged and parsed.host:
+            fields.insert(0, ("Host", parsed.netloc.decode("ascii")))
+        if "content-length" not in merged and "transfer-encoding" not in merged:
+            fields.append(("Content-Length", str(len(body))))
+        request = httpx.Request(
             method,
             parsed,
-            headers=merged,
-            content=body.encode(),
+            headers=fields,
+            stream=httpx.ByteStream(body),
             extensions={
                 "timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
             },
         )
+        request.read()  # the body in memory (``content``), as ``content=`` leaves it
+        return request
 
 
 def _routing_mocked(cls: type[Any]) -> bool:
@@ -987,13 +1093,11 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
         limits = limits or pool_limits()
 
         def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
-            inner: httpx.AsyncBaseTransport
-            if transport_name == "aiohttp":
-                inner = _aiohttp_transport(verify, cert, trust_env, limits, proxy)
-            else:
-                inner = httpx.AsyncHTTPTransport(
-                    verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
-                )
+            if transport_name == "aiohttp":  # the gate is its own
+                return AiohttpTransport(verify, cert, trust_env, limits, proxy)
+            inner = httpx.AsyncHTTPTransport(
+                verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
+            )
             return _gated(inner, limits)
 
         super().__init__(

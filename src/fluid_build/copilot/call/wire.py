@@ -16,7 +16,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import httpx
 
@@ -433,8 +433,17 @@ async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[b
         if reader.truncate:
             return  # an error answer: its status and headers say what went wrong
         raise reader.refusal()
+    chunks: AsyncIterator[bytes]
+    stream = response.stream
+    if reader.raw and getattr(stream, "fluid_direct", False):
+        # One of our own pools' bodies (call/transport.py): its raw chunks, its faults
+        # already named as httpx names them, without a layer of httpx's iterators.
+        response.is_stream_consumed = True
+        chunks = cast(httpx.AsyncByteStream, stream).__aiter__()
+    else:
+        chunks = response.aiter_raw() if reader.raw else response.aiter_bytes()
     try:
-        async for chunk in response.aiter_raw() if reader.raw else response.aiter_bytes():
+        async for chunk in chunks:
             yield reader.take(chunk)
             if reader.done:
                 return
