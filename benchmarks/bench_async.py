@@ -59,6 +59,8 @@ from bench_client import (
 )
 
 CONCURRENCY = (100, 1_000)
+#: The suffix of a variant run on another checkout's src/ (``--before DIR``).
+BEFORE = "@before"
 CALLS = {False: 5_000, True: 1_000}  # by --quick
 WARM_CALLS = 20  # one at a time, before the clock: imports and first-use caches
 
@@ -339,8 +341,13 @@ def measure(
 ) -> dict[str, Any]:
     """One variant in a fresh interpreter, so that its memory and its pool are its own."""
     extra = ["--profile-to", profile] if profile else []
+    env = None
+    if name.endswith(BEFORE):  # the same variant on another checkout's src/ (--before)
+        name = name[: -len(BEFORE)]
+        env = {**os.environ, "PYTHONPATH": os.environ["FLUID_BENCH_BEFORE"]}
     done = subprocess.run(  # noqa: S603 - this script, this interpreter
         [sys.executable, __file__, "--worker", name, url, str(concurrency), str(calls), *extra],
+        env=env,
         capture_output=True,
         text=True,
         check=False,
@@ -431,6 +438,12 @@ def main() -> int:
         metavar="VARIANT",
         help="cProfile one variant's timed calls at each N and print where the time goes",
     )
+    parser.add_argument(
+        "--before",
+        metavar="SRC",
+        help="also run LLMClient out of the box from this src/ directory (e.g. a worktree of "
+        "an earlier commit), interleaved, as the row 'llm-default@before'",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -449,6 +462,10 @@ def main() -> int:
     wanted = set(args.only.split(",")) if args.only else None
     levels = tuple(args.concurrency or CONCURRENCY)
     rows = [r for r in ROWS if wanted is None or r[0] in wanted]
+    if args.before:
+        os.environ["FLUID_BENCH_BEFORE"] = str(Path(args.before).resolve())
+        label = f"LLMClient.acomplete, out of the box, from {args.before}"
+        rows.append((f"llm-default{BEFORE}", label, None))
     present = [name for name, _, module in rows if installed(module)]
     seen: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with counting_server(args.delay) as (url, accepted):
@@ -473,14 +490,14 @@ def main() -> int:
         f"server answering after {args.delay * 1000:g} ms, {pinned}, "
         f"each variant in a fresh process, {passes} interleaved pass(es): calls/s and "
         "latencies as min-max over passes; 'x aiohttp' is the median over passes of each "
-        "pass's calls/s over bare aiohttp's (default pool, and 1,000 connections) in the same pass; CPU per call is the client "
-        "process's CPU time over the timed calls; memory the largest pass; connections "
-        "include the warm-up and the traced round of N:"
+        "pass's calls/s over bare aiohttp's (default pool, and 1,000 connections) in the same "
+        "pass; CPU per call is the client process's CPU time over the timed calls; memory "
+        "the largest pass; connections include the warm-up and the traced round of N:"
     )
     print()
     print(
-        "| N | variant | calls/s | x aiohttp | x aiohttp 1,000 conns | p50 (s) | p99 (s) | p99/p50 | max (s) "
-        "| CPU per call (us) | failures | connections "
+        "| N | variant | calls/s | x aiohttp | x aiohttp 1,000 conns | p50 (s) | p99 (s) "
+        "| p99/p50 | max (s) | CPU per call (us) | failures | connections "
         "| peak RSS (MiB) | RSS per in-flight call (KiB) | traced per in-flight call (KiB) |"
     )
     print(
