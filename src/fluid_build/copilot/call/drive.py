@@ -452,15 +452,29 @@ class Exchange(Effect):
                 response.close()
 
     async def arun(self) -> httpx.Response:
-        return await _within(self.deadline, self._aexchange())
-
-    async def _aexchange(self) -> httpx.Response:
-        response = await asend(cast(httpx.AsyncClient, self.pool), self.request)
+        # _within and asend written out: one coroutine for the attempt, not three (each
+        # call in flight holds its chain of frames, which the collector walks).
+        timer = asyncio.timeout(max(self.deadline.left(), 0.0) + _GRACE)
         try:
-            self.where = "the body"
-            return await aread_body(response, self.deadline, self.limits)
-        finally:
-            await response.aclose()
+            async with timer:
+                pool = self.pool
+                direct = getattr(pool, "fluid_send", None)
+                if direct is not None:
+                    response = await cast(Awaitable[httpx.Response], direct(self.request))
+                else:
+                    response = await cast(httpx.AsyncClient, pool).send(
+                        self.request, stream=True, follow_redirects=False
+                    )
+                try:
+                    await _arefuse_redirect(response)
+                    self.where = "the body"
+                    return await aread_body(response, self.deadline, self.limits)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            if timer.expired():
+                raise _past(None) from None
+            raise
 
 
 class Close(Effect):
@@ -689,8 +703,22 @@ def astream(plan: Plan[Any]) -> AsyncIterator[StreamEvent]:
 
 
 async def arun(plan: Plan[T]) -> T:
-    """Run a plan that emits nothing in the async shell; its result."""
-    steps = _steps(plan, emits=False)
-    result: T = await anext(steps)
-    await steps.aclose()
-    return result
+    """Run a plan that emits nothing in the async shell; its result.
+
+    :func:`_steps` without an async generator around it: one frame fewer for each
+    call in flight (a plan that emits nothing yields only effects)."""
+    send: Callable[[Any], Any] = plan.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            return cast(T, done.value)
+        except FluidError as error:
+            sever(error)
+            raise
+        try:
+            value = await step.arun()
+            send = plan.send
+        except BaseException as exc:  # noqa: BLE001 - the plan decides, even on cancellation
+            value, send = exc, plan.throw
