@@ -265,6 +265,22 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
     raise ValueError(name)
 
 
+class _GcClock:
+    """The time the cyclic garbage collector takes (a gc callback), and its full passes."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._began
+        self.full += info["generation"] == 2
+
+
 async def run(
     name: str, url: str, concurrency: int, calls: int, profile: str | None = None
 ) -> dict[str, Any]:
@@ -301,11 +317,14 @@ async def run(
 
             profiler = cProfile.Profile()
             profiler.enable()
+        collecting = _GcClock()
+        gc.callbacks.append(collecting)
         cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        gc.callbacks.remove(collecting)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -326,6 +345,8 @@ async def run(
     return {
         "calls_per_s": len(latencies) / elapsed,
         "cpu_us_per_call": cpu / max(len(latencies), 1) * 1e6,
+        "gc_us_per_call": collecting.seconds / max(len(latencies), 1) * 1e6,
+        "gc_full": collecting.full,
         "p50_s": at(0.50),
         "p99_s": at(0.99),
         "max_s": latencies[-1] if latencies else 0.0,
@@ -373,6 +394,31 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+#: What a profiled function's file is part of, the first that matches.
+_PACKAGES: tuple[tuple[str, str], ...] = (
+    ("fluid_build/copilot/call/", "fluid_build: the call (call/)"),
+    ("fluid_build/copilot/health/", "fluid_build: store, breaker, limiter (health/)"),
+    ("fluid_build/copilot/llm/", "fluid_build: the adapter (llm/)"),
+    ("fluid_build/", "fluid_build: the rest"),
+    ("httpx/", "httpx"),
+    ("aiohttp/", "aiohttp"),
+    ("yarl/", "aiohttp"),
+    ("multidict/", "aiohttp"),
+    ("asyncio/", "asyncio"),
+    ("json/", "json"),
+    ("pydantic", "pydantic"),
+    ("sqlite3", "sqlite3"),
+    ("bench_async.py", "the benchmark's loop"),
+)
+
+
+def _package(filename: str) -> str:
+    for marker, name in _PACKAGES:
+        if marker in filename:
+            return name
+    return "C builtins" if filename == "~" else "other"
+
+
 def profile_variant(args: argparse.Namespace) -> int:
     """cProfile ``args.profile``'s timed calls at each N; print the functions that cost most,
     fluid_build's and its libraries' alike (own time and cumulative, us per call)."""
@@ -392,6 +438,14 @@ def profile_variant(args: argparse.Namespace) -> int:
                 f"(us per call, profiled: about 2x the real figures; {total / done * 1e6:,.0f} "
                 "us of own time per call in all):"
             )
+            print()
+            groups: Counter[str] = Counter()
+            for (filename, _, _), (_, _, own, _, _) in table.items():
+                groups[_package(filename)] += own
+            print("| where (own time) | us per call | share |")
+            print("| --- | ---: | ---: |")
+            for where, own in groups.most_common(10):
+                print(f"| {where} | {own / done * 1e6:.1f} | {own / total:.0%} |")
             print()
             print("| function | own (us) | cumulative (us) |")
             print("| --- | ---: | ---: |")
@@ -491,17 +545,18 @@ def main() -> int:
         f"each variant in a fresh process, {passes} interleaved pass(es): calls/s and "
         "latencies as min-max over passes; 'x aiohttp' is the median over passes of each "
         "pass's calls/s over bare aiohttp's (default pool, and 1,000 connections) in the same "
-        "pass; CPU per call is the client process's CPU time over the timed calls; memory "
+        "pass; CPU per call is the client process's CPU time over the timed calls, of it GC "
+        "the time the garbage collector ran (gc.callbacks); memory "
         "the largest pass; connections include the warm-up and the traced round of N:"
     )
     print()
     print(
         "| N | variant | calls/s | x aiohttp | x aiohttp 1,000 conns | p50 (s) | p99 (s) "
-        "| p99/p50 | max (s) | CPU per call (us) | failures | connections "
+        "| p99/p50 | max (s) | CPU per call (us) | of it GC (us) | failures | connections "
         "| peak RSS (MiB) | RSS per in-flight call (KiB) | traced per in-flight call (KiB) |"
     )
     print(
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
         "| ---: | ---: | ---: |"
     )
     table: list[dict[str, Any]] = []
@@ -534,6 +589,7 @@ def main() -> int:
                 f"{span(runs, 'p50_s', '.3f')} | {span(runs, 'p99_s', '.3f')} | "
                 f"{span(runs, 'p99_over_p50', '.2f')} | "
                 f"{span(runs, 'max_s', '.2f')} | {span(runs, 'cpu_us_per_call', ',.0f')} | "
+                f"{span(runs, 'gc_us_per_call', ',.0f')} | "
                 f"{shown} | {span(runs, 'connections', ',d')} | "
                 f"{max(r['rss_peak_mib'] for r in runs):.0f} | "
                 f"{max(r['rss_per_call_kib'] for r in runs):.1f} | "
