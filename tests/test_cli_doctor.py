@@ -569,6 +569,26 @@ def test_a_broken_proxy_variable_is_a_finding(
     assert "pw-S3cr3t" not in result.output
 
 
+def test_doctor_says_how_many_connections_a_pool_may_open(sandbox: Path) -> None:
+    from fluid_build.copilot.call.transport import connection_ceiling
+
+    data = doctor_json({})
+    assert data["connections"] == {"cap": None, "ceiling": connection_ceiling(), "error": None}
+    result = CliRunner().invoke(doctor.command, [])
+    assert f"connections: as many as the calls in flight, up to {connection_ceiling():,}" in (
+        result.output
+    )
+    capped = CliRunner().invoke(doctor.command, [], env={"FLUID_LLM_MAX_CONNECTIONS": "200"})
+    assert "connections: at most 200 per pool (FLUID_LLM_MAX_CONNECTIONS)" in capped.output
+    assert doctor_json({"FLUID_LLM_MAX_CONNECTIONS": "200"})["connections"]["cap"] == 200
+    broken = CliRunner().invoke(doctor.command, [], env={"FLUID_LLM_MAX_CONNECTIONS": "lots"})
+    assert broken.exit_code == 0
+    assert "connections: BROKEN (FLUID_LLM_MAX_CONNECTIONS 'lots' is not a number" in (
+        broken.output
+    )
+    assert "e.g. FLUID_LLM_MAX_CONNECTIONS=200" in broken.output
+
+
 # -- the paths doctor reads; each warning once, at the source -------------------------------
 
 

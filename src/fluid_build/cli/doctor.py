@@ -666,6 +666,11 @@ def _parts(
         "transport": _guarded(
             "transport", _transport, lambda f: {"variables": [], "error": f["message"]}
         ),
+        "connections": _guarded(
+            "connections",
+            lambda: _connections(effective),
+            lambda f: {"cap": None, "ceiling": None, "error": f["message"]},
+        ),
         "shared_state": _guarded(
             "shared state",
             lambda: _shared_state(made, breaker),
@@ -770,6 +775,19 @@ def _transport() -> dict[str, Any]:
         else:
             _TRANSPORT_SEEN[values] = None
     return {"variables": names, "error": _TRANSPORT_SEEN[values]}
+
+
+def _connections(env: Mapping[str, str]) -> dict[str, Any]:
+    """How many connections each pool may open: the cap of FLUID_LLM_MAX_CONNECTIONS, else
+    as many as the calls in flight, up to the ceiling the open-file limit sets."""
+    from fluid_build.copilot.agents.errors import ProviderError
+    from fluid_build.copilot.call.transport import connection_ceiling, max_connections_choice
+
+    try:
+        cap = max_connections_choice(env)
+    except ProviderError as exc:
+        return {"cap": None, "ceiling": connection_ceiling(), "error": str(exc)}
+    return {"cap": cap, "ceiling": connection_ceiling(), "error": None}
 
 
 _TRANSPORT_SEEN: dict[tuple[tuple[str, str | None, str | None], ...], str | None] = {}
@@ -941,6 +959,19 @@ def _render(report: Mapping[str, Any]) -> None:
         )
     elif transport.get("variables"):
         lines.append(f"http transport: ok (from {', '.join(transport['variables'])})")
+    connections = report.get("connections") or {}
+    if connections.get("error"):
+        lines.append(f"connections: BROKEN ({connections['error']})")
+    elif connections.get("cap"):
+        lines.append(
+            f"connections: at most {connections['cap']:,} per pool (FLUID_LLM_MAX_CONNECTIONS); "
+            "calls beyond them wait in line"
+        )
+    elif connections.get("ceiling"):
+        lines.append(
+            f"connections: as many as the calls in flight, up to {connections['ceiling']:,} "
+            "per pool (half the open-file limit; cap with FLUID_LLM_MAX_CONNECTIONS)"
+        )
     prices = report.get("prices") or {}
     if prices.get("error"):
         lines.append(f"prices: {prices['error']}")
