@@ -214,14 +214,14 @@ def _fleet_worker(
     for name in [n for n in env if env[n] == ""]:
         os.environ.pop(name, None)
     prompt = _host_prompt(host)
-    answered, failed, errors = 0, 0, Counter[str]()
+    answered, failed, errors, longest = 0, 0, Counter[str](), 0.0
     with LLMClient(
         "openai", "gpt-4o-mini", api_key="sk-bench", base_url=f"{url}/v1", env=dict(os.environ)
     ) as client:
         ready.put(host)
         start.wait()
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while (began := time.monotonic()) < deadline:
             try:
                 client.complete(prompt, max_output_tokens=16)
                 answered += 1
@@ -229,7 +229,8 @@ def _fleet_worker(
                 failed += 1
                 sent = (getattr(exc, "details", None) or {}).get("attempts", "?")
                 errors[f"{type(exc).__name__} [{getattr(exc, 'code', '')}] after {sent} sent"] += 1
-    results.put((host, answered, failed, dict(errors)))
+            longest = max(longest, time.monotonic() - began)
+    results.put((host, answered, failed, dict(errors), longest))
 
 
 def _watch_restart(
@@ -348,7 +349,7 @@ def run_fleet(
     finally:
         redis.kill()
     errors: Counter[str] = Counter()
-    for _, _, _, seen in outcomes:
+    for _, _, _, seen, _ in outcomes:
         errors.update(seen)
     return {
         "mode": mode,
@@ -357,8 +358,9 @@ def run_fleet(
         "seconds": seconds,
         "per_window": per_window,
         **_fleet_stats(provider, per_window, stop, outage),
-        "calls_failed": sum(failed for _, _, failed, _ in outcomes),
+        "calls_failed": sum(failed for _, _, failed, _, _ in outcomes),
         "errors": dict(errors),
+        "longest_call_s": round(max(longest for *_, longest in outcomes), 3),
     }
 
 
@@ -402,7 +404,8 @@ def fleet_main(args: argparse.Namespace) -> None:
                 f"{row['capacity_used']:.1%} of {row['per_window']} a window over "
                 f"{row['windows']} windows; host shares {row['share_min']:.2f}x-"
                 f"{row['share_max']:.2f}x of the mean {row['per_host']}; "
-                f"{row['calls_failed']} calls failed {row['errors'] or ''}"
+                f"{row['calls_failed']} calls failed {row['errors'] or ''}; the longest call "
+                f"{row['longest_call_s']:.2f} s"
             )
             if mode == "restart":
                 line += (

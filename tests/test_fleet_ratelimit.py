@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import redis
 
+from fluid_build.copilot.health.keys import CooldownKey
+from fluid_build.copilot.health.ratelimit import TOKENS, RateLimiter
 from fluid_build.copilot.health.resilient import ResilientCooldownStore
 from fluid_build.copilot.health.store import MemoryCooldownStore
 from tests.ratelimit_server import RateLimitedProvider, RestartableRedis, serving
@@ -131,6 +133,53 @@ def test_one_thread_tries_a_down_store_while_the_others_go_on_in_memory() -> Non
         thread.join(timeout=5.0)
     assert len(primary.tries) == 1 + 1  # the failure at t=0, then one attempt
     assert returned == [4.0] * 8  # every call answered from the mirror
+
+
+# -- a refusal waits for the budget that refused, not for the next one -----------------
+
+LIMITS = {
+    "x-ratelimit-limit-requests": "25",
+    "x-ratelimit-remaining-requests": "10",
+    "x-ratelimit-reset-requests": "2s",
+    "x-ratelimit-limit-tokens": "1500",
+    "x-ratelimit-remaining-tokens": "50",
+    "x-ratelimit-reset-tokens": "2s",
+}
+
+
+class NextWindowStarts(MemoryCooldownStore):
+    """Another process starts the next window's budget between a refusal and its read.
+
+    The refusing budget ends as this process is refused; another one's reservation,
+    a moment later, starts the next window from the announced limit, for the
+    default 60 s until an answer says when it resets.
+    """
+
+    def take(
+        self, key: str, amount: int, limit: int | None, ttl: float, now: float
+    ) -> tuple[bool, int | None]:
+        granted, left = super().take(key, amount, limit, ttl, now)
+        if not granted and key.startswith(TOKENS):
+            self.delete(key)
+            super().take(key, 79, 1500, ttl, now)
+        return granted, left
+
+
+def test_a_refusal_whose_budget_was_just_replaced_tries_again_at_once() -> None:
+    key = CooldownKey.for_call("openai", "sk-fleet", "gpt-4o-mini", "http://127.0.0.1:9/v1")
+    limiter = RateLimiter(NextWindowStarts())
+    limiter.observe(key, LIMITS, NOW)  # 50 tokens left for 2 s: a call of 79 does not fit
+    wait = limiter.reserve(key, 79, NOW + 1.0)
+    # Before: it waited the new budget's 60 s (a fleet process stalled a minute).
+    assert wait <= 1.0
+    assert limiter.reserve(key, 79, NOW + 1.0 + wait) == 0.0  # and the next window has room
+
+
+def test_a_refusal_waits_for_the_announced_reset() -> None:
+    key = CooldownKey.for_call("openai", "sk-fleet", "gpt-4o-mini", "http://127.0.0.1:9/v1")
+    limiter = RateLimiter(MemoryCooldownStore())
+    limiter.observe(key, LIMITS, NOW)
+    assert limiter.reserve(key, 79, NOW + 0.5) == pytest.approx(1.5)
 
 
 # -- real processes on a real Redis that restarts ------------------------------------

@@ -341,7 +341,12 @@ class RateLimiter:
             if not granted:
                 for back, back_amount, back_limit in taken:
                     self.store.take(back, -back_amount, back_limit, window, now)
-                left = self.store.remaining(name, now)
+                left, held = self.store.peek([name], now)[0]
+                if held >= amount:
+                    # The budget that refused has ended since, and another process has
+                    # started the next one (for WINDOW, until an answer says when it
+                    # resets): its end is not this refusal's. Try again at once.
+                    return _MIN_WAIT
                 return max(trusted(self.store, name, left, MAX_RETRY_AFTER, now), _MIN_WAIT)
             taken.append((name, amount, limit))
         return 0.0
