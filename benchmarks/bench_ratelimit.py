@@ -408,10 +408,12 @@ def fleet_main(args: argparse.Namespace) -> None:
                 f"{row['longest_call_s']:.2f} s"
             )
             if mode == "restart":
+                resumed = row["resumed_s"]
+                when = f"{resumed:.2f} s after it answered" if resumed is not None else "never"
                 line += (
                     f"; Redis down {row['down_s']:.2f} s: {row['answers_429_while_down']} 429s "
                     f"while down, {row['answers_429_until_resumed']} until every process used "
-                    f"it again {row['resumed_s']} s after it answered, "
+                    f"it again ({when}; polled for 30 s), "
                     f"{row['answers_429_after_resumed']} after"
                 )
             print(line, flush=True)
