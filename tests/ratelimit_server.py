@@ -237,16 +237,20 @@ class RestartableRedis:
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 10.0
-        with redis.Redis(port=self.port, socket_connect_timeout=0.2) as probe:
-            while True:
-                try:
-                    if probe.ping():
-                        return time.monotonic()
-                except redis.ConnectionError:
-                    pass
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start ({self.process.poll()})")
-                threading.Event().wait(0.01)  # polling a real server's start, bounded
+        try:
+            with redis.Redis(port=self.port, socket_connect_timeout=0.2) as probe:
+                while True:
+                    try:
+                        if probe.ping():
+                            return time.monotonic()
+                    except redis.ConnectionError:
+                        pass
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server did not start ({self.process.poll()})")
+                    threading.Event().wait(0.01)  # polling a real server's start, bounded
+        except BaseException:
+            self.kill()  # never left running behind a failed start
+            raise
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Stop it (SIGKILL by default: no goodbye to the clients) and wait for the exit."""
