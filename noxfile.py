@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import nox
@@ -75,7 +76,7 @@ def bench(session: nox.Session) -> None:
     # litellm 1.110 accepts openai 3.x (openai>=2.20,<4), so every peer shares this env.
     # 1.107.0 stays out: it was reported as a compromised release.
     session.install(
-        ".[aiohttp]",
+        ".[aiohttp,redis]",
         "openai>=3",
         "httpx2",
         "httpx-aiohttp>=0.2",
@@ -113,9 +114,30 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/plot_ratios.py", "--dir", str(out), "--check")
     # Async at 100 and 1,000 in flight per transport (about 25 min; --quick: a few).
     session.run("python", "benchmarks/bench_async.py", *session.posargs)
+    # Latency-bound: a server that answers after 200 ms, 1,000 in flight (issue 25).
+    session.run(
+        "python",
+        "benchmarks/bench_async.py",
+        "--delay",
+        "0.2",
+        "--calls",
+        "2000",
+        "--concurrency",
+        "1000",
+        "--only",
+        "aiohttp-1000,llm-default",
+        *session.posargs,
+    )
     # 8 processes on one rate-limited provider, with and without the limiter (~1 min each).
     for style in ("openai", "anthropic"):
         session.run("python", "benchmarks/bench_ratelimit.py", "--style", style)
+    # 4 hosts x 4 processes on one real Redis, restarted mid-run (about 3.5 min).
+    if shutil.which("redis-server"):
+        session.run("python", "benchmarks/bench_ratelimit.py", "--fleet", "--restart-redis")
+    else:
+        session.warn(
+            "no redis-server on PATH: the fleet benchmark is not run (apt-get install redis-server)"
+        )
 
 
 @nox.session(python="3.11")
@@ -173,8 +195,9 @@ def realserver(session: nox.Session) -> None:
 
 #: Both ends of the ranges pyproject.toml allows for what carries the bytes of a call
 #: (docs/transports.md, "Which versions"). oldest: the first release of each range; they
-#: install together on Python 3.11 (fluid asks for aiohttp 3.12.4; httpcore 1.0.9, the first that takes h11 0.16,
-#: which genai-prices' httpcore2 requires). newest: the latest of each in range.
+#: install together on Python 3.11 (fluid asks for aiohttp 3.12.4; httpcore 1.0.9, the first
+#: that takes h11 0.16, which genai-prices' httpcore2 requires). newest: the latest of each
+#: in range.
 TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
     "oldest": ("httpx==0.28.0", "httpcore==1.0.9", "aiohttp==3.12.4"),
     "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4"),
