@@ -10,7 +10,6 @@ fail. No clock decides anything here.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,20 +34,10 @@ from fluid_build.copilot.call.transport import (
     connection_ceiling,
     max_connections_choice,
 )
+from tests.test_transport import ANSWER
 
 #: More calls at once than the 100 connections a pool used to hold.
 N = 150
-ANSWER = json.dumps(
-    {
-        "id": "c",
-        "object": "chat.completion",
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    }
-).encode()
 
 
 class Together:
@@ -144,7 +133,7 @@ def test_n_concurrent_acomplete_calls_get_n_connections(transport: str) -> None:
                 await llm.aclose()
             return [c.text for c in done]
 
-        assert asyncio.run(main()) == ["ok"] * N
+        assert asyncio.run(main()) == ["Hi"] * N
     assert (seen.most, len(seen.peers), seen.broken) == (N, N, 0)
 
 
@@ -159,14 +148,14 @@ def test_amap_with_concurrency_n_has_n_calls_in_flight() -> None:
                 await llm.aclose()
 
         batch = asyncio.run(main())
-    assert [o.unwrap().text for o in batch] == ["ok"] * N
+    assert [o.unwrap().text for o in batch] == ["Hi"] * N
     assert (seen.most, len(seen.peers)) == (N, N)
 
 
 def test_map_with_concurrency_n_has_n_calls_in_flight_on_the_sync_pool() -> None:
     with server(N) as (base, seen), client(base, {}) as llm:
         batch = llm.map(["hi"] * N, concurrency=N)
-    assert [o.unwrap().text for o in batch] == ["ok"] * N
+    assert [o.unwrap().text for o in batch] == ["Hi"] * N
     assert (seen.most, len(seen.peers)) == (N, N)
 
 
@@ -193,14 +182,14 @@ def test_a_capped_pool_holds_that_many_connections_and_the_rest_wait_their_turn(
                 await llm.aclose()
             return [c.text for c in done]
 
-        assert asyncio.run(main()) == ["ok"] * 40
+        assert asyncio.run(main()) == ["Hi"] * 40
     assert (seen.most, len(seen.peers), seen.broken) == (10, 10, 0)
 
 
 def test_a_capped_sync_pool_holds_that_many_connections() -> None:
     with server(10) as (base, seen), client(base, {MAX_CONNECTIONS_ENV: "10"}) as llm:
         batch = llm.map(["hi"] * 40, concurrency=40)
-    assert [o.unwrap().text for o in batch] == ["ok"] * 40
+    assert [o.unwrap().text for o in batch] == ["Hi"] * 40
     assert (seen.most, len(seen.peers), seen.broken) == (10, 10, 0)
 
 
