@@ -94,28 +94,13 @@ class _Counted(_Answer):
         _Counted.accepted += 1
         super().connection_made(transport)
 
-    def data_received(self, data: bytes) -> None:
+    def answer(self) -> None:
         if not self.delay:
-            super().data_received(data)
+            super().answer()
             return
-        self.buffer += data
-        while True:  # _Answer's framing, each answer written ``delay`` seconds later
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = bytes(self.buffer[:end]).lower()
-            at = head.find(b"\r\ncontent-length:")
-            length = 0
-            if at >= 0:
-                stop = head.find(b"\r\n", at + 2)
-                length = int(head[at + 17 : stop if stop >= 0 else len(head)].strip() or 0)
-            if len(self.buffer) < end + 4 + length:
-                return
-            del self.buffer[: end + 4 + length]
-            assert self.transport is not None
-            asyncio.get_running_loop().call_later(self.delay, self._answer)
+        asyncio.get_running_loop().call_later(self.delay, self._answer_now)
 
-    def _answer(self) -> None:
+    def _answer_now(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(_RESPONSE)
 
