@@ -676,16 +676,14 @@ def run(plan: Plan[T]) -> T:
             value, send = exc, plan.throw
 
 
-async def _steps(plan: Plan[Any], emits: bool) -> AsyncGenerator[Any, Any]:
-    """Run ``plan`` in the async shell; what it emits, then (unless ``emits``) its result."""
+async def _steps(plan: Plan[Any]) -> AsyncGenerator[Any, Any]:
+    """Run ``plan`` in the async shell; what it emits (its result is dropped)."""
     send: Callable[[Any], Effect | Emit[Any]] = plan.send
     value: Any = None
     while True:
         try:
             step = send(value)
-        except StopIteration as done:
-            if not emits:
-                yield done.value
+        except StopIteration:
             return
         except FluidError as error:
             sever(error)
@@ -699,14 +697,14 @@ async def _steps(plan: Plan[Any], emits: bool) -> AsyncGenerator[Any, Any]:
 
 def astream(plan: Plan[Any]) -> AsyncIterator[StreamEvent]:
     """Run a streaming plan in the async shell: what it emits."""
-    return _steps(plan, emits=True)
+    return _steps(plan)
 
 
 async def arun(plan: Plan[T]) -> T:
     """Run a plan that emits nothing in the async shell; its result.
 
-    :func:`_steps` without an async generator around it: one frame fewer for each
-    call in flight (a plan that emits nothing yields only effects)."""
+    :func:`_steps`'s loop without an async generator around it: one frame fewer for
+    each call in flight (a plan that emits nothing yields only effects)."""
     send: Callable[[Any], Any] = plan.send
     value: Any = None
     while True:

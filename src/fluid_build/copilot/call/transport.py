@@ -346,6 +346,16 @@ def _shortened(timeouts: Mapping[str, float | None], waited: float) -> dict[str,
     return {k: None if v is None else max(v - waited, 0.001) for k, v in timeouts.items()}
 
 
+async def _wait_in_line(gate: AdmissionGate, request: httpx.Request) -> None:
+    """Wait for one of ``gate``'s slots, at most the request's pool timeout; the time spent
+    in line is taken off the request's timeouts (the gate's slow path, on every pool)."""
+    timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+    started = time.monotonic()
+    await gate.acquire(timeouts.get("pool"))
+    if timeouts:
+        request.extensions["timeout"] = _shortened(timeouts, time.monotonic() - started)
+
+
 class GatedTransport(httpx.AsyncBaseTransport):
     """An async transport whose requests first pass ``gate``, held until the body is closed."""
 
@@ -354,12 +364,8 @@ class GatedTransport(httpx.AsyncBaseTransport):
         self.gate = gate
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         if not self.gate.try_acquire():  # a free slot: no clock read on the fast path
-            started = time.monotonic()
-            await self.gate.acquire(timeouts.get("pool"))
-            if timeouts:
-                request.extensions["timeout"] = _shortened(timeouts, time.monotonic() - started)
+            await _wait_in_line(self.gate, request)
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
@@ -750,14 +756,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return found
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         gate = self.gate
         if not gate.try_acquire():  # a free slot: no clock read on the fast path
-            started = time.monotonic()
-            await gate.acquire(timeouts.get("pool"))
-            if timeouts:
-                timeouts = _shortened(timeouts, time.monotonic() - started)
-                request.extensions["timeout"] = timeouts
+            await _wait_in_line(gate, request)
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         try:
             session = self._session
             if session is None:
