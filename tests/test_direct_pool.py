@@ -172,3 +172,54 @@ def test_a_callers_own_pool_keeps_its_hooks_and_auth() -> None:
         own.close()
         assert seen_by_hook == [f"{loopback.base_url(server)}/v1/chat/completions"]
         assert server.seen[0].headers["x-team"] == "blue"
+
+
+def test_a_json_requests_headers_are_made_when_asked_and_then_sent_as_changed() -> None:
+    """The aiohttp transport sends a direct request's header fields as they are; once its
+    ``headers`` are read they may change, and what is sent is then what they say."""
+    with loopback.http_server(
+        lambda seen: (200, {"content-type": "application/json"}, ANSWER)
+    ) as server:
+        url = f"{loopback.base_url(server)}/v1/chat/completions"
+
+        async def both() -> None:
+            pool = PooledAsyncClient(transport_name="aiohttp")
+            try:
+                untouched = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
+                assert untouched.fluid_fields is not None  # type: ignore[attr-defined]
+                await (await pool.fluid_send(untouched)).aclose()
+                changed = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
+                assert changed.headers["x-a"] == "1"  # made now: the fields are forgotten
+                assert changed.fluid_fields is None  # type: ignore[attr-defined]
+                changed.headers["x-a"] = "2"
+                changed.headers["x-b"] = "3"
+                await (await pool.fluid_send(changed)).aclose()
+                replaced = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
+                replaced.headers = httpx.Headers({**replaced.headers, "x-a": "4"})
+                await (await pool.fluid_send(replaced)).aclose()
+            finally:
+                await pool.aclose()
+
+        asyncio.run(both())
+        first, second, third = server.seen
+        assert first.headers["x-a"] == "1"
+        assert "x-b" not in first.headers
+        assert (second.headers["x-a"], second.headers["x-b"]) == ("2", "3")
+        assert third.headers["x-a"] == "4"
+        plain = PooledClient()
+        length = str(len(plain.fluid_json_request("POST", url, {}, PAYLOAD, 1).content))
+        plain.close()
+        for seen in (first, second, third):  # the body's length, as httpx would send it
+            assert seen.headers["content-length"] == length
+            assert seen.headers["content-type"] == "application/json"
+
+
+def test_a_json_request_is_an_httpx_request_in_every_public_way() -> None:
+    pool = PooledClient(timeout=httpx.Timeout(30.0), limits=pool_limits())
+    request = pool.fluid_json_request("post", URL, {"Authorization": "Bearer sk-test"}, PAYLOAD, 2)
+    assert isinstance(request, httpx.Request)
+    assert request.method == "POST"
+    assert request.content == request.read() == b"".join(request.stream)  # type: ignore[arg-type]
+    assert "sk-test" not in repr(request)
+    assert request.headers["host"] == "api.example.test"
+    pool.close()

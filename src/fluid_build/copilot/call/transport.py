@@ -684,6 +684,24 @@ class _AiohttpStream(httpx.AsyncByteStream):
                 raise
             raise mapped from None
 
+    async def fluid_read(self, take: Callable[[bytes], bytes], done: Callable[[], bool]) -> bytes:
+        """The raw body, each chunk through ``take`` (call/wire.py's bound, which raises past
+        the limit or the deadline) until the end or ``done()``: no iterator between, its
+        faults named as :meth:`__aiter__` names them."""
+        content = self._response.content
+        parts: list[bytes] = []
+        try:
+            while chunk := await content.readany():
+                parts.append(take(chunk))
+                if done():
+                    break
+        except Exception as exc:  # mapped, or raised as it is
+            mapped = _from_aiohttp(exc, self._request)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        return b"".join(parts)
+
     async def aclose(self) -> None:
         gate, self._gate = self._gate, None
         if gate is None:
@@ -769,10 +787,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             except httpx.RequestNotRead:  # a streamed body: aiohttp frames it
                 content = request.stream
                 request.headers.pop("transfer-encoding", None)
+            fields = getattr(request, "fluid_fields", None)  # a _JsonRequest's, unread
             response = await session.request(
                 request.method,
                 self._url(request.url),
-                headers=request.headers.multi_items(),
+                headers=request.headers.multi_items() if fields is None else fields,
                 data=content,
                 allow_redirects=False,
                 auto_decompress=False,
@@ -1007,17 +1026,55 @@ class _Direct:
             fields.insert(0, ("Host", parsed.netloc.decode("ascii")))
         if "content-length" not in merged and "transfer-encoding" not in merged:
             fields.append(("Content-Length", str(len(body))))
-        request = httpx.Request(
-            method,
+        return _JsonRequest(
+            method.upper(),
             parsed,
-            headers=fields,
-            stream=httpx.ByteStream(body),
-            extensions={
-                "timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
-            },
+            fields,
+            body,
+            {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}},
         )
-        request.read()  # the body in memory (``content``), as ``content=`` leaves it
-        return request
+
+
+class _JsonRequest(httpx.Request):
+    """The request :meth:`_Direct.fluid_json_request` makes: an ``httpx.Request`` in every
+    way, whose ``headers`` are made from its header fields only when something asks.
+
+    The aiohttp transport sends :attr:`fluid_fields` as they are (no ``Headers`` built,
+    no ``multi_items()`` back). Once ``headers`` has been read it may be changed, so
+    from then on the fields are forgotten and ``headers`` is what is sent. Only httpx's
+    public attributes are set; the body is read into ``content`` by ``read()``.
+    """
+
+    fluid_fields: list[tuple[str, str]] | None
+
+    def __init__(
+        self,
+        method: str,
+        url: httpx.URL,
+        fields: list[tuple[str, str]],
+        body: bytes,
+        extensions: dict[str, Any],
+    ) -> None:
+        # Not httpx's __init__: it would build the headers (and the body) at once.
+        self.method = method
+        self.url = url
+        self.extensions = extensions
+        self.stream = httpx.ByteStream(body)
+        self.fluid_fields = fields
+        self.read()  # the body in memory (``content``), as ``content=`` leaves it
+
+    @property
+    def headers(self) -> httpx.Headers:
+        made: httpx.Headers | None = self.__dict__.get("_fluid_headers")
+        if made is None:
+            made = self.__dict__["_fluid_headers"] = httpx.Headers(self.fluid_fields)
+            self.fluid_fields = None
+        return made
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self.__dict__["_fluid_headers"] = value
+        self.fluid_fields = None
 
 
 def _routing_mocked(cls: type[Any]) -> bool:

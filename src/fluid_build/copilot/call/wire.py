@@ -383,6 +383,9 @@ class _Reader:
         if self.deadline.left() <= 0.05:
             raise self.deadline.passed(self.where, received_bytes=self.size) from None
 
+    def is_done(self) -> bool:
+        return self.done
+
     def take(self, chunk: bytes) -> bytes:
         inflate = self.inflate
         if inflate is not None:
@@ -539,7 +542,18 @@ async def aread_body(
 ) -> httpx.Response:
     """:func:`read_body`, awaited."""
     reader = _body_reader(response, deadline, limits)
-    body = b"".join([chunk async for chunk in _achunks(response, reader)])
+    stream: Any = response.stream
+    if reader.refused is None and reader.raw and getattr(stream, "fluid_direct", False):
+        # One of our own pools' bodies (call/transport.py): read in one loop, without the
+        # two iterators of _achunks between (each call in flight holds their frames).
+        response.is_stream_consumed = True
+        try:
+            body = await stream.fluid_read(reader.take, reader.is_done)
+        except httpx.TimeoutException:
+            reader.timed_out()
+            raise
+    else:
+        body = b"".join([chunk async for chunk in _achunks(response, reader)])
     return _finish(
         response, body, error=reader.truncate, reader_inflated=reader.inflate is not None
     )
