@@ -392,37 +392,9 @@ class Entry:
         else:
             prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
-        attempts = 0
-
-        def attempt() -> Plan[tuple[Parsed, httpx.Response]]:
-            nonlocal attempts
-            deadline.check("the next attempt")
-            attempts += 1
-            if self.pending is not None and (refresh := self.pending()) is not None:
-                yield Blocking(refresh)
-            spec = self.adapter.request(prepared.spec, stream=False)
-            request = http_request(pool, spec, deadline, self.config.timeout)
-            tokens, waited = 0, False
-            if self.envelope.limiter is not None:  # no generator without a limiter
-                tokens, waited = yield from self.reserved(request, prepared.spec, deadline)
-            if waited:  # its timeouts are cut to what the deadline leaves now
-                deadline.check("the next attempt")
-                request = http_request(pool, spec, deadline, self.config.timeout)
-            exchange = Exchange(pool, request, deadline, self.limits)
-            try:
-                done: httpx.Response = yield exchange
-            except httpx.TimeoutException as exc:
-                raise timed_out(exc, deadline, exchange.where) or exc from exc
-            except httpx.HTTPStatusError as exc:
-                self.observed(exc.response)
-                raise
-            self.observed(done)
-            parsed = self.decoder.answer(done, prepared)
-            self.settled(tokens, parsed)
-            return parsed, done
-
+        attempt = _Attempt(self, prepared, pool, deadline)
         bounds, _ = self.bounded(deadline, prepared)
-        attempting = attempt
+        attempting: Callable[[], Plan[tuple[Parsed, httpx.Response]]] = attempt
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
             bounds["hook"] = trace.waited
@@ -430,7 +402,7 @@ class Entry:
         return self.decoder.completion(
             parsed,
             prepared,
-            attempts,
+            attempt.count,
             request_id(response),
             answered_by=self.label,
             fallback_errors=fallback_errors,
@@ -543,6 +515,55 @@ class Entry:
                 spend.finish(state.usage, state.model)
         completion = decoder.completion(state.parsed(), prepared, attempts, request_id(response))
         yield Emit(StreamEvent(type="done", completion=completion))
+
+
+class _Attempt:
+    """One attempt of :meth:`Entry.complete`, the envelope's unit of retry: send the
+    request, read the answer, parse it. An object rather than a closure: each call in
+    flight holds one object here, not a function and a cell for each name it uses."""
+
+    __slots__ = ("count", "deadline", "entry", "pool", "prepared")
+
+    def __init__(
+        self,
+        entry: Entry,
+        prepared: Prepared,
+        pool: httpx.Client | httpx.AsyncClient,
+        deadline: Deadline,
+    ) -> None:
+        self.entry = entry
+        self.prepared = prepared
+        self.pool = pool
+        self.deadline = deadline
+        self.count = 0  # attempts made
+
+    def __call__(self) -> Plan[tuple[Parsed, httpx.Response]]:
+        entry, prepared, pool, deadline = self.entry, self.prepared, self.pool, self.deadline
+        deadline.check("the next attempt")
+        self.count += 1
+        if entry.pending is not None and (refresh := entry.pending()) is not None:
+            yield Blocking(refresh)
+        spec = entry.adapter.request(prepared.spec, stream=False)
+        request = http_request(pool, spec, deadline, entry.config.timeout)
+        tokens, waited = 0, False
+        if entry.envelope.limiter is not None:  # no generator without a limiter
+            tokens, waited = yield from entry.reserved(request, prepared.spec, deadline)
+        if waited:  # its timeouts are cut to what the deadline leaves now
+            deadline.check("the next attempt")
+            request = http_request(pool, spec, deadline, entry.config.timeout)
+        del spec  # its payload is the request's body now: not held while the answer comes
+        exchange = Exchange(pool, request, deadline, entry.limits)
+        try:
+            done: httpx.Response = yield exchange
+        except httpx.TimeoutException as exc:
+            raise timed_out(exc, deadline, exchange.where) or exc from exc
+        except httpx.HTTPStatusError as exc:
+            entry.observed(exc.response)
+            raise
+        entry.observed(done)
+        parsed = entry.decoder.answer(done, prepared)
+        entry.settled(tokens, parsed)
+        return parsed, done
 
 
 #: What a stream's opening attempt gives: its answer, its events, what they yielded first,

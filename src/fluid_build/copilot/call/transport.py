@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Literal, TypeVar, cast
 
 import httpcore
@@ -774,9 +774,15 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return found
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The answer's head, its body left to stream; every answer and every fault of
+        its own names ``request`` (so :meth:`PooledAsyncClient.fluid_send` need not)."""
         gate = self.gate
         if not gate.try_acquire():  # a free slot: no clock read on the fast path
-            await _wait_in_line(gate, request)
+            try:
+                await _wait_in_line(gate, request)
+            except httpx.RequestError as exc:
+                exc.request = request
+                raise
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         try:
             session = self._session
@@ -1164,13 +1170,22 @@ class PooledAsyncClient(_Direct, httpx.AsyncClient):
         )
         self._direct_init()
 
-    async def fluid_send(self, request: httpx.Request) -> httpx.Response:
-        """:meth:`PooledClient.fluid_send`, awaited."""
+    def fluid_send(self, request: httpx.Request) -> Awaitable[httpx.Response]:
+        """:meth:`PooledClient.fluid_send`, to be awaited: our aiohttp transport's own
+        coroutine (one frame fewer for each call in flight), else one that names the
+        request on the answer and on the faults, as ``send`` does."""
         if self.is_closed:
             raise _closed()
         if _routing_mocked(httpx.AsyncClient):
-            return await self.send(request, stream=True)
+            return self.send(request, stream=True)
         transport: httpx.AsyncBaseTransport = self._fluid_route(request.url)
+        if type(transport) is AiohttpTransport:
+            return transport.handle_async_request(request)
+        return self._fluid_sent(transport, request)
+
+    async def _fluid_sent(
+        self, transport: httpx.AsyncBaseTransport, request: httpx.Request
+    ) -> httpx.Response:
         try:
             response = await transport.handle_async_request(request)
         except httpx.RequestError as exc:
