@@ -379,7 +379,7 @@ class Entry:
         messages: Messages,
         options: CallOptions,
         deadline: Deadline,
-        fallback_errors: list[dict[str, Any]],
+        fallback_errors: list[dict[str, Any]] | None,
         trace: AttemptTrace | None = None,
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures.
@@ -588,9 +588,14 @@ def completing(
     """One answer from the first entry that gives one; else the most actionable error."""
     history: History = []
     for entry in entries:
-        failed = [
-            {"entry": e.label, "error": type(err).__name__, "code": err.code} for e, err in history
-        ]
+        failed = (  # none yet: no list held while the first entry's answer comes
+            [
+                {"entry": e.label, "error": type(err).__name__, "code": err.code}
+                for e, err in history
+            ]
+            if history
+            else None
+        )
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
         try:

@@ -458,9 +458,8 @@ class Exchange(Effect):
         try:
             async with timer:
                 pool = self.pool
-                direct = getattr(pool, "fluid_send", None)
-                if direct is not None:
-                    response = await cast(Awaitable[httpx.Response], direct(self.request))
+                if hasattr(pool, "fluid_send"):  # called at once: no bound method held
+                    response = await cast(Awaitable[httpx.Response], pool.fluid_send(self.request))
                 else:
                     response = await cast(httpx.AsyncClient, pool).send(
                         self.request, stream=True, follow_redirects=False
@@ -705,18 +704,18 @@ async def arun(plan: Plan[T]) -> T:
 
     :func:`_steps`'s loop without an async generator around it: one frame fewer for
     each call in flight (a plan that emits nothing yields only effects)."""
-    send: Callable[[Any], Any] = plan.send
     value: Any = None
+    thrown: BaseException | None = None  # no bound method held while a step is awaited
     while True:
         try:
-            step = send(value)
+            step: Any = plan.send(value) if thrown is None else plan.throw(thrown)
         except StopIteration as done:
             return cast(T, done.value)
         except FluidError as error:
             sever(error)
             raise
+        thrown = None
         try:
             value = await step.arun()
-            send = plan.send
         except BaseException as exc:  # noqa: BLE001 - the plan decides, even on cancellation
-            value, send = exc, plan.throw
+            thrown = exc
