@@ -9,6 +9,7 @@ the environment, the same errors.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -197,11 +198,17 @@ def test_a_json_requests_headers_are_made_when_asked_and_then_sent_as_changed() 
                 replaced = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
                 replaced.headers = httpx.Headers({**replaced.headers, "x-a": "4"})
                 await (await pool.fluid_send(replaced)).aclose()
+                moved = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
+                moved.url = httpx.URL(url.replace("/chat/", "/other/"))
+                await (await pool.fluid_send(moved)).aclose()
             finally:
                 await pool.aclose()
 
         asyncio.run(both())
-        first, second, third = server.seen
+        first, second, third, _ = server.seen
+        assert [seen.path for seen in server.seen] == ["/v1/chat/completions"] * 3 + [
+            "/v1/other/completions"
+        ]
         assert first.headers["x-a"] == "1"
         assert "x-b" not in first.headers
         assert (second.headers["x-a"], second.headers["x-b"]) == ("2", "3")
@@ -209,7 +216,7 @@ def test_a_json_requests_headers_are_made_when_asked_and_then_sent_as_changed() 
         plain = PooledClient()
         length = str(len(plain.fluid_json_request("POST", url, {}, PAYLOAD, 1).content))
         plain.close()
-        for seen in (first, second, third):  # the body's length, as httpx would send it
+        for seen in server.seen:  # the body's length, as httpx would send it
             assert seen.headers["content-length"] == length
             assert seen.headers["content-type"] == "application/json"
 
@@ -220,6 +227,15 @@ def test_a_json_request_is_an_httpx_request_in_every_public_way() -> None:
     assert isinstance(request, httpx.Request)
     assert request.method == "POST"
     assert request.content == request.read() == b"".join(request.stream)  # type: ignore[arg-type]
+    assert asyncio.run(request.aread()) == request.content
+    assert (
+        request.content == json.dumps(PAYLOAD, ensure_ascii=False, separators=(",", ":")).encode()
+    )
     assert "sk-test" not in repr(request)
     assert request.headers["host"] == "api.example.test"
+    assert request.url == httpx.URL(URL)
+    assert request.fluid_url == str(request.url)  # type: ignore[attr-defined]
+    request.url = httpx.URL("https://other.example.test/v1/x")
+    assert request.fluid_url is None  # type: ignore[attr-defined]
+    assert request.url.host == "other.example.test"
     pool.close()

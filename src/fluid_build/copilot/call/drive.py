@@ -465,11 +465,20 @@ class Exchange(Effect):
                         self.request, stream=True, follow_redirects=False
                     )
                 try:
-                    await _arefuse_redirect(response)
+                    if 300 <= response.status_code < 400:
+                        await response.aclose()
+                        refuse_redirect(response, close=False)
                     self.where = "the body"
                     return await aread_body(response, self.deadline, self.limits)
                 finally:
-                    await response.aclose()
+                    stream = cast(httpx.AsyncByteStream, response.stream)
+                    if getattr(stream, "fluid_direct", False) and not response.is_closed:
+                        # Our aiohttp body (call/transport.py) names its own faults: closed
+                        # without httpx's wrapper around it.
+                        response.is_closed = True
+                        await stream.aclose()
+                    else:
+                        await response.aclose()
         except TimeoutError:
             if timer.expired():
                 raise _past(None) from None

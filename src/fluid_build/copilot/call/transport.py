@@ -753,8 +753,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 "proxy_headers": dict(proxy.headers) if proxy.headers else None,
             }
 
-    def _url(self, url: httpx.URL) -> Any:
-        text = str(url)
+    def _url(self, request: httpx.Request) -> Any:
+        text = getattr(request, "fluid_url", None) or str(request.url)
         found = self._urls.get(text)
         if found is None:
             if len(self._urls) >= _URLS_KEPT:
@@ -796,7 +796,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             fields = getattr(request, "fluid_fields", None)  # a _JsonRequest's, unread
             response = await session.request(
                 request.method,
-                self._url(request.url),
+                self._url(request),
                 headers=request.headers.multi_items() if fields is None else fields,
                 data=content,
                 allow_redirects=False,
@@ -975,7 +975,7 @@ class _Direct:
     """
 
     headers: httpx.Headers
-    _fluid_urls: dict[str, httpx.URL]
+    _fluid_urls: dict[str, _Target]
     _fluid_defaults: dict[str, str]
     _fluid_route: Routes[Any]
 
@@ -1014,31 +1014,46 @@ class _Direct:
         The body is encoded as httpx 0.28 encodes ``json=``; only encodings the
         size limit can count as they inflate are accepted (call/wire.py).
         """
-        parsed = self._fluid_urls.get(url)
-        if parsed is None:
+        target = self._fluid_urls.get(url)
+        if target is None:
             if len(self._fluid_urls) >= _URLS_KEPT:
                 self._fluid_urls.clear()
-            parsed = self._fluid_urls[url] = httpx.URL(url)
+            target = self._fluid_urls[url] = _Target(httpx.URL(url))
         merged = self._fluid_defaults.copy()
         for name, value in headers.items():
             merged[name.lower()] = value
-        body = json.dumps(
-            payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        ).encode()
+        body = _JSON.encode(payload).encode()
         # The headers httpx would send, in its order (Host first, Content-Length last),
         # made once: ``content=`` would build them twice and encode the body again.
         fields = list(merged.items())
-        if "host" not in merged and parsed.host:
-            fields.insert(0, ("Host", parsed.netloc.decode("ascii")))
+        if "host" not in merged and target.host is not None:
+            fields.insert(0, target.host)
         if "content-length" not in merged and "transfer-encoding" not in merged:
             fields.append(("Content-Length", str(len(body))))
         return _JsonRequest(
             method.upper(),
-            parsed,
+            target,
             fields,
             body,
             {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}},
         )
+
+
+#: How httpx 0.28 encodes ``json=`` (one encoder kept: ``json.dumps`` with arguments makes
+#: a new one each call).
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class _Target:
+    """A URL a direct pool sends to, parsed once: httpx's URL, its text as httpx encodes
+    it (what is sent, and signed), and the ``Host`` field httpx would add."""
+
+    __slots__ = ("host", "text", "url")
+
+    def __init__(self, url: httpx.URL) -> None:
+        self.url = url
+        self.text = str(url)
+        self.host = ("Host", url.netloc.decode("ascii")) if url.host else None
 
 
 class _JsonRequest(httpx.Request):
@@ -1046,28 +1061,31 @@ class _JsonRequest(httpx.Request):
     way, whose ``headers`` are made from its header fields only when something asks.
 
     The aiohttp transport sends :attr:`fluid_fields` as they are (no ``Headers`` built,
-    no ``multi_items()`` back). Once ``headers`` has been read it may be changed, so
-    from then on the fields are forgotten and ``headers`` is what is sent. Only httpx's
-    public attributes are set; the body is read into ``content`` by ``read()``.
+    no ``multi_items()`` back) to :attr:`fluid_url` (the URL's text, made once a pool).
+    Once ``headers`` has been read it may be changed, so from then on the fields are
+    forgotten and ``headers`` is what is sent; setting ``url`` forgets the text. Only
+    httpx's public attributes are set, and its body methods answer from the body kept.
     """
 
     fluid_fields: list[tuple[str, str]] | None
+    fluid_url: str | None
 
     def __init__(
         self,
         method: str,
-        url: httpx.URL,
+        target: _Target,
         fields: list[tuple[str, str]],
         body: bytes,
         extensions: dict[str, Any],
     ) -> None:
         # Not httpx's __init__: it would build the headers (and the body) at once.
         self.method = method
-        self.url = url
+        self.__dict__["url"] = target.url
+        self.fluid_url = target.text
         self.extensions = extensions
         self.stream = httpx.ByteStream(body)
         self.fluid_fields = fields
-        self.read()  # the body in memory (``content``), as ``content=`` leaves it
+        self._fluid_body = body
 
     @property
     def headers(self) -> httpx.Headers:
@@ -1081,6 +1099,26 @@ class _JsonRequest(httpx.Request):
     def headers(self, value: httpx.Headers) -> None:
         self.__dict__["_fluid_headers"] = value
         self.fluid_fields = None
+
+    @property
+    def url(self) -> httpx.URL:
+        found: httpx.URL = self.__dict__["url"]
+        return found
+
+    @url.setter
+    def url(self, value: httpx.URL) -> None:
+        self.__dict__["url"] = value
+        self.fluid_url = None
+
+    @property
+    def content(self) -> bytes:
+        return self._fluid_body
+
+    def read(self) -> bytes:
+        return self._fluid_body
+
+    async def aread(self) -> bytes:
+        return self._fluid_body
 
 
 def _routing_mocked(cls: type[Any]) -> bool:
