@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_client import (
+    ANSWER,
     API_KEY,
     HEADERS,
     MATRIX,
@@ -80,6 +81,31 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (  # (variant, label, module it 
     ("llm-httpx", "LLMClient.acomplete, transport.py httpx", None),
     ("llm-aiohttp", "LLMClient.acomplete, transport.py aiohttp", "httpx_aiohttp"),
     ("openai", "openai SDK AsyncOpenAI", "openai"),
+)
+
+
+#: ``--floor``: where an async call's CPU goes, layer by layer, from bare aiohttp to LLMClient.
+FLOOR_ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("aiohttp", "bare aiohttp ClientSession.post(json=) + .json() (the baseline)", "aiohttp"),
+    (
+        "aiohttp-as-fluid",
+        "aiohttp ClientSession as transport.py calls it (encoded URL, header list, bytes body, "
+        "no decompression): the transport's floor",
+        "aiohttp",
+    ),
+    (
+        "pool-exchange",
+        "transport.py's aiohttp pool under httpx's types: a direct JSON request, one Exchange "
+        "(send, bounded read, close), no LLMClient",
+        "aiohttp",
+    ),
+    (
+        "llm-nowire",
+        "LLMClient.acomplete, default store, on a transport that answers in-process "
+        "(no socket): fluid_build's own work",
+        None,
+    ),
+    ("llm-default", "LLMClient.acomplete, out of the box (default transport and store)", None),
 )
 
 
@@ -174,6 +200,10 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
                 return await response.json()
 
         return bare, session.close
+    if name == "aiohttp-as-fluid":
+        return _as_fluid(endpoint)
+    if name == "pool-exchange":
+        return _pool_exchange(endpoint)
     if name.startswith(("httpx", "pool")):
         if name == "httpx-default":
             import httpx
@@ -206,13 +236,14 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
     if name.startswith("llm"):
         from fluid_build.copilot import LLMClient
         from fluid_build.copilot.call.envelope import RetryEnvelope
-        from fluid_build.copilot.call.transport import build_async_client
+        from fluid_build.copilot.call.transport import PooledAsyncClient, build_async_client
 
-        pool = (
-            None
-            if name == "llm-default"
-            else build_async_client(TIMEOUT, "vllm", {}, transport=name[4:])
-        )
+        pool: Any = None
+        if name == "llm-nowire":
+            pool = PooledAsyncClient(transport=_in_process())
+        elif name != "llm-default":
+            pool = build_async_client(TIMEOUT, "vllm", {}, transport=name[4:])
+        out_of_the_box = name in ("llm-default", "llm-nowire")
         # out of the box: the default store (a sqlite file, here in a scratch cache) and breaker
         scratch = {"XDG_CACHE_HOME": tempfile.mkdtemp(prefix="fluid-bench-")}
         llm = LLMClient(
@@ -221,7 +252,7 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
             API_KEY,
             url,
             envelope=RetryEnvelope.from_env(scratch)
-            if name == "llm-default"
+            if out_of_the_box
             else RetryEnvelope(cooldown=None),
             capability_matrix=MATRIX,
             env={},
@@ -248,6 +279,79 @@ def variant(name: str, url: str) -> tuple[Call, Close]:
 
         return create, sdk.close
     raise ValueError(name)
+
+
+def _as_fluid(endpoint: str) -> tuple[Call, Close]:
+    """aiohttp's session called the way transport.py's AiohttpTransport calls it, with
+    nothing of fluid_build around: the body encoded as fluid_build encodes it, the head
+    and the timeouts made once, the body read whole and the connection released."""
+    import aiohttp
+    import yarl
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1_000), cookie_jar=aiohttp.DummyCookieJar()
+    )
+    url = yarl.URL(endpoint, encoded=True)
+    timeout = aiohttp.ClientTimeout(sock_connect=TIMEOUT, sock_read=TIMEOUT, connect=TIMEOUT)
+    head = [*HEADERS.items(), ("accept-encoding", "gzip, deflate")]
+
+    async def call() -> object:
+        body = json.dumps(PAYLOAD, ensure_ascii=False, separators=(",", ":")).encode()
+        response = await session.request(
+            "POST",
+            url,
+            headers=head,
+            data=body,
+            allow_redirects=False,
+            auto_decompress=False,
+            compress=False,
+            timeout=timeout,
+        )
+        try:
+            return json.loads(await response.read())
+        finally:
+            response.release()
+
+    return call, session.close
+
+
+def _pool_exchange(endpoint: str) -> tuple[Call, Close]:
+    """transport.py's aiohttp pool as the call path uses it, without LLMClient: a direct
+    JSON request, then one Exchange (send, the bounded read, close) within a deadline."""
+    from fluid_build.copilot.call.drive import Exchange
+    from fluid_build.copilot.call.transport import build_async_client
+    from fluid_build.copilot.call.wire import Deadline, Limits
+
+    pool: Any = build_async_client(TIMEOUT, "vllm", {}, transport="aiohttp")
+    limits = Limits()
+
+    async def call() -> object:
+        request = pool.fluid_json_request("POST", endpoint, HEADERS, PAYLOAD, TIMEOUT)
+        response = await Exchange(pool, request, Deadline(TIMEOUT), limits).arun()
+        return json.loads(response.content)
+
+    return call, pool.aclose
+
+
+def _in_process() -> Any:
+    """A transport that gives the fixed answer at once, with no socket: what is left of a
+    call on it is fluid_build's own work (httpx is imported here, not in every worker)."""
+    import httpx
+
+    class InProcess(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(
+                200,
+                headers=[
+                    ("content-type", "application/json"),
+                    ("x-request-id", "req_bench"),
+                    ("content-length", str(len(ANSWER))),
+                ],
+                stream=httpx.ByteStream(ANSWER),
+                request=request,
+            )
+
+    return InProcess()
 
 
 class _GcClock:
@@ -483,6 +587,13 @@ def main() -> int:
         help="also run LLMClient out of the box from this src/ directory (e.g. a worktree of "
         "an earlier commit), interleaved, as the row 'llm-default@before'",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="where an async call's CPU goes, layer by layer: bare aiohttp, aiohttp as "
+        "transport.py calls it, the pool under httpx's types, LLMClient with no socket, "
+        "LLMClient",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -500,7 +611,7 @@ def main() -> int:
     passes = args.passes or (1 if args.quick else 2)
     wanted = set(args.only.split(",")) if args.only else None
     levels = tuple(args.concurrency or CONCURRENCY)
-    rows = [r for r in ROWS if wanted is None or r[0] in wanted]
+    rows = [r for r in (FLOOR_ROWS if args.floor else ROWS) if wanted is None or r[0] in wanted]
     if args.before:
         os.environ["FLUID_BENCH_BEFORE"] = str(Path(args.before).resolve())
         label = f"LLMClient.acomplete, out of the box, from {args.before}"
