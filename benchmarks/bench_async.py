@@ -553,6 +553,30 @@ def profile_variant(args: argparse.Namespace) -> int:
     return 0
 
 
+def objects_in_flight(name: str, concurrency: int) -> float:
+    """The objects the garbage collector tracks per call in flight: ``concurrency`` calls
+    held at a server that answers after 2 s, counted against the same process idle
+    (warmed up, with the connections they will use already open)."""
+    with counting_server(2.0) as (url, _):
+
+        async def count() -> float:
+            call, close = variant(name, url)
+            try:
+                await asyncio.gather(*(call() for _ in range(concurrency)))  # connections
+                gc.collect()
+                idle = len(gc.get_objects())
+                calls = [asyncio.ensure_future(call()) for _ in range(concurrency)]
+                await asyncio.sleep(1.0)  # every call sent, none answered
+                gc.collect()
+                held = len(gc.get_objects()) - idle
+                await asyncio.gather(*calls)
+                return held / concurrency
+            finally:
+                await close()
+
+        return asyncio.run(count())
+
+
 def installed(module: str | None) -> bool:
     if module is None:
         return True
@@ -594,9 +618,16 @@ def main() -> int:
         "transport.py calls it, the pool under httpx's types, LLMClient with no socket, "
         "LLMClient",
     )
+    parser.add_argument(
+        "--objects",
+        metavar="VARIANTS",
+        help="comma-separated variants: the objects the garbage collector tracks per call in "
+        "flight, at each N (the collector's work grows with them)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
+    parser.add_argument("--objects-of", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _pin(1)
@@ -606,6 +637,24 @@ def main() -> int:
         return 0
     if args.profile:
         return profile_variant(args)
+    if args.objects:
+        print("| variant | N | tracked objects per call in flight |")
+        print("| --- | ---: | ---: |")
+        for name in args.objects.split(","):
+            for concurrency in tuple(args.concurrency or CONCURRENCY):
+                # each in a fresh process, as the timed runs are
+                done = subprocess.run(  # noqa: S603 - this script, this interpreter
+                    [sys.executable, __file__, "--objects-of", name, str(concurrency)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=600,
+                )
+                print(f"| {name} | {concurrency:,} | {float(done.stdout.strip()):.1f} |")
+        return 0
+    if args.objects_of:
+        print(objects_in_flight(args.objects_of[0], int(args.objects_of[1])))
+        return 0
 
     calls = args.calls or CALLS[args.quick]
     passes = args.passes or (1 if args.quick else 2)
