@@ -196,7 +196,7 @@ def test_a_json_requests_headers_are_made_when_asked_and_then_sent_as_changed() 
                 changed.headers["x-b"] = "3"
                 await (await pool.fluid_send(changed)).aclose()
                 replaced = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
-                replaced.headers = httpx.Headers({**replaced.headers, "x-a": "4"})
+                replaced.headers = {**replaced.headers, "x-a": "4"}  # type: ignore[assignment]
                 await (await pool.fluid_send(replaced)).aclose()
                 moved = pool.fluid_json_request("POST", url, {"x-a": "1"}, PAYLOAD, 5.0)
                 moved.url = httpx.URL(url.replace("/chat/", "/other/"))

@@ -1096,8 +1096,10 @@ class _JsonRequest(httpx.Request):
         return made
 
     @headers.setter
-    def headers(self, value: httpx.Headers) -> None:
-        self.__dict__["_fluid_headers"] = value
+    def headers(self, value: httpx.Headers | Mapping[str, str]) -> None:
+        self.__dict__["_fluid_headers"] = (
+            value if isinstance(value, httpx.Headers) else httpx.Headers(value)
+        )
         self.fluid_fields = None
 
     @property
