@@ -380,6 +380,7 @@ async def run(
     """
     call, close = variant(name, url)
     latencies: list[float] = []
+    settled: list[float] = []  # the calls made after the first N (the connections' wave)
     failures: Counter[str] = Counter()
     left = calls
 
@@ -387,6 +388,7 @@ async def run(
         nonlocal left
         while left > 0:
             left -= 1
+            later = calls - left > concurrency
             started = time.perf_counter()
             try:
                 await call()
@@ -394,6 +396,8 @@ async def run(
                 failures[type(exc).__name__] += 1
             else:
                 latencies.append(time.perf_counter() - started)
+                if later:
+                    settled.append(latencies[-1])
 
     try:
         for _ in range(WARM_CALLS):
@@ -427,9 +431,10 @@ async def run(
     finally:
         await close()
     latencies.sort()
+    settled.sort()
 
-    def at(q: float) -> float:
-        return latencies[min(int(q * len(latencies)), len(latencies) - 1)] if latencies else 0.0
+    def at(q: float, among: list[float] = latencies) -> float:
+        return among[min(int(q * len(among)), len(among) - 1)] if among else 0.0
 
     return {
         "calls_per_s": len(latencies) / elapsed,
@@ -439,6 +444,8 @@ async def run(
         "p50_s": at(0.50),
         "p99_s": at(0.99),
         "max_s": latencies[-1] if latencies else 0.0,
+        # past the first N calls, which open the pool's connections all at once
+        "settled_p99_over_p50": at(0.99, settled) / at(0.50, settled) if settled else 0.0,
         "failures": dict(failures),
         "rss_peak_mib": rss_peak,
         "rss_per_call_kib": max(rss_peak - rss_warm, 0.0) * 1024 / concurrency,
@@ -691,17 +698,20 @@ def main() -> int:
         "latencies as min-max over passes; 'x aiohttp' is the median over passes of each "
         "pass's calls/s over bare aiohttp's (default pool, and 1,000 connections) in the same "
         "pass; CPU per call is the client process's CPU time over the timed calls, of it GC "
-        "the time the garbage collector ran (gc.callbacks); memory "
+        "the time the garbage collector ran (gc.callbacks); 'p99/p50 later' leaves out the "
+        "first N calls, which open the pool's connections all at once; memory "
         "the largest pass; connections include the warm-up and the traced round of N:"
     )
     print()
     print(
         "| N | variant | calls/s | x aiohttp | x aiohttp 1,000 conns | p50 (s) | p99 (s) "
-        "| p99/p50 | max (s) | CPU per call (us) | of it GC (us) | failures | connections "
-        "| peak RSS (MiB) | RSS per in-flight call (KiB) | traced per in-flight call (KiB) |"
+        "| p99/p50 | p99/p50 later | max (s) | CPU per call (us) | of it GC (us) | failures "
+        "| connections | peak RSS (MiB) | RSS per in-flight call (KiB) "
+        "| traced per in-flight call (KiB) |"
     )
     print(
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+        "| ---: "
         "| ---: | ---: | ---: |"
     )
     table: list[dict[str, Any]] = []
@@ -729,10 +739,17 @@ def main() -> int:
             )
             for r in runs:
                 r["p99_over_p50"] = r["p99_s"] / r["p50_s"] if r["p50_s"] else 0.0
+            # no call past the first N (a run of N calls or fewer): nothing to say
+            later = (
+                span(runs, "settled_p99_over_p50", ".2f")
+                if all(r["settled_p99_over_p50"] for r in runs)
+                else "n/a"
+            )
             print(
                 f"| {concurrency:,} | {label} | {span(runs, 'calls_per_s', ',.0f')} | {ratio} | "
                 f"{span(runs, 'p50_s', '.3f')} | {span(runs, 'p99_s', '.3f')} | "
                 f"{span(runs, 'p99_over_p50', '.2f')} | "
+                f"{later} | "
                 f"{span(runs, 'max_s', '.2f')} | {span(runs, 'cpu_us_per_call', ',.0f')} | "
                 f"{span(runs, 'gc_us_per_call', ',.0f')} | "
                 f"{shown} | {span(runs, 'connections', ',d')} | "
