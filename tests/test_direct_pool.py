@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from typing import Any
 
 import httpx
@@ -238,4 +239,10 @@ def test_a_json_request_is_an_httpx_request_in_every_public_way() -> None:
     request.url = httpx.URL("https://other.example.test/v1/x")
     assert request.fluid_url is None  # type: ignore[attr-defined]
     assert request.url.host == "other.example.test"
+    # pickled as httpx pickles a request: the body kept, the stream no longer readable
+    copy = pickle.loads(pickle.dumps(request))  # noqa: S301 - our own object
+    assert (copy.method, copy.url, copy.content) == (request.method, request.url, request.content)
+    assert copy.headers["host"] == "api.example.test"
+    with pytest.raises(httpx.StreamClosed):
+        b"".join(copy.stream)  # type: ignore[arg-type]
     pool.close()

@@ -398,7 +398,9 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
             bounds["hook"] = trace.waited
-        parsed, response = yield from self.envelope.plan(attempting, **bounds)
+        plan = self.envelope.plan(attempting, **bounds)
+        del bounds  # the plan has its own: not held while the answer comes
+        parsed, response = yield from plan
         return self.decoder.completion(
             parsed,
             prepared,

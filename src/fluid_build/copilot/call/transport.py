@@ -1078,39 +1078,49 @@ class _JsonRequest(httpx.Request):
         body: bytes,
         extensions: dict[str, Any],
     ) -> None:
-        # Not httpx's __init__: it would build the headers (and the body) at once.
+        # Not httpx's __init__: it would build the headers and the body's stream at once.
+        # (No ``__dict__`` touched either: CPython then keeps the attributes in the object.)
         self.method = method
-        self.__dict__["url"] = target.url
+        self._fluid_target = target.url
         self.fluid_url = target.text
         self.extensions = extensions
-        self.stream = httpx.ByteStream(body)
         self.fluid_fields = fields
+        self._fluid_headers: httpx.Headers | None = None
         self._fluid_body = body
+        self._fluid_stream: httpx.SyncByteStream | httpx.AsyncByteStream | None = None
 
     @property
     def headers(self) -> httpx.Headers:
-        made: httpx.Headers | None = self.__dict__.get("_fluid_headers")
+        made = self._fluid_headers
         if made is None:
-            made = self.__dict__["_fluid_headers"] = httpx.Headers(self.fluid_fields)
+            made = self._fluid_headers = httpx.Headers(self.fluid_fields)
             self.fluid_fields = None
         return made
 
     @headers.setter
     def headers(self, value: httpx.Headers | Mapping[str, str]) -> None:
-        self.__dict__["_fluid_headers"] = (
-            value if isinstance(value, httpx.Headers) else httpx.Headers(value)
-        )
+        self._fluid_headers = value if isinstance(value, httpx.Headers) else httpx.Headers(value)
         self.fluid_fields = None
 
     @property
     def url(self) -> httpx.URL:
-        found: httpx.URL = self.__dict__["url"]
-        return found
+        return self._fluid_target
 
     @url.setter
     def url(self, value: httpx.URL) -> None:
-        self.__dict__["url"] = value
+        self._fluid_target = value
         self.fluid_url = None
+
+    @property
+    def stream(self) -> httpx.SyncByteStream | httpx.AsyncByteStream:
+        made = self._fluid_stream
+        if made is None:
+            made = self._fluid_stream = httpx.ByteStream(self._fluid_body)
+        return made
+
+    @stream.setter
+    def stream(self, value: httpx.SyncByteStream | httpx.AsyncByteStream) -> None:
+        self._fluid_stream = value
 
     @property
     def content(self) -> bytes:
