@@ -62,6 +62,8 @@ from bench_client import (
 CONCURRENCY = (100, 1_000)
 #: The suffix of a variant run on another checkout's src/ (``--before DIR``).
 BEFORE = "@before"
+#: Set (by ``--gc-off``) for the workers: the timed calls run with the collector disabled.
+GC_OFF = "FLUID_BENCH_GC_OFF"
 CALLS = {False: 5_000, True: 1_000}  # by --quick
 WARM_CALLS = 20  # one at a time, before the clock: imports and first-use caches
 
@@ -412,11 +414,14 @@ async def run(
             profiler.enable()
         collecting = _GcClock()
         gc.callbacks.append(collecting)
+        if os.environ.get(GC_OFF):  # --gc-off: what the calls look like without the collector
+            gc.disable()
         cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        gc.enable()
         gc.callbacks.remove(collecting)
         if profiler is not None:
             profiler.disable()
@@ -631,6 +636,12 @@ def main() -> int:
         help="comma-separated variants: the objects the garbage collector tracks per call in "
         "flight, at each N (the collector's work grows with them)",
     )
+    parser.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="a diagnosis, not a figure: the timed calls run with the garbage collector "
+        "disabled (what its pauses add to CPU and to p99)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -663,6 +674,9 @@ def main() -> int:
         print(objects_in_flight(args.objects_of[0], int(args.objects_of[1])))
         return 0
 
+    if args.gc_off:
+        os.environ[GC_OFF] = "1"
+        print("the garbage collector is disabled during the timed calls (--gc-off)")
     calls = args.calls or CALLS[args.quick]
     passes = args.passes or (1 if args.quick else 2)
     wanted = set(args.only.split(",")) if args.only else None
