@@ -45,7 +45,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, Final, Generic, Literal, TypeVar, cast
+from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast
 
 import httpcore
 import httpx
@@ -636,6 +636,15 @@ def _from_aiohttp(exc: BaseException, request: httpx.Request) -> BaseException:
     return error
 
 
+def _raise_named(exc: Exception, request: httpx.Request) -> NoReturn:
+    """From the handler of ``exc``: raise httpx's error for it (:func:`_from_aiohttp`,
+    never chained to it), or ``exc`` itself as it was when it is not aiohttp's."""
+    mapped = _from_aiohttp(exc, request)
+    if mapped is exc:
+        raise exc
+    raise mapped from None
+
+
 def _aiohttp_session(
     verify: ssl.SSLContext | str | bool, cert: Any, trust_env: bool, limits: httpx.Limits
 ) -> Callable[[], Any]:
@@ -678,11 +687,8 @@ class _AiohttpStream(httpx.AsyncByteStream):
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except Exception as exc:  # mapped, or raised as it is
-            mapped = _from_aiohttp(exc, self._request)
-            if mapped is exc:
-                raise
-            raise mapped from None
+        except Exception as exc:  # noqa: BLE001 - raised again by _raise_named, named
+            _raise_named(exc, self._request)
 
     async def fluid_read(self, take: Callable[[bytes], bytes], done: Callable[[], bool]) -> bytes:
         """The raw body, each chunk through ``take`` (call/wire.py's bound, which raises past
@@ -695,11 +701,8 @@ class _AiohttpStream(httpx.AsyncByteStream):
                 parts.append(take(chunk))
                 if done():
                     break
-        except Exception as exc:  # mapped, or raised as it is
-            mapped = _from_aiohttp(exc, self._request)
-            if mapped is exc:
-                raise
-            raise mapped from None
+        except Exception as exc:  # noqa: BLE001 - raised again by _raise_named, named
+            _raise_named(exc, self._request)
         return b"".join(parts)
 
     async def aclose(self) -> None:
@@ -708,11 +711,8 @@ class _AiohttpStream(httpx.AsyncByteStream):
             return
         try:  # read to the end: the connection is kept alive; else it is closed
             await self._response.__aexit__(None, None, None)
-        except Exception as exc:  # mapped, or raised as it is
-            mapped = _from_aiohttp(exc, self._request)
-            if mapped is exc:
-                raise
-            raise mapped from None
+        except Exception as exc:  # noqa: BLE001 - raised again by _raise_named, named
+            _raise_named(exc, self._request)
         finally:
             gate.release()
 
@@ -809,9 +809,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         except BaseException as exc:
             gate.release()
             if isinstance(exc, Exception):
-                mapped = _from_aiohttp(exc, request)
-                if mapped is not exc:
-                    raise mapped from None
+                _raise_named(exc, request)
             raise
         extensions = {"http_version": b"HTTP/1.1"}
         if response.reason:
