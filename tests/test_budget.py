@@ -319,14 +319,14 @@ def test_exhausted_is_not_retryable_and_says_spent_left_and_needed() -> None:
     ledger = MemoryBudgetLedger()
     guard = _guard(ledger, usd=0.003, window="day")
     first = guard.spend("openai_compatible", "m", 1_000, 500, deadline=30)
-    first.settle(first.reserve(), 0.0025)
+    first.settle(first.reserve(), 0.0015)
     with pytest.raises(AgentExecutionError) as caught:
         guard.spend("openai_compatible", "m", 1_000, 500, deadline=30).reserve()
     error = caught.value
     assert error.code == "budget.cost_exhausted"
     assert error.retryable is False
-    assert "0.0025 USD spent" in error.message
-    assert "0.0005 USD left" in error.message
+    assert "0.0015 USD spent" in error.message
+    assert "0.0015 USD left" in error.message
     assert "needs up to 0.002 USD" in error.message
     assert "no request was sent" in error.message
     assert "2026-03-15 00:00 UTC" in error.message

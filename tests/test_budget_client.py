@@ -41,7 +41,8 @@ PRICES = {
     "gpt-4o-mini": {"input": 1.0, "output": 2.0},
     "claude-sonnet-4-6": {"input": 3, "output": 15},
 }
-PROMPT = "Say hello to the budget."
+#: About 1,000 tokens: the hold covers the 1,000 input tokens the answers below report.
+PROMPT = "word " * 1_000
 
 
 class Spy(MemoryBudgetLedger):
@@ -351,3 +352,101 @@ def test_clients_sharing_one_envelope_keep_their_own_budgets() -> None:
     assert spy.asked == []  # the client without a budget spent nothing from the other's
     llm.complete(PROMPT, max_output_tokens=500)
     assert len(spy.asked) == 1
+
+
+# -- whatever the provider answers, spend stays within the hold (issue 32 items 1 and 3) ----
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_without_max_output_tokens_the_request_carries_the_cap_it_reserved(mode: str) -> None:
+    openai = respx.post(OPENAI).mock(return_value=answer())
+    llm, spy = client()
+    call(llm, mode)
+    prompt, most = counted("openai", "gpt-4o-mini", None)
+    assert spy.asked == [worst(prompt, most, PRICES["gpt-4o-mini"])]
+    assert json.loads(openai.calls.last.request.content)["max_completion_tokens"] == most
+
+
+@respx.mock
+def test_every_provider_field_carries_the_reserved_cap() -> None:
+    route = respx.post(ANTHROPIC).mock(
+        return_value=httpx.Response(
+            200,
+            json={
+                "id": "msg_1",
+                "model": "claude-sonnet-4-6",
+                "content": [{"type": "text", "text": "hi"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 10, "output_tokens": 2},
+            },
+        )
+    )
+    llm = LLMClient(
+        "anthropic",
+        "claude-sonnet-4-6",
+        envelope=RetryEnvelope(RetryPolicy(attempts=1), cooldown=MemoryCooldownStore()),
+        env={**KEYS, "FLUID_BUDGETS": "team=5usd"},
+        prices=PRICES,
+        budget="team",
+    )
+    llm.complete(PROMPT)
+    most = capabilities_for("anthropic", "claude-sonnet-4-6").max_output_tokens
+    assert json.loads(route.calls.last.request.content)["max_tokens"] == most
+    # Without a budget the request is as the caller made it: no cap fluid chose.
+    plain = LLMClient("openai", "gpt-4o-mini", env=KEYS, prices=PRICES)
+    openai = respx.post(OPENAI).mock(return_value=answer())
+    plain.complete(PROMPT)
+    assert "max_completion_tokens" not in json.loads(openai.calls.last.request.content)
+
+
+@pytest.mark.parametrize(
+    ("usage", "why"),
+    [
+        ({"prompt_tokens": 1_000, "completion_tokens": 30_000}, "past the cap"),
+        ({"prompt_tokens": 1_000, "completion_tokens": 10**18}, "absurd output"),
+        ({"prompt_tokens": 10**22, "completion_tokens": 10}, "absurd input"),
+        ({"prompt_tokens": 10**400, "completion_tokens": 10}, "no float"),
+        ({"prompt_tokens": 2_000_000, "completion_tokens": 10}, "dearer than the hold"),
+    ],
+)
+@respx.mock
+def test_spend_never_passes_the_hold_whatever_the_usage_says(
+    usage: dict[str, int], why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = answer().json()
+    body["usage"] = usage
+    respx.post(OPENAI).mock(return_value=httpx.Response(200, content=json.dumps(body).encode()))
+    llm, spy = client()
+    done = llm.complete(PROMPT, max_output_tokens=100)
+    (hold,) = spy.asked
+    assert spy.settled == [hold], why
+    assert (spy.state().spent, spy.state().reserved) == (hold, 0)
+    if why == "dearer than the hold":  # a real cost, above the hold: both figures logged
+        assert done.cost_usd == pytest.approx(2.00002)
+        assert "2.00002 USD, more than the" in caplog.text
+        assert f"{hold / 1e6:g} USD reserved" in caplog.text
+    elif why != "past the cap":
+        assert done.cost_usd is None
+
+
+def test_a_fleet_of_threads_with_no_cap_given_never_overspends() -> None:
+    """The issue's 8 threads on 0.05 USD, a server answering 30,000 output tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with respx.mock:
+        respx.post(OPENAI).mock(return_value=answer(1_000, 30_000))
+        llm, spy = client(usd=0.05)
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(lambda _: _outcome(llm), range(8)))
+    assert "ok" in outcomes
+    assert set(outcomes) <= {"ok", "budget.cost_exhausted"}
+    assert spy.state().spent <= micro_usd(0.05)
+
+
+def _outcome(llm: LLMClient) -> str:
+    try:
+        llm.complete(PROMPT)
+    except AgentExecutionError as error:
+        return error.code
+    return "ok"

@@ -230,6 +230,10 @@ def test_worst_case_prices_every_input_token_at_the_dearest_input_rate() -> None
         ('{"m": {"input": -1, "output": 1}}', "finite amount >= 0"),
         ('{"m": {"input": "1", "output": 1}}', "not a number"),
         ('{"m": {"input": 1, "output": 1, "cached": 1}}', "unknown field 'cached'"),
+        # Issue 32 item 12: an OverflowError, a RecursionError and llm.unknown_error before.
+        ('{"m": {"input": 1' + "0" * 400 + ', "output": 1}}', "finite amount >= 0"),
+        ('{"m": {"input": 1, "output": ' + "[" * 100_000 + "1" + "]" * 100_000 + "}}", "nested"),
+        ('{"m": {"input": 1e300, "output": 1}}', "more than 1e+06"),
     ],
 )
 def test_a_bad_fluid_prices_is_not_configured_naming_the_variable(text: str, says: str) -> None:
@@ -407,3 +411,48 @@ def test_fluid_doctor_shows_the_price_data_version_and_given_prices(tmp_path: Pa
     report = json.loads(fluid(home, "doctor", "--json").stdout)
     assert report["prices"]["version"].startswith("genai-prices ")
     assert report["prices"]["given"] == []
+
+
+# -- usage no model could have used (issue 32 item 3) -----------------------------------------
+
+ABSURD = 10**400  # valid JSON, and no float
+
+
+def test_an_absurd_usage_prices_as_unknown_never_a_crash(mock: respx.MockRouter) -> None:
+    import asyncio
+
+    answer = openai_answer("gpt-4o", 1_000, 100)
+    answer["usage"]["prompt_tokens"] = ABSURD
+    mock.post("https://api.openai.com/v1/chat/completions").respond(
+        200, content=json.dumps(answer).encode(), headers={"content-type": "application/json"}
+    )
+    client = make("openai", model="gpt-4o", api_key=KEY)
+    done = client.complete("hi")
+    assert done.text
+    assert done.cost_usd is None
+    assert asyncio.run(client.acomplete("hi")).cost_usd is None
+    assert price_call("openai", "gpt-4o", Usage(input_tokens=10, output_tokens=10**22)) is None
+    assert price_call("openai", "gpt-4o", Usage(input_tokens=10, output_tokens=10)) is not None
+
+
+def test_an_absurd_usage_in_a_responses_stream_prices_as_unknown(mock: respx.MockRouter) -> None:
+    events = [
+        {"type": "response.output_text.delta", "delta": "Hi"},
+        {
+            "type": "response.completed",
+            "response": {
+                "model": "gpt-4o",
+                "status": "completed",
+                "usage": {"input_tokens": ABSURD, "output_tokens": 5},
+            },
+        },
+    ]
+    body = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+    mock.post("https://api.openai.com/v1/responses").respond(
+        200, content=body.encode(), headers={"content-type": "text/event-stream"}
+    )
+    streamed = list(make("openai_responses", model="gpt-4o", api_key=KEY).stream("hi"))
+    done = streamed[-1]
+    assert done.type == "done"
+    assert done.completion is not None
+    assert done.completion.cost_usd is None

@@ -52,7 +52,7 @@ from fluid_build.copilot.call.drive import (
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
-from fluid_build.copilot.call.prices import Prices
+from fluid_build.copilot.call.prices import MOST_TOKENS, Prices
 from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
@@ -282,7 +282,8 @@ class Entry:
     def settled(self, tokens: int, parsed: Parsed) -> None:
         """Correct the reservation by the tokens the answer says it used (when it says)."""
         used = parsed.usage.input_tokens + parsed.usage.output_tokens
-        if self.envelope.limiter is not None and tokens and used:
+        # An absurd count is none: the reservation stands (the store keeps 64-bit integers).
+        if self.envelope.limiter is not None and tokens and 0 < used <= 2 * MOST_TOKENS:
             self.envelope.limiter.settle(self.key, tokens, used, self.envelope.wall())
 
     # -- the window of a local server ------------------------------------------------

@@ -144,6 +144,13 @@ def prepare(
         server_window=server_window,
         count=count,
     )
+    most = max_output_tokens
+    if count and most is None:
+        from fluid_build.copilot.call.capabilities import capabilities_for
+
+        # Under a budget the request carries the cap its reservation prices: without it
+        # the answer could run past the hold (docs/budgets.md).
+        most = capabilities_for(provider, model, capability_matrix or None).max_output_tokens
     spec = CallSpec(
         model=model,
         messages=neutral,
@@ -152,15 +159,10 @@ def prepare(
         response_schema=schema,
         schema_name=name,
         strict=strict is not None,
-        max_output_tokens=max_output_tokens,
+        max_output_tokens=most,
     )
     if not count:
         return Prepared(spec, response_model, strict, validate)
-    most = max_output_tokens
-    if most is None:
-        from fluid_build.copilot.call.capabilities import capabilities_for
-
-        most = capabilities_for(provider, model, capability_matrix or None).max_output_tokens
     return Prepared(spec, response_model, strict, validate, checked.prompt_tokens, most)
 
 

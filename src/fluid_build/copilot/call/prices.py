@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_PROVIDERS",
+    "MOST_PRICE",
+    "MOST_TOKENS",
     "PRICES_EXAMPLE",
     "PRICES_VARIABLE",
     "ModelPrice",
@@ -39,6 +41,7 @@ __all__ = [
     "price_call",
     "prices_from_env",
     "prices_version",
+    "sane_usage",
     "worst_case_usd",
 ]
 
@@ -68,6 +71,11 @@ _PROVIDER_IDS: Final[Mapping[str, str]] = {
 }
 
 _PER_MILLION: Final = 1_000_000.0
+#: More tokens than any model reads or writes in one answer: a usage figure past it (or
+#: below 0) is no count at all, and the answer's cost is unknown rather than absurd.
+MOST_TOKENS: Final = 10**9
+#: USD per million tokens above which a given price is a mistake (1 USD a token).
+MOST_PRICE: Final = 1_000_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,14 @@ def _counts(usage: Usage) -> tuple[int, int, int, int]:
     )
 
 
+def sane_usage(usage: Usage) -> bool:
+    """Whether every count ``usage`` holds is a whole number a model could have used."""
+    return all(
+        isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= MOST_TOKENS
+        for count in (*_counts(usage), usage.reasoning_tokens)
+    )
+
+
 #: User-given prices, keyed ``model`` or ``provider:model``.
 Prices = Mapping[str, ModelPrice]
 
@@ -112,9 +128,17 @@ def _amount(value: Any, field: str, key: str, variable: str | None) -> float:
     # bool is an int to Python, never a price.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _bad_prices(f"{key!r}: {field} is not a number", variable)
-    amount = float(value)
+    try:
+        amount = float(value)
+    except OverflowError:  # an int of hundreds of digits
+        amount = math.inf
     if not math.isfinite(amount) or amount < 0:
         raise _bad_prices(f"{key!r}: {field} is not a finite amount >= 0", variable)
+    if amount > MOST_PRICE:
+        raise _bad_prices(
+            f"{key!r}: {field} is {amount:g} USD per million tokens, more than {MOST_PRICE:g}",
+            variable,
+        )
     return amount
 
 
@@ -170,6 +194,8 @@ def prices_from_env(env: Mapping[str, str] | None = None) -> dict[str, ModelPric
         raw = json.loads(text)
     except ValueError:
         raise _bad_prices("not JSON", PRICES_VARIABLE) from None
+    except RecursionError:  # nested past the parser's depth: no price list is
+        raise _bad_prices("nested too deeply", PRICES_VARIABLE) from None
     return parse_prices(raw, variable=PRICES_VARIABLE)
 
 
@@ -346,11 +372,15 @@ def price_call(
     answered_model: str | None = None,
     overrides: Prices | None = None,
 ) -> float | None:
-    """The USD cost of one answer; None when no price is known for it."""
+    """The USD cost of one answer; None when no price is known for it, or when its usage
+    is not a count a model could have used (see :func:`sane_usage`)."""
+    if not sane_usage(usage):
+        return None
     price = _price(provider, model, answered_model, overrides)
     if price is None:
         return None
-    return _rate_of(price).cost(*_counts(usage))
+    cost = _rate_of(price).cost(*_counts(usage))
+    return cost if math.isfinite(cost) else None
 
 
 def known_price(provider: str, model: str, *, overrides: Prices | None = None) -> bool:

@@ -236,6 +236,20 @@ class BudgetSpend:
         if hold is None:
             return
         amount = hold.amount if usd is None else micro_usd(usd)
+        if amount > hold.amount:
+            # The request carried the output cap the hold priced: an answer dearer than
+            # that is a report no bill can match, and the limit holds whatever it says.
+            LOG.warning(
+                "budget %s: %s:%s reported usage costing %s, more than the %s reserved for "
+                "it; %s is counted",
+                self.guard.spec.name,
+                self.provider,
+                self.model,
+                usd_text(amount),
+                usd_text(hold.amount),
+                usd_text(hold.amount),
+            )
+            amount = hold.amount
         try:
             self.guard.ledger.settle(self.guard.spec.name, hold.id, amount, self.guard.wall())
         except Exception as exc:  # noqa: BLE001 - the answer is here; its spend is logged
@@ -250,10 +264,25 @@ class BudgetSpend:
             )
 
     def priced(self, usage: Usage | None, answered_model: str | None) -> float | None:
-        """What ``usage`` cost (None: no usage to price)."""
+        """What ``usage`` cost (None: no usage to price, or none a model could have used)."""
         if usage is None or not (usage.input_tokens or usage.output_tokens):
             return None
-        from fluid_build.copilot.call.prices import price_call
+        from fluid_build.copilot.call.prices import price_call, sane_usage
+
+        if not sane_usage(usage) or usage.output_tokens > self.max_output_tokens:
+            # Past the cap the request carried, or no count at all: unknown, so the whole
+            # reservation is spent (settle() says so with both figures when it is dearer).
+            LOG.warning(
+                "budget %s: %s:%s reported %s input and %s output tokens, which no answer "
+                "capped at %s output tokens can use; the whole reservation is counted",
+                self.guard.spec.name,
+                self.provider,
+                self.model,
+                _count_text(usage.input_tokens),
+                _count_text(usage.output_tokens),
+                self.max_output_tokens,
+            )
+            return None
 
         return price_call(
             self.provider,
@@ -283,6 +312,12 @@ class BudgetSpend:
         """A stream ended (whole or broken): settle what its usage said, else its whole hold."""
         hold, self.open = self.open, None
         self.settle(hold, self.priced(usage, answered_model))
+
+
+def _count_text(count: object) -> str:
+    """A token count as a log line can show it, however absurd (10**400 is no float)."""
+    text = repr(count)
+    return text if len(text) <= 20 else f"a {len(text)}-character number"
 
 
 def _nothing_billed(exc: BaseException) -> bool:

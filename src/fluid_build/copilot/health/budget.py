@@ -78,6 +78,8 @@ def micro_usd(usd: float) -> int:
     """``usd`` as whole micro-USD, rounded up (a fraction of a micro-USD is still spent)."""
     if not math.isfinite(usd) or usd <= 0:
         return 0
+    if usd >= MOST / MICRO:  # past any ledger (and past Decimal's 28 digits when rounded)
+        return MOST
     # Rounded to a millionth of a micro-USD first: 0.0012000000000000001 (float noise
     # from a price sum) is 1200, not 1201.
     return min(math.ceil(round(Decimal(repr(usd)) * MICRO, 6)), MOST)
