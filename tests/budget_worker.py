@@ -19,6 +19,7 @@ test starts every worker's calls at the same instant.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -35,17 +36,23 @@ MAX_OUTPUT = 500
 
 def main(argv: list[str]) -> int:
     mode, base_url, out_path = argv
+    # BUDGET_WORKER_PRICE: another price for "m" (JSON), as a fleet of dearer calls needs.
+    prices = json.loads(os.environ.get("BUDGET_WORKER_PRICE") or "null") or PRICES
+    deadline = float(os.environ.get("BUDGET_WORKER_DEADLINE") or (5.0 if mode == "hold" else 30.0))
     client = LLMClient(
         "openai_compatible",
         "m",
         base_url=base_url + "/v1",
-        prices=PRICES,
+        prices=prices,
         budget="team",
-        deadline=5.0 if mode == "hold" else 30.0,
+        deadline=deadline,
         # Its window given: the client does not ask the server for it, so the one
         # connection a call makes is its request (the hold test waits for exactly that).
         capability_matrix={"context_window": 32_768},
     )
+    if os.environ.get("BUDGET_WORKER_MARGIN") and client.budget is not None:
+        # How long past its deadline a hold outlives a process killed holding it.
+        client.budget.margin = float(os.environ["BUDGET_WORKER_MARGIN"])
     print("ready", flush=True)
     sys.stdin.readline()
     with client, open(out_path, "w") as out:

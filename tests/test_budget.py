@@ -146,6 +146,18 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BudgetLed
     client.close()
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def clocked(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BudgetLedger]:
+    """A ledger on the caller's clock (``now``): Redis keeps its own (tested apart)."""
+    if request.param == "memory":
+        yield MemoryBudgetLedger()
+        return
+    store = SqliteCooldownStore(tmp_path / "cooldown.sqlite3")
+    yield store.budget_ledger()
+    store.budget_ledger().close()
+    store.close()
+
+
 TEAM = BudgetSpec("team", 1_000, "")
 DAILY = BudgetSpec("daily", 1_000, "day")
 
@@ -170,18 +182,24 @@ def test_settle_replaces_the_reservation_by_the_real_cost(ledger: BudgetLedger) 
     assert ledger.states(NOON + 3)[0].spent == 150
 
 
-def test_a_reservation_ends_by_itself_when_its_process_died(ledger: BudgetLedger) -> None:
-    assert ledger.reserve(TEAM, 900, "dead", NOON + 60, NOON).granted
-    assert not ledger.reserve(TEAM, 200, "b", NOON + 120, NOON + 59).granted
-    assert ledger.states(NOON + 59)[0].reserved == 900
-    assert ledger.reserve(TEAM, 200, "b", NOON + 120, NOON + 60).granted
-    assert ledger.states(NOON + 60)[0].reserved == 200
-    # The dead holder's late settle (it was only slow) still counts what it spent.
-    ledger.settle("team", "dead", 100, NOON + 61)
-    assert ledger.states(NOON + 61)[0].spent == 100
+def test_a_hold_whose_process_died_is_spent_when_it_ends(clocked: BudgetLedger) -> None:
+    """Issue 32 item 4: its request may have been billed, so it is never given back."""
+    assert clocked.reserve(TEAM, 900, "dead", NOON + 60, NOON).granted
+    assert not clocked.reserve(TEAM, 200, "b", NOON + 120, NOON + 59).granted
+    assert clocked.states(NOON + 59)[0].reserved == 900
+    (ended,) = clocked.states(NOON + 60)
+    assert (ended.spent, ended.reserved) == (900, 0)
+    assert not clocked.reserve(TEAM, 200, "b", NOON + 120, NOON + 60).granted
+    assert clocked.reserve(TEAM, 100, "c", NOON + 120, NOON + 60).granted
+    # The dead holder's late settle (it was only slow) is not counted twice.
+    clocked.settle("team", "dead", 100, NOON + 61)
+    clocked.settle("team", "c", 40, NOON + 62)
+    (state,) = clocked.states(NOON + 62)
+    assert (state.spent, state.reserved) == (940, 0)
 
 
-def test_a_day_window_resets_at_utc_midnight(ledger: BudgetLedger) -> None:
+def test_a_day_window_resets_at_utc_midnight(clocked: BudgetLedger) -> None:
+    ledger = clocked
     late = _at("2026-03-14T23:59:00")
     assert ledger.reserve(DAILY, 900, "a", late + 30, late).granted
     ledger.settle("daily", "a", 900, late + 1)
@@ -195,7 +213,8 @@ def test_a_day_window_resets_at_utc_midnight(ledger: BudgetLedger) -> None:
     assert granted.state.ends == _at("2026-03-16T00:00:00")
 
 
-def test_a_budget_without_a_window_outlives_the_stores_day_cap(ledger: BudgetLedger) -> None:
+def test_a_budget_without_a_window_outlives_the_stores_day_cap(clocked: BudgetLedger) -> None:
+    ledger = clocked
     assert ledger.reserve(TEAM, 700, "a", NOON + 60, NOON).granted
     ledger.settle("team", "a", 700, NOON + 1)
     later = NOON + 40 * LONGEST  # forty days on, nothing purged it
@@ -284,6 +303,84 @@ def test_every_redis_budget_expires(request: pytest.FixtureRequest) -> None:
     assert expected - 60_000 < client.pttl("fluid:budget:daily") <= expected + 1_000
     client.delete("fluid:budget:team", "fluid:budget:daily")
     client.close()
+
+
+def _redis_ledger(request: pytest.FixtureRequest) -> Any:
+    import redis
+
+    from fluid_build.copilot.health.redis_store import RedisCooldownStore
+
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    client.delete("fluid:budget:team", "fluid:budget:monthly")
+
+    def done() -> None:
+        client.delete("fluid:budget:team", "fluid:budget:monthly")
+        client.close()
+
+    request.addfinalizer(done)
+    return RedisCooldownStore(client=client).budget_ledger(), client
+
+
+def test_redis_holds_end_on_the_servers_clock_not_a_slow_hosts(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Issue 32 item 6: a host 120 s slow wrote holds the others saw as ended."""
+    import time
+
+    ledger, client = _redis_ledger(request)
+    slow = time.time() - 120
+    assert ledger.reserve(TEAM, 600, "slow-host", slow + 60, slow).granted  # lives 60 s
+    now = time.time()
+    refused = ledger.reserve(TEAM, 600, "other-host", now + 60, now)
+    assert not refused.granted
+    assert refused.state.reserved == 600
+    seconds, micros = client.time()
+    server = seconds + micros / 1e6
+    raw = client.hget("fluid:budget:team", "h:slow-host").decode()
+    assert raw.startswith("600 ")
+    assert server + 55 < float(raw.split()[1]) <= server + 60
+
+
+def test_redis_windows_follow_the_servers_clock_not_a_fast_hosts(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Issue 32 item 6: a host ahead of the others reset the window's spend for everyone."""
+    import time
+
+    ledger, client = _redis_ledger(request)
+    monthly = BudgetSpec("monthly", 1_000, "month")
+    now = time.time()
+    assert ledger.reserve(monthly, 900, "a", now + 60, now).granted
+    ledger.settle("monthly", "a", 900, now)
+    ahead = now + 40 * 86_400  # a host whose clock is in another month
+    refused = ledger.reserve(monthly, 200, "b", ahead + 60, ahead)
+    assert not refused.granted
+    assert refused.state.spent == 900
+    seconds, _ = client.time()
+    assert refused.state.ends == window_end("month", float(seconds))
+
+
+def test_the_redis_scripts_calendar_is_the_utc_calendar(request: pytest.FixtureRequest) -> None:
+    import redis
+
+    from fluid_build.copilot.health.redis_store import _BUDGET_BOOK
+
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    request.addfinalizer(client.close)
+    script = client.register_script(_BUDGET_BOOK + "return fresh_end(ARGV[1], tonumber(ARGV[2]))")
+    moments = [
+        _at("2024-02-29T23:59:59"),  # a leap day
+        _at("2025-02-28T12:00:00"),
+        _at("2026-12-31T23:59:59.5"),
+        _at("2000-03-01T00:00:00"),
+        _at("2100-02-28T00:00:00"),  # no leap day in 2100
+        *(NOON + k * 86_400 * 7.3 for k in range(60)),
+    ]
+    for moment in moments:
+        for window in ("hour", "day", "month"):
+            got = script(args=[window, repr(moment)]).decode()
+            assert float(got) == window_end(window, moment), (window, moment)  # type: ignore[arg-type]
+    assert script(args=["", repr(NOON)]) == b""
 
 
 # -- refusals ------------------------------------------------------------------------------
@@ -565,42 +662,58 @@ def test_eight_processes_share_one_budget(
     assert (after.spent, after.reserved) == (state.spent, 0)
 
 
-def test_a_killed_process_releases_its_reservation_after_deadline_plus_margin(
-    tmp_path: Path,
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_killed_processs_hold_is_spent_when_it_ends(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """Issue 32 item 4: a worker killed after the server took its request may have been
+    billed; once its hold ends (its 2 s deadline plus a margin of 0 here) it is spent."""
     import signal
     import socket
     import time
 
-    from fluid_build.copilot.health.budget import HOLD_MARGIN
+    url = None
+    if store == "redis":
+        url = request.getfixturevalue("redis_url")
+        import redis
 
+        redis.Redis.from_url(url).delete("fluid:budget:team")
     # A server that takes the connection and never answers: the call holds its reservation.
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    env = _worker_env(tmp_path, None)
-    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    env = {**_worker_env(tmp_path, url), "BUDGET_WORKER_DEADLINE": "2", "BUDGET_WORKER_MARGIN": "0"}
+    address = f"http://127.0.0.1:{silent.getsockname()[1]}"
     try:
-        proc = _start("hold", url, tmp_path / "unused", env)
-        before = time.time()
+        proc = _start("hold", address, tmp_path / "unused", env)
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        ledger = _ledger_of(tmp_path, None)
+        ledger = _ledger_of(tmp_path, url)
         # The call reserves before it sends: once it has connected, its hold is in the store.
         silent.settimeout(30)
         connection, _ = silent.accept()
+        held_at = time.monotonic()
         (held,) = ledger.states(time.time())
         assert held.reserved, "the worker's call connected without a reservation"
+        assert 2_000 <= held.reserved < 3_000  # ~1,000 prompt tokens and 500 output, priced
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         _close(proc)
         connection.close()
     finally:
         silent.close()
-    # The worker's call had a 5 s deadline: its hold lives until then plus the margin.
-    (still,) = ledger.states(before + 5 + HOLD_MARGIN - 1)
-    assert still.reserved == held.reserved
-    assert 2_000 <= held.reserved < 3_000  # ~1,000 prompt tokens and 500 output, priced
-    (released,) = ledger.states(time.time() + 5 + HOLD_MARGIN + 1)
-    assert released.reserved == 0
-    assert released.spent == 0
+    # Its hold lives 2 s on the store's clock (Redis: the server's), then is spent whole.
+    while True:
+        (state,) = ledger.states(time.time() + (3 if store == "sqlite" else 0))
+        if state.reserved == 0 or time.monotonic() - held_at > 10:
+            break
+        time.sleep(0.1)
+    assert (state.spent, state.reserved) == (held.reserved, 0)
+    # And stays spent: what is left excludes it, for a new process as for this one.
+    limit = micro_usd(BUDGET_USD)
+    spec = BudgetSpec("team", limit, "month")
+    now = time.time() + (3 if store == "sqlite" else 0)
+    assert not ledger.reserve(spec, limit - held.reserved + 1, "next", now + 60, now).granted
+    after = ledger.reserve(spec, limit - held.reserved, "fits", now + 60, now)
+    assert after.granted
+    assert after.state.spent == held.reserved

@@ -9,7 +9,8 @@ until reset, so the stores' one-day sanity cap and entry cap must not touch it.
 Before each attempt a call reserves its worst case with one atomic take
 (:meth:`BudgetLedger.reserve`); after the answer the reservation is settled to
 the real cost (:meth:`BudgetLedger.settle`). A reservation whose process died
-ends by itself at its call's deadline plus :data:`HOLD_MARGIN`. Amounts are
+ends by itself at its call's deadline plus :data:`HOLD_MARGIN`, spent whole: its
+request may have been billed. Amounts are
 integer micro-USD, rounded up, so no float drift adds up across a fleet.
 See docs/budgets.md.
 """
@@ -200,8 +201,11 @@ class _Book:
         elif self.ends is not None and now >= self.ends:
             self.spent = 0
             self.ends = window_end(spec_window, now)  # type: ignore[arg-type]
-        # A dead process's reservation ends by itself.
-        self.holds = {k: v for k, v in self.holds.items() if v[1] > now}
+        # A dead process's reservation ends by itself, spent: its request may have been
+        # billed, and nobody is left to say what it cost.
+        ended = [k for k, (_, expires) in self.holds.items() if expires <= now]
+        for hold in ended:
+            self.spent = min(self.spent + self.holds.pop(hold)[0], MOST)
 
     def state(self, name: str) -> BudgetState:
         reserved = sum(amount for amount, _ in self.holds.values())
@@ -225,8 +229,12 @@ def _reserve(
 def _settle(book: _Book | None, hold: str, amount: int, now: float) -> _Book | None:
     if book is None:  # reset meanwhile: this spend counts from the reset
         return None
+    live = book.holds.pop(hold, None)
     book.roll(book.window, now)
-    book.holds.pop(hold, None)
+    if live is None:
+        # Gone: it outlived its call and was counted whole when it ended (or the budget
+        # was reset since); counting it again would spend it twice.
+        return book
     book.spent = min(book.spent + max(amount, 0), MOST)
     return book
 

@@ -13,7 +13,6 @@ from fluid_build.copilot.health.budget import (
     BudgetState,
     Reservation,
     _Book,
-    window_end,
 )
 from fluid_build.copilot.health.store import (
     LONGEST,
@@ -399,8 +398,48 @@ def _float(text: str | None, default: float) -> float:
 # ``fluid:health:`` never touch them. Fields: lim, win, ends ('' for none), spent,
 # and one ``h:<id>`` = "<amount> <expires>" per live reservation. Amounts are
 # whole micro-USD (exact in Lua's doubles up to 2^53).
+#
+# Every time here is the Redis server's (TIME), never a host's: a host whose clock
+# is slow or fast must not end the others' holds early or start a window anew
+# for the whole fleet. A window's end is computed in the script from that time,
+# on the UTC calendar as :func:`~fluid_build.copilot.health.budget.window_end` does.
 _BUDGET_BOOK: Final = f"""
-local function book(key, now, win, fresh)
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m > 2) and (m - 3) or (m + 9)
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function window_end(win, now)
+  if win == 'hour' then return (math.floor(now / 3600) + 1) * 3600 end
+  if win == 'day' then return (math.floor(now / 86400) + 1) * 86400 end
+  if win ~= 'month' then return nil end
+  local z = math.floor(now / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  if m <= 2 then y = y + 1 end
+  if m == 12 then y, m = y + 1, 1 else m = m + 1 end
+  return days_from_civil(y, m, 1) * 86400
+end
+local function fresh_end(win, now)
+  local ends = window_end(win, now)
+  if ends == nil then return '' end
+  return string.format('%d', ends)
+end
+local function book(key, now, win)
   local kind = redis.call('TYPE', key)['ok']
   if kind ~= 'none' and kind ~= 'hash' then redis.call('DEL', key) end
   local spent = tonumber(redis.call('HGET', key, 'spent') or '')
@@ -412,9 +451,9 @@ local function book(key, now, win, fresh)
   local ends = redis.call('HGET', key, 'ends') or ''
   if win ~= nil then
     if (redis.call('HGET', key, 'win') or '') ~= win then
-      redis.call('HSET', key, 'win', win, 'ends', fresh)
+      redis.call('HSET', key, 'win', win, 'ends', fresh_end(win, now))
     elseif ends ~= '' and now >= tonumber(ends) then
-      redis.call('HSET', key, 'spent', 0, 'ends', fresh)
+      redis.call('HSET', key, 'spent', 0, 'ends', fresh_end(win, now))
       spent = 0
     end
   end
@@ -424,27 +463,33 @@ local function book(key, now, win, fresh)
     local name = fields[i]
     if string.sub(name, 1, 2) == 'h:' then
       local amount, expires = string.match(fields[i + 1], '^(%d+) (%S+)$')
-      if amount == nil or tonumber(expires) == nil or tonumber(expires) <= now then
+      if amount == nil or tonumber(expires) == nil then
         redis.call('HDEL', key, name)
+      elseif tonumber(expires) <= now then
+        -- A hold that outlived its call is spent whole: its request may have been billed.
+        redis.call('HDEL', key, name)
+        spent = math.min(spent + tonumber(amount), {MOST})
       else
         reserved = reserved + tonumber(amount)
       end
     end
   end
+  redis.call('HSET', key, 'spent', spent)
   return spent, reserved
 end
 """
-# ARGV: now, limit, window, fresh window end ('' none), amount, hold id, expires.
+# ARGV: limit, window, amount, hold id, the hold's seconds to live. Returns granted, spent,
+# reserved, ends, and the server's time.
 _BUDGET_RESERVE: Final = (
     _BUDGET_BOOK
     + """
-local now = tonumber(ARGV[1])
-local spent, reserved = book(KEYS[1], now, ARGV[3], ARGV[4])
+local now = server_now()
+local spent, reserved = book(KEYS[1], now, ARGV[2])
 if spent == nil then
-  redis.call('HSET', KEYS[1], 'spent', 0, 'win', ARGV[3], 'ends', ARGV[4])
+  redis.call('HSET', KEYS[1], 'spent', 0, 'win', ARGV[2], 'ends', fresh_end(ARGV[2], now))
   spent, reserved = 0, 0
 end
-redis.call('HSET', KEYS[1], 'lim', ARGV[2])
+redis.call('HSET', KEYS[1], 'lim', ARGV[1])
 local ends = redis.call('HGET', KEYS[1], 'ends') or ''
 -- Every budget expires: a day after its window ends, or IDLE_FORGET after its last call.
 if ends ~= '' then
@@ -452,33 +497,40 @@ if ends ~= '' then
 else
   redis.call('PEXPIRE', KEYS[1], {IDLE_MS})
 end
-local amount = tonumber(ARGV[5])
-if spent + reserved + amount > tonumber(ARGV[2]) then
-  return {0, spent, reserved, ends}
+local stamp = string.format('%.6f', now)
+local amount = tonumber(ARGV[3])
+if spent + reserved + amount > tonumber(ARGV[1]) then
+  return {0, spent, reserved, ends, stamp}
 end
-redis.call('HSET', KEYS[1], 'h:' .. ARGV[6], ARGV[5] .. ' ' .. ARGV[7])
-return {1, spent, reserved + amount, ends}
+local expires = string.format('%.6f', now + tonumber(ARGV[5]))
+redis.call('HSET', KEYS[1], 'h:' .. ARGV[4], ARGV[3] .. ' ' .. expires)
+return {1, spent, reserved + amount, ends, stamp}
 """
 ).replace("{IDLE_MS}", str(int(IDLE_FORGET * 1000)))
-# ARGV: now, hold id, amount spent, then the fresh ends of hour, day, month.
+# ARGV: hold id, amount spent. A hold already gone was counted whole when it ended.
 _BUDGET_SETTLE: Final = (
     _BUDGET_BOOK
     + """
-local now = tonumber(ARGV[1])
+local now = server_now()
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local live = redis.call('HEXISTS', KEYS[1], 'h:' .. ARGV[1])
+if live == 1 then redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1]) end
 local win = redis.call('HGET', KEYS[1], 'win') or ''
-local fresh = ({['hour'] = ARGV[4], ['day'] = ARGV[5], ['month'] = ARGV[6]})[win] or ''
-local spent = book(KEYS[1], now, win, fresh)
-if spent == nil then return 0 end
-redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2])
-redis.call('HSET', KEYS[1], 'spent', math.min(spent + tonumber(ARGV[3]), {MOST}))
+local spent = book(KEYS[1], now, win)
+if spent == nil or live == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'spent', math.min(spent + tonumber(ARGV[2]), {MOST}))
 return 1
 """
 ).replace("{MOST}", str(MOST))
 
 
 class RedisBudgetLedger:
-    """Budgets as Redis hashes under ``fluid:budget:``, each change one Lua script."""
+    """Budgets as Redis hashes under ``fluid:budget:``, each change one Lua script.
+
+    Times are the Redis server's: the ``now`` and ``expires`` a caller passes only
+    say how long a hold lives (``expires - now``), so no host's clock decides a
+    window or when another host's hold ends.
+    """
 
     def __init__(self, client: redis.Redis, *, prefix: str = "fluid:budget:") -> None:
         self._client = client
@@ -489,17 +541,11 @@ class RedisBudgetLedger:
     def reserve(
         self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
     ) -> Reservation:
-        fresh = window_end(spec.window, now)
-        args = [
-            repr(now),
-            str(spec.limit),
-            spec.window,
-            "" if fresh is None else repr(fresh),
-            str(amount),
-            hold,
-            repr(expires),
-        ]
-        granted, spent, reserved, ends = self._reserve(keys=[self._prefix + spec.name], args=args)
+        lives = max(expires - now, 0.0) if math.isfinite(expires - now) else 0.0
+        args = [str(spec.limit), spec.window, str(amount), hold, repr(lives)]
+        granted, spent, reserved, ends, _ = self._reserve(
+            keys=[self._prefix + spec.name], args=args
+        )
         end_text = _text(ends) or ""
         state = BudgetState(
             spec.name,
@@ -512,10 +558,15 @@ class RedisBudgetLedger:
         return Reservation(bool(granted), state)
 
     def settle(self, name: str, hold: str, amount: int, now: float) -> None:
-        ends = [repr(window_end(w, now)) for w in ("hour", "day", "month")]
-        self._settle(keys=[self._prefix + name], args=[repr(now), hold, str(amount), *ends])
+        self._settle(keys=[self._prefix + name], args=[hold, str(amount)])
+
+    def server_time(self) -> float:
+        """The Redis server's clock (wall-clock seconds), which every budget here is kept on."""
+        seconds, micros = self._client.time()
+        return int(seconds) + int(micros) / 1_000_000
 
     def states(self, now: float) -> list[BudgetState]:
+        now = self.server_time()  # the budgets' own clock, whatever this host's says
         pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in self._prefix) + "*"
         out = []
         for raw in self._client.scan_iter(match=pattern, count=1000):

@@ -738,16 +738,13 @@ class SqliteBudgetLedger:
 
 def _forget_idle(conn: sqlite3.Connection, now: float) -> None:
     """Every budget expires: a day after its window ends, or IDLE_FORGET after its last call
-    (see docs/budgets.md); a reservation goes at its own end."""
+    (see docs/budgets.md); its reservations go with it."""
     conn.execute(
         "DELETE FROM fluid_budget WHERE coalesce(used, 0) < ? OR (ends IS NOT NULL AND ends < ?)",
         (now - IDLE_FORGET, now - 86_400.0),
     )
-    conn.execute(
-        "DELETE FROM fluid_budget_hold WHERE expires <= ? "
-        "OR name NOT IN (SELECT name FROM fluid_budget)",
-        (now,),
-    )
+    # An ended hold is left for its budget's next change, which counts it as spent.
+    conn.execute("DELETE FROM fluid_budget_hold WHERE name NOT IN (SELECT name FROM fluid_budget)")
 
 
 def _whole(value: object) -> bool:
