@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 from urllib.parse import quote, urlsplit
 
+from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -262,9 +263,11 @@ class _Signer:
 
     def __init__(self, region: str) -> None:
         try:
+            import botocore.auth
             import botocore.session
         except ImportError:
             raise not_installed() from None
+        install_log_redaction()  # botocore.auth logs the canonical request at DEBUG
         self.region = region
         self.session = botocore.session.Session()
         self.credentials: Any = None

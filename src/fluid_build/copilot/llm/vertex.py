@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import httpx
 
+from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import ProviderConfig, Request
 from fluid_build.copilot.llm.gemini import GeminiAdapter
@@ -69,6 +70,7 @@ def _google_auth() -> Any:
             "provider vertex needs google-auth for Application Default Credentials: "
             f"run {VERTEX_INSTALL} (or pass an access token with api_key=)"
         ) from exc
+    install_log_redaction()  # google-auth's loggers carry token exchanges
     return google.auth
 
 
