@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -1063,3 +1064,127 @@ def test_an_expired_sso_login_is_an_auth_error_naming_aws_sso_login_for_the_prof
     assert SSO_TOKEN not in message
     assert (caught.value.code, caught.value.retryable) == ("llm.auth", False)
     assert portal.seen == []  # an expired token is never sent
+
+
+# -- the credential lookup: off the event loop, within the call's deadline (issue 32 item 9) --
+
+TIGHT = 0.5  # the call's deadline (s): the silent endpoint is never answered within it
+
+
+def _silent_credentials_endpoint(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A container credentials endpoint on loopback that reads each request and never
+    answers (botocore waits 2 s a try, 3 tries: about 9 s of silence per lookup)."""
+    from tests import hostile
+
+    serving = hostile.serve(hostile.silent, hold=30.0)
+    server = serving.__enter__()
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", server.url + "/creds")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    return serving, server
+
+
+def _lookup_of(client: LLMClient) -> Any:
+    (entry,) = client._entries()
+    return entry.adapter.signer.lookup  # type: ignore[attr-defined]
+
+
+def _end(serving: Any, client: LLMClient) -> None:
+    """Stop the silent endpoint; the abandoned lookup is refused from now on and ends by
+    itself (botocore's own retries), in its daemon thread, failed: nothing ever answered."""
+    serving.__exit__(None, None, None)
+    assert _lookup_of(client)._future is not None
+
+
+def test_a_silent_credentials_endpoint_ends_complete_within_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    serving, server = _silent_credentials_endpoint(monkeypatch)
+    seen: list[httpx.Request] = []
+    client, http = _client(_answer(seen), {"AWS_REGION": "us-east-1"}, deadline=TIGHT)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProviderError) as caught:
+            client.complete("hi")
+        elapsed = time.monotonic() - started
+        assert server.requests  # botocore did ask the endpoint
+    finally:
+        http.close()
+        _end(serving, client)
+    assert caught.value.code == "llm.deadline_exceeded"
+    assert "AWS credentials" in str(caught.value)
+    assert elapsed < TIGHT + 0.4, elapsed
+    assert seen == []  # nothing was sent unsigned
+
+
+def test_a_silent_credentials_endpoint_never_holds_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import time
+
+    serving, _ = _silent_credentials_endpoint(monkeypatch)
+    ticks: list[float] = []
+    client = LLMClient(
+        "bedrock",
+        MODEL,
+        envelope=clocked_envelope(FakeClock()),
+        env={"AWS_REGION": "us-east-1"},
+        deadline=TIGHT,
+        base_url="http://127.0.0.1:9",
+    )
+
+    async def ticker(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def go() -> tuple[BaseException, float]:
+        stop = asyncio.Event()
+        other = asyncio.create_task(ticker(stop))
+        started = time.monotonic()
+        try:
+            await client.acomplete("hi")
+        except ProviderError as exc:
+            return exc, time.monotonic() - started
+        finally:
+            stop.set()
+            await other
+            await client.aclose()
+        raise AssertionError("the call was answered")
+
+    try:
+        error, elapsed = asyncio.run(go())
+    finally:
+        _end(serving, client)
+    assert isinstance(error, ProviderError)
+    assert error.code == "llm.deadline_exceeded"
+    assert elapsed < TIGHT + 0.4, elapsed
+    # The loop ran on while the lookup waited: the other task ticked all along, never
+    # stopped for long (a frozen loop ticks once, at the start).
+    assert len(ticks) >= 10, ticks
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert max(gaps) < 0.25, max(gaps)
+
+
+def test_calls_waiting_for_one_lookup_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two calls during one silent lookup: one request to the endpoint, not two, and no
+    # thread piling up behind another.
+    import threading
+
+    before = set(threading.enumerate())
+    serving, server = _silent_credentials_endpoint(monkeypatch)
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"}, deadline=TIGHT)
+    try:
+        for _ in range(2):
+            with pytest.raises(ProviderError) as caught:
+                client.complete("hi")
+            assert caught.value.code == "llm.deadline_exceeded"
+        assert len(server.requests) == 1
+        started = set(threading.enumerate()) - before
+        lookups = [t for t in started if t.name == "fluid-aws-credentials"]
+        assert len(lookups) == 1
+    finally:
+        http.close()
+        _end(serving, client)

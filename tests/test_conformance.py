@@ -18,11 +18,16 @@ and for the redirect scenarios the caller's pools with
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
 import logging
+from typing import Any
 
 import pytest
 
+from fluid_build.copilot import LLMClient
+from fluid_build.copilot.agents.errors import AgentExecutionError
 from tests import hostile
 
 CASES = [
@@ -87,3 +92,101 @@ def test_the_secret_scan_finds_a_key_in_aiohttps_request_info() -> None:
     outer = ValueError("wrapped")
     outer.__cause__ = error
     assert hostile.secret_leaks(outer)
+
+
+# -- cloud credentials: no secret in any error or any logger's DEBUG records (issue 32) ----------
+
+AWS_KEY_ID = "AKIDCONFORMANCEKEY01"
+AWS_SECRET = "conformance/AWS+secret/access-key-0123456789"
+AWS_SESSION = "IQoJconformance-session-token/+0123456789abcdefghij=="
+BEDROCK_MODEL = "amazon.nova-micro-v1:0"
+CONVERSE_ANSWER = json.dumps(
+    {
+        "output": {"message": {"role": "assistant", "content": [{"text": "ok"}]}},
+        "stopReason": "end_turn",
+        "usage": {"inputTokens": 3, "outputTokens": 1},
+    }
+).encode()
+
+
+def _echo_denied(conn: hostile.Conn, request: hostile.Request) -> bool:
+    """AWS's 403 for a bad signature, echoing the request's credential headers (as some
+    gateways and proxies do in their error pages)."""
+    body = json.dumps(
+        {
+            "message": "The request signature we calculated does not match the signature you "
+            f"provided. Authorization: {request.header('authorization')}; security token "
+            f"{request.header('x-amz-security-token')}",
+        }
+    ).encode()
+    return hostile.respond(403, body, (*hostile.JSON, ("x-amzn-errortype", "AccessDenied")))(
+        conn, request
+    )
+
+
+def _sent_secrets(requests: list[hostile.Request]) -> tuple[str, ...]:
+    """Each SigV4 signature the server received: computed per request, secret all the same."""
+    found = []
+    for request in requests:
+        auth = request.header("authorization") or ""
+        found.append(auth.rpartition("Signature=")[2])
+    return tuple(s for s in found if s)
+
+
+def _bedrock_call(transport: str, url: str) -> Any:
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.transport import TRANSPORT_ENV
+
+    async def asleep(seconds: float) -> None:
+        return None
+
+    env = {"AWS_REGION": "us-east-1"}
+    if transport != "sync-direct":
+        env[TRANSPORT_ENV] = "aiohttp" if transport == "async-aiohttp" else "httpx"
+    envelope = RetryEnvelope(hostile.POLICY, cooldown=None, sleep=lambda s: None, asleep=asleep)
+    client = LLMClient(
+        "bedrock", BEDROCK_MODEL, base_url=url, env=env, envelope=envelope, deadline=5.0
+    )
+    try:
+        if transport == "sync-direct":
+            return client.complete(hostile.PROMPT)
+
+        async def call() -> Any:
+            try:
+                return await client.acomplete(hostile.PROMPT)
+            finally:
+                await client.aclose()
+
+        return asyncio.run(call())
+    finally:
+        client.close()
+
+
+SIGV4_TRANSPORTS = ("sync-direct", "async-httpx", "async-aiohttp")
+
+
+@pytest.mark.parametrize("answer", ["ok", "denied-echoing-the-signature"])
+@pytest.mark.parametrize("transport", SIGV4_TRANSPORTS)
+def test_a_sigv4_call_with_a_session_token_shows_no_secret_in_any_debug_log(
+    transport: str, answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Root at DEBUG, every logger propagating to it: botocore.auth writes the canonical
+    # request (with x-amz-security-token) and the signature there, urllib3 and httpx the
+    # exchanges. None of the credential's parts may show, nor in the error.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", AWS_SESSION)
+    handler = hostile.respond(200, CONVERSE_ANSWER) if answer == "ok" else _echo_denied
+    with hostile.serve(handler) as server:
+        measured = hostile.measure(lambda: _bedrock_call(transport, server.url))
+        requests = list(server.requests)
+    assert requests, "no request reached the server"
+    assert any("botocore.auth" in line for line in measured.logs)  # the scan saw its records
+    if answer == "ok":
+        assert measured.error is None, measured.error
+    else:
+        assert isinstance(measured.error, AgentExecutionError), measured.error
+        assert measured.error.code == "llm.auth"
+    secrets = (AWS_KEY_ID, AWS_SECRET, AWS_SESSION, *_sent_secrets(requests))
+    leaks = hostile.secret_leaks(measured.error, measured.logs, secrets)
+    assert leaks == [], leaks

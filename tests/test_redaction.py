@@ -316,6 +316,62 @@ def test_every_fluid_logger_and_httpx_carries_the_filter() -> None:
         assert any(isinstance(f, RedactingFilter) for f in filters), name
 
 
+def test_the_cloud_libraries_loggers_carry_the_filter_before_and_after_import() -> None:
+    # botocore.auth writes the canonical request (x-amz-security-token) and the signature at
+    # DEBUG; google-auth and urllib3 carry token exchanges (issue 32 item 8).
+    import botocore.auth
+    import botocore.credentials
+    import google.auth._default
+    import google.oauth2._client
+    import urllib3.connectionpool
+
+    from fluid_build._redact import install_log_redaction
+
+    install_log_redaction()
+    names = [
+        n
+        for n in logging.Logger.manager.loggerDict
+        if n.startswith(("botocore", "google.auth", "google.oauth2", "urllib3"))
+    ]
+    modules = (botocore.auth, botocore.credentials, google.auth._default, google.oauth2._client)
+    for module in (*modules, urllib3.connectionpool):
+        assert module.__name__ in names
+    for name in names:
+        filters = logging.getLogger(name).filters
+        assert any(isinstance(f, RedactingFilter) for f in filters), name
+
+
+def test_a_sigv4_authorizations_pieces_are_redacted_wherever_they_show() -> None:
+    # An error body echoing only part of the Authorization header (issue 32 item 11).
+    signature = "5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
+    header = (
+        "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261128/us-east-1/bedrock/aws4_request, "
+        f"SignedHeaders=content-type;host;x-amz-date, Signature={signature}"
+    )
+    texts = [
+        '{"message": "Credential=AKIDEXAMPLE/20261128/us-east-1/bedrock/aws4_request"}',
+        f"Signature={signature} does not match",
+        f"Signature:\n{signature}",  # botocore.auth's DEBUG record
+        f"https://h.example/x?X-Amz-Credential=AKIDEXAMPLE%2F20261128&X-Amz-Signature={signature}",
+        f"Authorization: {header}",
+    ]
+    for text in texts:
+        clean = redact(text)
+        assert "AKIDEXAMPLE" not in clean, clean
+        assert signature not in clean, clean
+    assert {"AKIDEXAMPLE", signature} <= set(request_secrets([("Authorization", header)], "/"))
+    assert redact("the signature: it was wrong") == "the signature: it was wrong"
+
+
+def test_google_auths_structured_request_log_is_redacted() -> None:
+    record = logging.LogRecord(
+        "google.oauth2._client", logging.DEBUG, "f", 1, "Making request...", None, None
+    )
+    record.httpRequest = {"headers": {"Authorization": f"Bearer {KEY}"}, "body": {"token": KEY}}
+    RedactingFilter().filter(record)
+    assert KEY not in repr(record.__dict__)
+
+
 def test_the_httpx_request_line_shows_the_redacted_url(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="httpx")
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))

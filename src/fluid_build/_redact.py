@@ -13,8 +13,9 @@ Three layers:
 
 :func:`redact` applies all three to text (URLs inside the text lose their
 userinfo and key-like query values); :func:`redact_url`, :func:`redact_json`,
-:func:`redact_exception_chain` and :class:`RedactingFilter` (installed on
-fluid_build's and httpx's loggers at import) build on it.
+:func:`redact_exception_chain` and :class:`RedactingFilter` (installed at import on
+fluid_build's, httpx's and the cloud libraries' loggers: botocore, google-auth,
+urllib3) build on it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "ACCOUNT_HEADERS",
     "REDACTED",
     "REDACTED_LOGGERS",
+    "REDACTED_PREFIXES",
     "RedactingFilter",
     "exception_chain",
     "install_log_redaction",
@@ -120,6 +122,21 @@ _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
     ),
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),  # AWS access key ids
+    # SigV4's pieces, wherever an Authorization header or a presigned URL was echoed or logged
+    # (botocore.auth writes "Signature:\n<hex>"): the signature, and the key id of the
+    # credential scope (``Credential=<key id>/<date>/<region>/<service>/aws4_request``).
+    (
+        re.compile(
+            r"(?i)\b((?:x-amz-)?signature[\"']?\s*[:=]\s*[\"']?)" + _NOT_MARKER + r"[0-9a-f]{32,}"
+        ),
+        r"\1" + REDACTED,
+    ),
+    (
+        re.compile(
+            r"(?i)\b((?:x-amz-)?credential\s*=\s*)" + _NOT_MARKER + r"[A-Za-z0-9_\-]+(?=/|%2F)"
+        ),
+        r"\1" + REDACTED,
+    ),
     (re.compile(r"\bxox[abpors]-[A-Za-z0-9\-]{10,}"), REDACTED),  # Slack
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*"), REDACTED),  # JWT
 )
@@ -324,6 +341,9 @@ def request_secrets(headers: Iterable[tuple[str, str]], url: object) -> list[str
         scheme, _, credential = value.strip().partition(" ")
         if credential and scheme.lower() in {"bearer", "basic", "token", "key", "apikey"}:
             found.append(credential.strip())
+        elif credential and scheme.upper().startswith("AWS4-"):
+            # SigV4: an error body may echo one piece alone (the signature, the key id).
+            found.extend(_sigv4_parts(credential))
     text = str(url)
     span = _authority(text)
     if span is not None:
@@ -336,6 +356,18 @@ def request_secrets(headers: Iterable[tuple[str, str]], url: object) -> list[str
         if value and is_credential_param(name):
             found.extend((value, unquote_plus(value)))
     return [s for s in dict.fromkeys(found) if s and s != REDACTED]
+
+
+def _sigv4_parts(credential: str) -> list[str]:
+    """The key id and the signature of a SigV4 ``Authorization`` value."""
+    parts: list[str] = []
+    for item in credential.split(","):
+        name, _, value = item.strip().partition("=")
+        if name == "Credential":
+            parts.append(value.split("/", 1)[0])
+        elif name == "Signature":
+            parts.append(value)
+    return [part for part in parts if part]
 
 
 # -- JSON values ----------------------------------------------------------------------------
@@ -570,14 +602,27 @@ class RedactingFilter(logging.Filter):
             record.exc_text = redact(record.exc_text)
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
+        for name in _STRUCTURED_EXTRAS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                record.__dict__[name] = redact_json(value)
         return True
+
+
+#: The ``extra=`` fields third-party loggers fill with a request or an answer (google-auth
+#: logs a token exchange's headers and body there): a structured formatter prints them.
+_STRUCTURED_EXTRAS: Final = ("httpRequest", "httpResponse")
 
 
 _FILTER: Final = RedactingFilter()
 
-#: Loggers whose records are redacted: fluid_build's own, and httpx's, which
-#: logs each request's full URL at INFO ("HTTP Request: POST https://...").
-#: A logger's filters do not apply to its children, so each is named.
+#: Loggers whose records are redacted: fluid_build's own; httpx's, which logs each
+#: request's full URL at INFO ("HTTP Request: POST https://..."); and the third-party
+#: loggers that see credentials: botocore's (``botocore.auth`` writes the canonical
+#: request with ``x-amz-security-token`` and the signature at DEBUG), google-auth's and
+#: urllib3's (both carry the token exchanges). A logger's filters do not apply to its
+#: children, so each is named; naming one creates it, so the filter is there before the
+#: library is imported.
 REDACTED_LOGGERS: Final = (
     "fluid_build",
     "fluid_build.agent",
@@ -599,16 +644,54 @@ REDACTED_LOGGERS: Final = (
     "httpcore.http2",
     "httpcore.proxy",
     "httpcore.socks",
+    "botocore",
+    "botocore.auth",
+    "botocore.awsrequest",
+    "botocore.client",
+    "botocore.configprovider",
+    "botocore.credentials",
+    "botocore.endpoint",
+    "botocore.hooks",
+    "botocore.httpsession",
+    "botocore.parsers",
+    "botocore.retryhandler",
+    "botocore.session",
+    "botocore.tokens",
+    "botocore.utils",
+    "google.auth",
+    "google.auth._default",
+    "google.auth._refresh_worker",
+    "google.auth.compute_engine._metadata",
+    "google.auth.compute_engine.credentials",
+    "google.auth.external_account",
+    "google.auth.external_account_authorized_user",
+    "google.auth.impersonated_credentials",
+    "google.auth.transport._http_client",
+    "google.auth.transport.requests",
+    "google.auth.transport.urllib3",
+    "google.oauth2._client",
+    "google.oauth2.credentials",
+    "google.oauth2.service_account",
+    "urllib3",
+    "urllib3.connection",
+    "urllib3.connectionpool",
+    "urllib3.poolmanager",
+    "urllib3.response",
+    "urllib3.util.retry",
 )
+#: Every logger under these is redacted too, whatever its name (see
+#: :func:`install_log_redaction`).
+REDACTED_PREFIXES: Final = ("fluid_build", "botocore", "google.auth", "google.oauth2", "urllib3")
 
 
 def install_log_redaction(*names: str) -> None:
-    """Put :class:`RedactingFilter` on ``names``, :data:`REDACTED_LOGGERS` and every
-    ``fluid_build.*`` logger that exists; idempotent."""
+    """Put :class:`RedactingFilter` on ``names``, :data:`REDACTED_LOGGERS` and every existing
+    logger under :data:`REDACTED_PREFIXES`; idempotent. The cloud adapters call it again
+    once botocore or google-auth is imported, for loggers this list does not name."""
     existing = [
         name
         for name in list(logging.Logger.manager.loggerDict)
-        if name == "fluid_build" or name.startswith("fluid_build.")
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in REDACTED_PREFIXES)
     ]
     for name in (*REDACTED_LOGGERS, *existing, *names):
         logger = logging.getLogger(name)

@@ -59,6 +59,7 @@ from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
 from fluid_build.copilot.health.cooldown import CooldownKey
 from fluid_build.copilot.health.ratelimit import estimate_tokens
 from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
+from fluid_build.copilot.llm.credentials import Pending
 from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
@@ -141,9 +142,10 @@ class Entry:
         self.window_lock = threading.Lock()
         #: The shared USD budget this entry's calls spend from (None: none); see call/spend.py.
         self.budget: BudgetGuard | None = None
-        #: The blocking step an adapter needs before its next request, if any (Vertex's token
-        #: refresh): asked each attempt, run by the shell (in a thread when async).
-        self.pending: Callable[[], Callable[[], object] | None] | None = getattr(
+        #: The credential lookup an adapter needs before its next request, if any (Vertex's
+        #: token, Bedrock's AWS credentials): asked each attempt, run by the shell in a
+        #: thread of its own, within the call's deadline (llm/credentials.py).
+        self.pending: Callable[[], Pending | None] | None = getattr(
             adapter, "pending_refresh", None
         )
 
@@ -444,7 +446,7 @@ class Entry:
             attempts += 1
             state = StreamState()
             if self.pending is not None and (refresh := self.pending()) is not None:
-                yield Blocking(refresh)
+                yield Blocking(refresh, deadline)
             wire = self.adapter.request(spec, stream=True)
             request = http_request(pool, wire, deadline, self.config.timeout)
             _, waited = yield from self.reserved(request, spec, deadline)
@@ -545,7 +547,7 @@ class _Attempt:
         deadline.check("the next attempt")
         self.count += 1
         if entry.pending is not None and (refresh := entry.pending()) is not None:
-            yield Blocking(refresh)
+            yield Blocking(refresh, deadline)
         spec = entry.adapter.request(prepared.spec, stream=False)
         request = http_request(pool, spec, deadline, entry.config.timeout)
         tokens, waited = 0, False

@@ -34,6 +34,7 @@ from fluid_build.copilot.llm.base import (
     iter_frames,
     iter_stream,
 )
+from fluid_build.copilot.llm.credentials import Pending, await_, wait
 from fluid_build.copilot.llm.types import StreamEvent
 from fluid_build.errors import FluidError
 
@@ -370,19 +371,27 @@ class Call(Effect):
 
 
 class Blocking(Effect):
-    """Blocking work that is not the call's own I/O (a credential refresh): done in place by
-    the sync shell, in a worker thread by the async one, so that its event loop runs on."""
+    """A credential lookup the next request needs (see :mod:`fluid_build.copilot.llm.credentials`):
+    it runs in a thread of its own; the sync shell waits for it, the async one awaits it so
+    its event loop runs on, and neither past the call's deadline."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("deadline", "pending")
 
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self.fn = fn
+    def __init__(self, pending: Pending, deadline: Deadline) -> None:
+        self.pending = pending
+        self.deadline = deadline
 
     def run(self) -> object:
-        return self.fn()
+        done, result = wait(self.pending.start(), self.deadline.left())
+        if not done:
+            raise self.deadline.passed(self.pending.what)
+        return result
 
     async def arun(self) -> object:
-        return await asyncio.to_thread(self.fn)
+        done, result = await await_(self.pending.start(), self.deadline.left())
+        if not done:
+            raise self.deadline.passed(self.pending.what)
+        return result
 
 
 class Send(Effect):

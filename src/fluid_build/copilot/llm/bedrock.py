@@ -12,11 +12,12 @@ loads with the first Bedrock client, never with ``import fluid_build``.
 from __future__ import annotations
 
 import json
-import threading
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 from urllib.parse import quote, urlsplit
 
+from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -30,6 +31,7 @@ from fluid_build.copilot.llm.base import (
     text_of,
 )
 from fluid_build.copilot.llm.checks import not_configured, url_problem
+from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
@@ -252,52 +254,120 @@ _USAGE = {
 }
 
 
+#: Refreshable credentials this close to their expiry are looked up again before the next
+#: request, in the call's credential step: sooner than botocore's own advisory refresh
+#: (15 minutes before), so that signing never refreshes them itself.
+REFRESH_AHEAD: Final = 16 * 60
+#: Signing uses the credentials in hand unless they are this close to expiry (botocore's
+#: mandatory refresh window) and their snapshot is older than :data:`SNAPSHOT_FRESH`
+#: seconds: then it looks them up itself (outside a call's step only).
+MUST_REFRESH: Final = 10 * 60
+SNAPSHOT_FRESH: Final = 60.0
+
+
+def _refresh_due(credentials: Any, within: float) -> bool:
+    """Whether botocore's credentials expire within ``within`` seconds (never, for static
+    keys; always, for deferred ones not yet fetched: SSO, assumed roles)."""
+    if credentials is None:
+        return True
+    check = getattr(credentials, "refresh_needed", None)
+    if not callable(check):
+        return False
+    try:
+        return bool(check(within))
+    except Exception:  # noqa: BLE001 - an unreadable expiry: look them up again
+        return True
+
+
 class _Signer:
     """SigV4 with botocore: the credential chain resolved once, refreshed as it expires.
 
-    botocore's refreshable credentials (SSO, assumed roles, container and
-    instance roles) renew themselves when ``get_frozen_credentials()`` finds
-    them close to expiry; each attempt signs anew with what it gives.
+    The chain (environment, shared files, SSO, ``credential_process``, the
+    container endpoint, the instance metadata service) and each refresh of
+    refreshable credentials can wait on the network or on a program: they run
+    as the call's credential step (:meth:`pending`: in a thread of their own,
+    one lookup at a time, awaited within the call's deadline; see
+    :mod:`fluid_build.copilot.llm.credentials`). Signing itself uses the
+    snapshot the last lookup took and never waits.
     """
 
     def __init__(self, region: str) -> None:
         try:
+            import botocore.auth
             import botocore.session
         except ImportError:
             raise not_installed() from None
+        install_log_redaction()  # botocore.auth logs the canonical request at DEBUG
         self.region = region
         self.session = botocore.session.Session()
-        self.credentials: Any = None
-        self.lock = threading.Lock()
+        self.credentials: Any = None  # botocore's credentials (refreshable or not)
+        self.frozen: Any = None  # what signs: the last lookup's snapshot of them
+        self.frozen_at = 0.0  # when it was taken (time.monotonic)
+        self.lookup = Lookup("aws-credentials")
 
-    def _resolved(self) -> Any:
+    def pending(self) -> Pending | None:
+        """The lookup the next request needs first, or None while the credentials in hand
+        are good for longer than :data:`REFRESH_AHEAD`."""
+        if self.frozen is not None and not _refresh_due(self.credentials, REFRESH_AHEAD):
+            return None
+        return Pending("AWS credentials", self._start)
+
+    def _start(self) -> Any:
+        return self.lookup.start(self._resolve)
+
+    def _resolve(self) -> Any:
+        """The chain, then a snapshot of what it found (refreshed first when due); in the
+        lookup's thread."""
         from botocore.exceptions import BotoCoreError, SSOError, TokenRetrievalError
 
-        with self.lock:
-            if self.credentials is None:
-                try:
-                    self.credentials = self.session.get_credentials()
-                except BotoCoreError as exc:
-                    raise _no_credentials(f"the AWS credential chain failed: {exc}") from None
-                if self.credentials is None:
-                    raise _no_credentials("no AWS credentials were found")
+        if self.credentials is None:
             try:
-                return self.credentials.get_frozen_credentials()
-            # An SSO profile's cached login expired or is missing (TokenRetrievalError: the
-            # sso-session token provider, botocore's only token provider, could not refresh).
-            except (SSOError, TokenRetrievalError):
-                raise _sso_login_needed(self.session.profile) from None
+                credentials = self.session.get_credentials()
             except BotoCoreError as exc:
+                raise _no_credentials(f"the AWS credential chain failed: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - a provider's own fault, typed here
                 raise _no_credentials(
-                    f"the AWS credentials could not be refreshed: {exc}"
+                    f"the AWS credential chain failed ({type(exc).__name__})"
                 ) from None
+            if credentials is None:
+                raise _no_credentials("no AWS credentials were found")
+            self.credentials = credentials
+        try:
+            frozen = self.credentials.get_frozen_credentials()
+        # An SSO profile's cached login expired or is missing (TokenRetrievalError: the
+        # sso-session token provider, botocore's only token provider, could not refresh).
+        except (SSOError, TokenRetrievalError):
+            raise _sso_login_needed(self.session.profile) from None
+        except BotoCoreError as exc:
+            raise _no_credentials(f"the AWS credentials could not be refreshed: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - "refreshed, but still expired" is a RuntimeError
+            raise _no_credentials(
+                f"the AWS credentials could not be refreshed ({type(exc).__name__})"
+            ) from None
+        self.frozen, self.frozen_at = frozen, time.monotonic()
+        return frozen
+
+    def _signing(self) -> Any:
+        frozen = self.frozen
+        if frozen is not None and (
+            time.monotonic() - self.frozen_at < SNAPSHOT_FRESH
+            or not _refresh_due(self.credentials, MUST_REFRESH)
+        ):
+            return frozen
+        # Only outside a call's step (``adapter.request()`` alone): the lookup, waited for.
+        done, frozen = wait(self._start(), UNBOUNDED_WAIT)
+        if not done:
+            raise _no_credentials(
+                f"the AWS credential lookup did not end within {UNBOUNDED_WAIT:g} s"
+            )
+        return frozen
 
     def sign(self, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         request = AWSRequest(method="POST", url=url, data=body, headers=headers)
-        SigV4Auth(self._resolved(), "bedrock", self.region).add_auth(request)
+        SigV4Auth(self._signing(), "bedrock", self.region).add_auth(request)
         return {name.lower(): str(value) for name, value in request.headers.items()}
 
 
@@ -372,6 +442,12 @@ class BedrockAdapter(Adapter):
                 import botocore.eventstream  # noqa: F401
             except ImportError:
                 raise not_installed() from None
+
+    def pending_refresh(self) -> Pending | None:
+        """The AWS credential lookup the next request needs first (none with a bearer
+        token, or while the credentials in hand are good): the call runs it off the event
+        loop, within its deadline."""
+        return self.signer.pending() if self.signer is not None else None
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or endpoint_for(self.config.region or "us-east-1")).rstrip("/")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,8 +19,10 @@ from typing import Any, Final
 
 import httpx
 
+from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import ProviderConfig, Request
+from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.gemini import GeminiAdapter
 from fluid_build.copilot.llm.types import CallSpec
 
@@ -69,6 +70,7 @@ def _google_auth() -> Any:
             "provider vertex needs google-auth for Application Default Credentials: "
             f"run {VERTEX_INSTALL} (or pass an access token with api_key=)"
         ) from exc
+    install_log_redaction()  # google-auth's loggers carry token exchanges
     return google.auth
 
 
@@ -243,7 +245,12 @@ def _utcnow() -> datetime:
 
 class TokenSource:
     """One client's Google access token: fetched once, reused while valid, refreshed before
-    it expires (``REFRESH_MARGIN``), one refresh at a time across threads."""
+    it expires (``REFRESH_MARGIN``).
+
+    Loading the credentials (the ADC file, or the metadata server) and each refresh run as
+    a lookup (:mod:`fluid_build.copilot.llm.credentials`): in a thread of their own, one at
+    a time however many calls wait, each call waiting no longer than its deadline.
+    """
 
     def __init__(
         self,
@@ -255,7 +262,7 @@ class TokenSource:
         self._credentials = credentials
         self._clock = clock
         self._load = load
-        self._lock = threading.Lock()
+        self._lookup = Lookup("google-token")
         self.refreshes = 0
 
     def _stale(self, credentials: Any) -> bool:
@@ -269,18 +276,38 @@ class TokenSource:
         credentials = self._credentials
         return credentials is None or self._stale(credentials)
 
+    def pending(self) -> Pending | None:
+        """The lookup the next request needs first, or None while the token is valid."""
+        return Pending("vertex's Google access token", self._start) if self.stale() else None
+
+    def _start(self) -> Any:
+        return self._lookup.start(self._fetch)
+
+    def _fetch(self) -> str:
+        # In the lookup's thread, one at a time: no lock needed around the credentials.
+        if self._credentials is None:
+            self._credentials = self._load()[0]
+        credentials = self._credentials
+        if self._stale(credentials):
+            self._refresh(credentials)
+        return str(credentials.token)
+
     def token(self) -> str:
         credentials = self._credentials
         if credentials is not None and not self._stale(credentials):
-            # A valid token needs no lock: an event loop must never wait on a refreshing thread.
+            # A valid token needs no lookup: an event loop must never wait on a refresh.
             return str(credentials.token)
-        with self._lock:
-            if self._credentials is None:
-                self._credentials = self._load()[0]
-            credentials = self._credentials
-            if self._stale(credentials):
-                self._refresh(credentials)
-            return str(credentials.token)
+        # Outside a call's step (``adapter.request()`` alone): the lookup, waited for here.
+        done, token = wait(self._start(), UNBOUNDED_WAIT)
+        if not done:
+            raise ProviderError(
+                f"vertex's Google access token was not fetched within {UNBOUNDED_WAIT:g} s; "
+                "check the network or proxy, then retry",
+                provider="vertex",
+                code="llm.network_error",
+                retryable=True,
+            )
+        return str(token)
 
     def _refresh(self, credentials: Any) -> None:
         auth = _google_auth()
@@ -320,14 +347,14 @@ class VertexAdapter(GeminiAdapter):
             _google_auth()  # a missing extra says so when the client is made, not at the call
             self.tokens = TokenSource()
 
-    def pending_refresh(self) -> Callable[[], object] | None:
-        """The token fetch the next request needs first, or None while the token is valid.
+    def pending_refresh(self) -> Pending | None:
+        """The token lookup the next request needs first, or None while the token is valid.
 
-        The call runs it before :meth:`request`, the async API in a worker thread: a
-        refresh is a blocking HTTP exchange with Google's token endpoint.
+        The call runs it before :meth:`request`, off the event loop and within its
+        deadline: a refresh is an HTTP exchange with Google's token endpoint.
         """
         tokens = self.tokens
-        return tokens.token if tokens is not None and tokens.stale() else None
+        return tokens.pending() if tokens is not None else None
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         if not self.config.base_url:  # never Gemini's home: the token is for Vertex
