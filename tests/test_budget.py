@@ -717,3 +717,93 @@ def test_a_killed_processs_hold_is_spent_when_it_ends(
     after = ledger.reserve(spec, limit - held.reserved, "fits", now + 60, now)
     assert after.granted
     assert after.state.spent == held.reserved
+
+
+# -- a named budget is shared or refused, never kept apart in silence (issue 32 item 2) ----
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"FLUID_COOLDOWN_URL": "redis://127.0.0.1:63a79/0"}, "cannot be used"),
+        ({"FLUID_COOLDOWN_URL": "off"}, "FLUID_COOLDOWN_URL=off"),
+        ({"FLUID_COOLDOWN_URL": "redis://127.0.0.1:6379/0", "NO_REDIS": "1"}, "redis"),
+    ],
+    ids=["unparsable-url", "off", "redis-package-missing"],
+)
+def test_processes_with_no_shared_store_are_refused_before_sending(
+    setting: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    """Two processes, each of whose clients would have spent the whole limit apart."""
+    import json
+
+    env = _worker_env(tmp_path, setting["FLUID_COOLDOWN_URL"])
+    if setting.get("NO_REDIS"):  # an environment without the redis package
+        fake = tmp_path / "no_redis" / "redis"
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text("raise ImportError('No module named redis')\n")
+        env["PYTHONPATH"] = f"{fake.parent}:{env['PYTHONPATH']}"
+    server = _Server()
+    try:
+        outs = [tmp_path / f"w{i}.jsonl" for i in range(2)]
+        procs = [_start("calls", server.url, out, env) for out in outs]
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            assert proc.wait(timeout=60) == 0
+            _close(proc)
+        records = [json.loads(line) for out in outs for line in out.read_text().splitlines()]
+        assert server.requests == 0
+        assert len(records) == 2 * 15
+        assert {r["outcome"] for r in records} == {"budget.store_unavailable"}
+        assert says in records[0]["message"]
+        assert "FLUID_BUDGET_FAIL_OPEN=1" in records[0]["message"]
+        # FLUID_BUDGET_FAIL_OPEN=1: the operator's choice to spend unmetered meanwhile.
+        proc = _start("calls", server.url, outs[0], {**env, "FLUID_BUDGET_FAIL_OPEN": "1"})
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+        _close(proc)
+        opened = [json.loads(line) for line in outs[0].read_text().splitlines()]
+        assert {r["outcome"] for r in opened} == {"ok"}
+        assert server.requests == 15
+    finally:
+        server.close()
+
+
+def test_a_client_whose_envelope_has_no_store_is_refused() -> None:
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.client import LLMClient
+
+    env = {"FLUID_BUDGETS": "team=1usd", "OPENAI_API_KEY": "sk-test"}
+    llm = LLMClient("openai", "gpt-4o-mini", envelope=RetryEnvelope(), env=env, budget="team")
+    assert llm.budget is not None
+    spend = llm.budget.spend("openai", "gpt-4o-mini", 10, 10, deadline=30)
+    with pytest.raises(AgentExecutionError) as caught:
+        spend.reserve()
+    assert caught.value.code == "budget.store_unavailable"
+    assert caught.value.retryable is False
+    assert "RetryEnvelope(cooldown=None)" in caught.value.message
+    llm.close()
+
+
+def test_memory_is_one_ledger_for_the_whole_process() -> None:
+    from fluid_build.copilot.health.budget import PROCESS_LEDGER
+    from fluid_build.copilot.health.cooldown import cooldown_store_from_env
+
+    env = {"FLUID_COOLDOWN_URL": "memory", "FLUID_BUDGETS": "shared-mem=0.002usd"}
+    first = BudgetGuard.from_env("shared-mem", cooldown_store_from_env(env), env, prices=PRICES)
+    second = BudgetGuard.from_env("shared-mem", cooldown_store_from_env(env), env, prices=PRICES)
+    assert first is not None
+    assert second is not None
+    assert first.ledger is second.ledger is PROCESS_LEDGER
+    PROCESS_LEDGER.reset("shared-mem")
+    try:
+        # 1,000 input and 500 output tokens: 0.002 USD, the whole limit, for one client only.
+        first.spend("openai_compatible", "m", 1_000, 500, deadline=30).reserve()
+        with pytest.raises(AgentExecutionError) as caught:
+            second.spend("openai_compatible", "m", 1_000, 500, deadline=30).reserve()
+        assert caught.value.code == "budget.cost_exhausted"
+    finally:
+        PROCESS_LEDGER.reset("shared-mem")
