@@ -807,3 +807,37 @@ def test_memory_is_one_ledger_for_the_whole_process() -> None:
         assert caught.value.code == "budget.cost_exhausted"
     finally:
         PROCESS_LEDGER.reset("shared-mem")
+
+
+def test_a_store_file_removed_under_a_live_process_does_not_split_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 item 5: the old process wrote on to the removed file, new ones to a new
+    one, and each spent the limit. Now the old one notices and moves to the new file."""
+    env = {**_worker_env(tmp_path, None), "FLUID_BUDGETS": "team=0.001usd"}  # 1,000 micro
+    old = _start("ledger", "-", "-", env)
+
+    def ask(proc: Any, line: str) -> str:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return str(proc.stdout.readline().strip())
+
+    assert ask(old, "100 a") == "granted 0"
+    from fluid_build.copilot.health.sqlite_store import default_cooldown_path
+
+    path = default_cooldown_path(env)
+    assert path.exists()
+    for name in (path, *path.parent.glob(path.name + "-*")):  # `rm cooldown.sqlite3*`
+        name.unlink()
+    new = _start("ledger", "-", "-", env)
+    try:
+        assert ask(new, "900 b") == "granted 0"  # a new file: the 100 went with the old one
+        # The old process sees the 900 the new one spent: one ledger, not two.
+        assert ask(old, "500 c") == "refused 900"
+        assert ask(old, "100 d") == "granted 900"
+        assert ask(new, "1 e") == "refused 1000"
+    finally:
+        for proc in (old, new):
+            proc.stdin.close()
+            assert proc.wait(timeout=30) == 0
+            proc.stdout.close()
