@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from fluid_build.copilot.agents.errors import AgentExecutionError
@@ -83,6 +84,7 @@ def main(argv: list[str]) -> int:
     with client, open(out_path, "w") as out:
         for _ in range(1 if mode == "hold" else CALLS):
             record: dict[str, Any]
+            began = time.monotonic()
             try:
                 done = client.complete(
                     [{"role": "user", "content": PROMPT}], max_output_tokens=MAX_OUTPUT
@@ -91,6 +93,7 @@ def main(argv: list[str]) -> int:
                 record = {"outcome": error.code, "message": error.message}
             else:
                 record = {"outcome": "ok", "cost_usd": done.cost_usd}
+            record["seconds"] = time.monotonic() - began
             out.write(json.dumps(record) + "\n")
     return 0
 

@@ -511,8 +511,15 @@ def test_an_error_answer_spends_nothing_a_lost_answer_its_reservation() -> None:
 # -- a fleet on one budget: real processes, a real loopback server --------------------------
 
 WORKERS = 8
-BUDGET_USD = 0.1  # 100,000 micro-USD; each call reserves about 2,000 and costs 1,600
-COST = 1_600
+BUDGET_USD = 0.5  # 500,000 micro-USD
+#: The fleet's calls (issue 32 item 7): each reserves about 12,500 micro-USD (1,000 prompt
+#: tokens and 500 output at 6.25 and 12.5 USD per million) and costs 10,000 (0.01 USD), with
+#: a 10 s deadline.
+FLEET_ENV = {
+    "BUDGET_WORKER_PRICE": '{"m": {"input": 6.25, "output": 12.5}}',
+    "BUDGET_WORKER_DEADLINE": "10",
+}
+COST = 10_000
 
 
 class _Server:
@@ -597,7 +604,7 @@ def _fleet(tmp_path: Path, store_url: str | None) -> dict[str, Any]:
     import json
 
     server = _Server()
-    env = _worker_env(tmp_path, store_url)
+    env = {**_worker_env(tmp_path, store_url), **FLEET_ENV}
     try:
         outs = [tmp_path / f"w{i}.jsonl" for i in range(WORKERS)]
         procs = [_start("calls", server.url, out, env) for out in outs]
@@ -647,10 +654,13 @@ def test_eight_processes_share_one_budget(
     assert state.spent <= limit
     assert state.spent >= 0.8 * limit
     assert [r["cost_usd"] for r in granted] == [pytest.approx(COST / MICRO)] * len(granted)
+    # Each call ends answered or refused, and quickly: far inside its 10 s deadline.
+    slowest = max(r["seconds"] for r in records)
+    assert slowest < 8
     print(  # the figures the issue's closing note gives (pytest -s shows them)
         f"{store}: spent {state.spent / MICRO:.4f} of {limit / MICRO:.4f} USD; "
         f"{fleet['requests']} requests sent, {len(granted)} calls granted, "
-        f"{len(refused)} refused"
+        f"{len(refused)} refused; slowest call {slowest:.2f} s"
     )
     # Run again on the same store, nothing cleared: the spend outlived every process, so
     # the whole second fleet is refused and sends nothing.
@@ -658,6 +668,7 @@ def test_eight_processes_share_one_budget(
     assert again["requests"] == 0
     assert len(again["records"]) == WORKERS * 15
     assert {r["outcome"] for r in again["records"]} == {"budget.cost_exhausted"}
+    assert max(r["seconds"] for r in again["records"]) < 8
     (after,) = _ledger_of(tmp_path, url).states(time.time())
     assert (after.spent, after.reserved) == (state.spent, 0)
 

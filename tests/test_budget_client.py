@@ -450,3 +450,31 @@ def _outcome(llm: LLMClient) -> str:
     except AgentExecutionError as error:
         return error.code
     return "ok"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_an_attempt_that_sent_nothing_spends_nothing(mode: str) -> None:
+    """Issue 32 item 7: a hold granted after the deadline passed (a store that took that
+    long) was spent whole by an attempt that then sent nothing."""
+    route = respx.post(OPENAI).mock(return_value=answer())
+    llm, _ = client()
+    clock = llm.envelope.clock
+
+    class Slow(Spy):
+        def reserve(
+            self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+        ) -> Reservation:
+            granted = super().reserve(spec, amount, hold, expires, now)
+            clock.sleep(llm.deadline + 1)  # type: ignore[attr-defined]
+            return granted
+
+    slow = Slow()
+    assert llm.budget is not None
+    llm.budget.ledger = slow
+    with pytest.raises(AgentExecutionError) as caught:
+        call(llm, mode, max_output_tokens=500)
+    assert caught.value.code == "llm.deadline_exceeded"
+    assert route.call_count == 0
+    assert slow.settled == [0]
+    assert (slow.state().spent, slow.state().reserved) == (0, 0)

@@ -358,10 +358,11 @@ class BudgetSpend:
             return
         self.settle(hold, self.priced(usage, getattr(parsed, "model", None)))
 
-    def failed(self, hold: Hold | None, exc: BaseException) -> None:
-        """An attempt failed: an error answer or a refused connection spent nothing;
-        any other failure after sending may have been billed, so its hold is spent."""
-        self.settle(hold, 0.0 if _nothing_billed(exc) else None)
+    def failed(self, hold: Hold | None, exc: BaseException, *, sent: bool = True) -> None:
+        """An attempt failed: one that sent nothing, an error answer or a refused
+        connection spent nothing; any other failure after sending may have been billed,
+        so its hold is spent."""
+        self.settle(hold, 0.0 if not sent or _nothing_billed(exc) else None)
 
     def finish(self, usage: Usage | None, answered_model: str | None = None) -> None:
         """A stream ended (whole or broken): settle what its usage said, else its whole hold."""
