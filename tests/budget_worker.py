@@ -9,6 +9,9 @@ MODE:
          says; one JSON line per call in OUT_FILE
   hold   one call through the same client to a server that never answers: the
          test kills the process while the call holds its reservation
+  ledger the budget ledger of the store, driven a line at a time on stdin:
+         ``AMOUNT HOLD`` reserves AMOUNT micro-USD of "team" and settles it whole,
+         printing ``granted`` or ``refused`` and the spend it saw
 
 The store (FLUID_COOLDOWN_URL, or the sqlite file under XDG_CACHE_HOME) and the
 budget (FLUID_BUDGETS) come from the environment, as a client reads them. The
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from fluid_build.copilot.agents.errors import AgentExecutionError
@@ -34,8 +38,30 @@ PROMPT = "word " * 1_000
 MAX_OUTPUT = 500
 
 
+def ledger() -> int:
+    import time
+
+    from fluid_build.copilot.health.budget import budgets_from_env, ledger_for
+    from fluid_build.copilot.health.cooldown import cooldown_store_from_env
+
+    book = ledger_for(cooldown_store_from_env())
+    assert book is not None
+    spec = budgets_from_env()["team"]
+    print("ready", flush=True)
+    for line in sys.stdin:
+        amount, hold = line.split()
+        now = time.time()
+        done = book.reserve(spec, int(amount), hold, now + 60, now)
+        if done.granted:
+            book.settle("team", hold, int(amount), now)
+        print("granted" if done.granted else "refused", done.state.spent, flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     mode, base_url, out_path = argv
+    if mode == "ledger":
+        return ledger()
     # BUDGET_WORKER_PRICE: another price for "m" (JSON), as a fleet of dearer calls needs.
     prices = json.loads(os.environ.get("BUDGET_WORKER_PRICE") or "null") or PRICES
     deadline = float(os.environ.get("BUDGET_WORKER_DEADLINE") or (5.0 if mode == "hold" else 30.0))
@@ -58,6 +84,7 @@ def main(argv: list[str]) -> int:
     with client, open(out_path, "w") as out:
         for _ in range(1 if mode == "hold" else CALLS):
             record: dict[str, Any]
+            began = time.monotonic()
             try:
                 done = client.complete(
                     [{"role": "user", "content": PROMPT}], max_output_tokens=MAX_OUTPUT
@@ -66,6 +93,7 @@ def main(argv: list[str]) -> int:
                 record = {"outcome": error.code, "message": error.message}
             else:
                 record = {"outcome": "ok", "cost_usd": done.cost_usd}
+            record["seconds"] = time.monotonic() - began
             out.write(json.dumps(record) + "\n")
     return 0
 

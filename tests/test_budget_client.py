@@ -450,3 +450,58 @@ def _outcome(llm: LLMClient) -> str:
     except AgentExecutionError as error:
         return error.code
     return "ok"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_an_attempt_that_sent_nothing_spends_nothing(mode: str) -> None:
+    """Issue 32 item 7: a hold granted after the deadline passed (a store that took that
+    long) was spent whole by an attempt that then sent nothing."""
+    route = respx.post(OPENAI).mock(return_value=answer())
+    llm, _ = client()
+    clock = llm.envelope.clock
+
+    class Slow(Spy):
+        def reserve(
+            self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+        ) -> Reservation:
+            granted = super().reserve(spec, amount, hold, expires, now)
+            clock.sleep(llm.deadline + 1)  # type: ignore[attr-defined]
+            return granted
+
+    slow = Slow()
+    assert llm.budget is not None
+    llm.budget.ledger = slow
+    with pytest.raises(AgentExecutionError) as caught:
+        call(llm, mode, max_output_tokens=500)
+    assert caught.value.code == "llm.deadline_exceeded"
+    assert route.call_count == 0
+    assert slow.settled == [0]
+    assert (slow.state().spent, slow.state().reserved) == (0, 0)
+
+
+@respx.mock
+def test_the_cap_a_budget_sends_leaves_room_for_the_prompt_in_the_window() -> None:
+    """A server such as vLLM refuses a prompt plus a cap past its context: the cap sent
+    (and reserved) is what the window leaves after the prompt, when that is less."""
+    route = respx.post("http://127.0.0.1:8000/v1/chat/completions").mock(
+        return_value=answer(1_000, 10)
+    )
+    llm = LLMClient(
+        "openai_compatible",
+        "m",
+        base_url="http://127.0.0.1:8000/v1",
+        envelope=RetryEnvelope(RetryPolicy(attempts=1), cooldown=MemoryCooldownStore()),
+        env={"FLUID_BUDGETS": "team=1usd"},
+        prices={"m": {"input": 1.0, "output": 2.0}},
+        budget="team",
+        capability_matrix={"context_window": 2_048, "max_output_tokens": 4_096},
+    )
+    spy = Spy()
+    assert llm.budget is not None
+    llm.budget.ledger = spy
+    llm.complete(PROMPT)
+    sent = json.loads(route.calls.last.request.content)["max_tokens"]
+    prompt = 2_048 - sent
+    assert 1_000 <= prompt < 1_400  # PROMPT as the pre-flight counts it (an estimate, high)
+    assert spy.asked == [micro_usd((prompt * 1.0 + sent * 2.0) / 1e6)]

@@ -53,7 +53,7 @@ from fluid_build.copilot.agents.errors import (
     FluidError,
     RateLimitError,
 )
-from fluid_build.copilot.call.drive import Call, Plan, Sleep, arun
+from fluid_build.copilot.call.drive import Call, Exchange, Plan, Send, Sleep, arun
 from fluid_build.copilot.call.drive import run as run_plan
 from fluid_build.copilot.health.breaker import CircuitBreaker
 from fluid_build.copilot.health.cooldown import (
@@ -218,14 +218,15 @@ class Spend(Protocol):
     """Reservations against a USD budget, one per attempt (see ``health.budget.BudgetSpend``).
 
     ``reserve`` raises the refusal (nothing is sent); its hold goes to
-    ``succeeded`` with the attempt's result, or to ``failed`` with its exception.
+    ``succeeded`` with the attempt's result, or to ``failed`` with its exception
+    and whether the request had gone out.
     """
 
     def reserve(self) -> Any: ...
 
     def succeeded(self, hold: Any, result: object) -> None: ...
 
-    def failed(self, hold: Any, exc: BaseException) -> None: ...
+    def failed(self, hold: Any, exc: BaseException, *, sent: bool = True) -> None: ...
 
 
 class RetryHook(Protocol):
@@ -769,13 +770,37 @@ class RetryEnvelope:
         return await arun(plan)
 
 
+#: The effects that put an attempt's request on the wire (or in the caller's hands).
+_SENDING = (Exchange, Send, Call)
+
+
 def _spending(attempt: Callable[[], Plan[T]], spend: Spend) -> Plan[T]:
-    """One attempt under a budget: reserve first (a refusal sends nothing), settle after."""
+    """One attempt under a budget: reserve first (a refusal sends nothing), settle after.
+
+    ``yield from``, watching the effects go by: an attempt that failed before its
+    request went out (its deadline passed while it waited for the store, a
+    credential, the rate limiter) spent nothing, whatever its error says.
+    """
     hold = spend.reserve()
+    plan = attempt()
+    sent = False
     try:
-        result = yield from attempt()
+        effect = next(plan)
+        while True:
+            sent = sent or isinstance(effect, _SENDING)
+            try:
+                value = yield effect
+            except GeneratorExit:
+                plan.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the attempt, as yield from does
+                effect = plan.throw(exc)
+            else:
+                effect = plan.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
     except BaseException as exc:
-        spend.failed(hold, exc)
+        spend.failed(hold, exc, sent=sent)
         raise
     spend.succeeded(hold, result)
     return result

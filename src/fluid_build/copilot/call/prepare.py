@@ -149,8 +149,16 @@ def prepare(
         from fluid_build.copilot.call.capabilities import capabilities_for
 
         # Under a budget the request carries the cap its reservation prices: without it
-        # the answer could run past the hold (docs/budgets.md).
-        most = capabilities_for(provider, model, capability_matrix or None).max_output_tokens
+        # the answer could run past the hold (docs/budgets.md). Never more than the
+        # window leaves after the prompt: a server such as vLLM refuses a request whose
+        # prompt and cap together exceed its context.
+        caps = capabilities_for(provider, model, capability_matrix or None)
+        window = caps.context_window
+        if server_window is not None and "context_window" not in (capability_matrix or {}):
+            window = server_window
+        most = caps.max_output_tokens
+        if checked.prompt_tokens is not None and window > checked.prompt_tokens:
+            most = min(most, window - checked.prompt_tokens)
     spec = CallSpec(
         model=model,
         messages=neutral,

@@ -26,7 +26,7 @@ from fluid_build.copilot.health.budget import (
     BudgetLedger,
     BudgetSpec,
     BudgetState,
-    MemoryBudgetLedger,
+    Reservation,
     budget_error,
     budgets_from_env,
     ledger_for,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.health.store import CooldownStore
     from fluid_build.copilot.llm.types import Usage
 
-__all__ = ["BudgetGuard", "BudgetSpend", "Hold"]
+__all__ = ["BudgetGuard", "BudgetSpend", "Hold", "NoSharedLedger", "NoSharedStore"]
 
 LOG = logging.getLogger("fluid_build.budget")
 
@@ -108,7 +108,10 @@ class BudgetGuard:
             )
         ledger = ledger_for(store)
         if ledger is None:
-            ledger = MemoryBudgetLedger()
+            # A budget kept per client (or per process) would let each spend the whole
+            # limit: with no shared store, calls are refused (or let through unmetered
+            # with FLUID_BUDGET_FAIL_OPEN=1), never metered apart in silence.
+            ledger = NoSharedLedger(_no_store(store, source))
         kwargs.setdefault("fail_open", source.get("FLUID_BUDGET_FAIL_OPEN", "") == "1")
         return cls(specs[name], ledger, **kwargs)
 
@@ -125,6 +128,47 @@ class BudgetGuard:
 
     def __repr__(self) -> str:
         return f"BudgetGuard({self.spec.name!r}, {self.ledger!r})"
+
+
+def _no_store(store: CooldownStore | None, env: Mapping[str, str]) -> str:
+    """Why a client has no ledger its budget can be shared in, for the refusal."""
+    why = getattr(store, "why", None)
+    if isinstance(why, str):
+        return why
+    if store is not None:
+        return f"its store {store!r} keeps no budgets"
+    url = env.get("FLUID_COOLDOWN_URL", "").strip()
+    if url:
+        return f"FLUID_COOLDOWN_URL={url} turns the shared store off"
+    return "the client's envelope has no shared store (RetryEnvelope(cooldown=None))"
+
+
+class NoSharedStore(Exception):
+    """There is no shared store to keep the budget in (see :class:`NoSharedLedger`)."""
+
+
+class NoSharedLedger:
+    """The ledger of a client with no shared store: every reservation is refused."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def reserve(
+        self, spec: BudgetSpec, amount: int, hold: str, expires: float, now: float
+    ) -> Reservation:
+        raise NoSharedStore(self.why)
+
+    def settle(self, name: str, hold: str, amount: int, now: float) -> None:
+        return None
+
+    def states(self, now: float) -> list[BudgetState]:
+        return []
+
+    def reset(self, name: str) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"NoSharedLedger({self.why!r})"
 
 
 class BudgetSpend:
@@ -186,13 +230,24 @@ class BudgetSpend:
         except Exception as exc:  # any store failure is one typed refusal
             if guard.fail_open:
                 LOG.warning(
-                    "budget %s: the shared store %r failed (%s); FLUID_BUDGET_FAIL_OPEN=1, so "
-                    "this call goes ahead unmetered",
+                    "budget %s: %s; FLUID_BUDGET_FAIL_OPEN=1, so this call goes ahead unmetered",
                     guard.spec.name,
-                    guard.ledger,
-                    type(exc).__name__,
+                    exc
+                    if isinstance(exc, NoSharedStore)
+                    else f"the shared store {guard.ledger!r} failed ({type(exc).__name__})",
                 )
                 return None
+            if isinstance(exc, NoSharedStore):
+                raise _refused(
+                    f"budget {guard.spec.name} cannot be shared: {exc}, so the call was not "
+                    "sent; set FLUID_COOLDOWN_URL to a store every process can reach (the "
+                    "sqlite file by default, redis://... for a fleet, memory for this process "
+                    "alone), or FLUID_BUDGET_FAIL_OPEN=1 to spend unmetered",
+                    "budget.store_unavailable",
+                    False,  # a setting, not a passing fault: asking again changes nothing
+                    budget=guard.spec.name,
+                    variable="FLUID_COOLDOWN_URL",
+                ) from None
             raise _refused(
                 f"budget {guard.spec.name}: the shared store {guard.ledger!r} cannot be reached "
                 f"({type(exc).__name__}), so the call was not sent; check FLUID_COOLDOWN_URL "
@@ -303,10 +358,11 @@ class BudgetSpend:
             return
         self.settle(hold, self.priced(usage, getattr(parsed, "model", None)))
 
-    def failed(self, hold: Hold | None, exc: BaseException) -> None:
-        """An attempt failed: an error answer or a refused connection spent nothing;
-        any other failure after sending may have been billed, so its hold is spent."""
-        self.settle(hold, 0.0 if _nothing_billed(exc) else None)
+    def failed(self, hold: Hold | None, exc: BaseException, *, sent: bool = True) -> None:
+        """An attempt failed: one that sent nothing, an error answer or a refused
+        connection spent nothing; any other failure after sending may have been billed,
+        so its hold is spent."""
+        self.settle(hold, 0.0 if not sent or _nothing_billed(exc) else None)
 
     def finish(self, usage: Usage | None, answered_model: str | None = None) -> None:
         """A stream ended (whole or broken): settle what its usage said, else its whole hold."""

@@ -23,7 +23,6 @@ import math
 import os
 import re
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,7 +30,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.health.store import MOST, MemoryCooldownStore
+from fluid_build.copilot.health.store import MOST, MemoryCooldownStore, StandInCooldownStore
 
 if TYPE_CHECKING:
     from fluid_build.copilot.health.store import CooldownStore
@@ -41,6 +40,7 @@ __all__ = [
     "HOLD_MARGIN",
     "IDLE_FORGET",
     "MICRO",
+    "PROCESS_LEDGER",
     "BudgetLedger",
     "BudgetSpec",
     "BudgetState",
@@ -294,19 +294,18 @@ class MemoryBudgetLedger:
         return "MemoryBudgetLedger()"
 
 
-# The budgets of each memory store, kept beside its entries for the store's life.
-_MEMORY: weakref.WeakKeyDictionary[MemoryCooldownStore, MemoryBudgetLedger] = (
-    weakref.WeakKeyDictionary()
-)
-_MEMORY_LOCK = threading.Lock()
+#: The budgets of every process-local (``memory``) store in this process: one ledger,
+#: whichever client or store reads it, so two clients never each spend the whole limit.
+PROCESS_LEDGER: Final = MemoryBudgetLedger()
 
 
 def ledger_for(store: CooldownStore | None) -> BudgetLedger | None:
-    """The ledger kept beside ``store`` (the primary of a resilient one); None without one."""
-    if store is None:
+    """The ledger kept beside ``store`` (the primary of a resilient one); None where no
+    budget can be kept: no store, a store standing in for one that cannot be used, or a
+    store that keeps no budgets."""
+    if store is None or isinstance(store, StandInCooldownStore):
         return None
     if isinstance(store, MemoryCooldownStore):
-        with _MEMORY_LOCK:
-            return _MEMORY.setdefault(store, MemoryBudgetLedger())
+        return PROCESS_LEDGER
     ledger = getattr(store, "budget_ledger", None)
     return ledger() if callable(ledger) else None

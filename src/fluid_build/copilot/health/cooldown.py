@@ -55,6 +55,7 @@ from fluid_build.copilot.health.sqlite_store import SqliteCooldownStore, default
 from fluid_build.copilot.health.store import (
     CooldownStore,
     MemoryCooldownStore,
+    StandInCooldownStore,
     StoreEntry,
     trusted,
     without_password,
@@ -110,15 +111,16 @@ def cooldown_store_from_url(
             primary = RedisCooldownStore(text)
         except Exception as exc:  # noqa: BLE001 - e.g. the redis package is missing
             hint = " (install fluid-build[redis])" if isinstance(exc, ImportError) else ""
-            LOG.warning(
-                "%s=%s cannot be used (%s: %s); sharing cooldowns in this process only%s",
-                COOLDOWN_URL_ENV,
-                without_password(text),
-                type(exc).__name__,
-                without_password(str(exc)),
-                hint,
+            why = (
+                f"{COOLDOWN_URL_ENV}={without_password(text)} cannot be used "
+                f"({type(exc).__name__}: {without_password(str(exc))}){hint}"
             )
-            return MemoryCooldownStore()
+            LOG.warning(
+                "%s; sharing cooldowns in this process only, and refusing calls under a "
+                "budget (FLUID_BUDGET_FAIL_OPEN=1 lets them through unmetered)",
+                why,
+            )
+            return StandInCooldownStore(why)
     elif scheme in {"sqlite", "file"}:
         path = unquote(text.split("://", 1)[1].split("?", 1)[0])
         if not path.strip():

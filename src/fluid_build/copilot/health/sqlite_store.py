@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import math
 import mmap
 import os
@@ -50,6 +51,8 @@ __all__ = [
     "StoreFileError",
     "default_cooldown_path",
 ]
+
+LOG = logging.getLogger("fluid_build.budget")
 
 
 class StoreFileError(FluidError):
@@ -613,13 +616,34 @@ class SqliteBudgetLedger:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
+        #: (st_dev, st_ino) of the file the connection has open.
+        self._file: tuple[int, int] | None = None
+
+    def _replaced(self) -> bool:
+        """Whether the path no longer names the file the connection has open (removed,
+        or another put there): every process must keep one ledger, the one at the path."""
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return (now.st_dev, now.st_ino) != self._file
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid() and self._replaced():
+            # A process writing on to a removed file would keep a ledger no one else
+            # sees, and spend the limit a second time beside the new one.
+            LOG.warning(
+                "budget store %s was removed or replaced while in use; this process now "
+                "keeps its budgets in the file at that path, as every new process does",
+                self.path,
+            )
+            self._conn.close()
+            self._conn = None
         if self._conn is None or self._pid != os.getpid():
             import sqlite3
 
             private_dir(self.path.parent)
-            _claim(self.path)
+            claimed = _claim(self.path)
             conn = sqlite3.connect(
                 self.path,
                 timeout=max(self.busy_timeout, SETUP_WAIT),
@@ -638,6 +662,7 @@ class SqliteBudgetLedger:
                 conn.close()
                 raise
             self._conn, self._pid = conn, os.getpid()
+            self._file = (claimed.st_dev, claimed.st_ino)
         return self._conn
 
     def _book(self, conn: sqlite3.Connection, name: str) -> _Book | None:

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_ENTRIES",
     "CooldownStore",
     "MemoryCooldownStore",
+    "StandInCooldownStore",
     "StoreEntry",
     "readable_seconds",
     "sane_entry",
@@ -351,6 +352,22 @@ class MemoryCooldownStore:
 
     def __repr__(self) -> str:
         return "MemoryCooldownStore()"
+
+
+class StandInCooldownStore(MemoryCooldownStore):
+    """This process's own entries, standing in for a shared store that cannot be used.
+
+    Cooldowns are advisory, so they go on in this process; a budget is not, so
+    no budget is kept here (see ``health.budget.ledger_for``). ``why`` says what
+    was asked for and why it cannot be used, without a password.
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"StandInCooldownStore({self.why!r})"
 
 
 def without_password(url: str) -> str:
