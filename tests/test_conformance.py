@@ -190,3 +190,104 @@ def test_a_sigv4_call_with_a_session_token_shows_no_secret_in_any_debug_log(
     secrets = (AWS_KEY_ID, AWS_SECRET, AWS_SESSION, *_sent_secrets(requests))
     leaks = hostile.secret_leaks(measured.error, measured.logs, secrets)
     assert leaks == [], leaks
+
+
+VERTEX_TOKEN = "ya29.conformance-ACCESS-TOKEN-0123456789"
+GEMINI_ANSWER = json.dumps(
+    {
+        "candidates": [
+            {"content": {"role": "model", "parts": [{"text": "ok"}]}, "finishReason": "STOP"}
+        ],
+        "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 1, "totalTokenCount": 4},
+    }
+).encode()
+
+
+def _echo_unauthenticated(conn: hostile.Conn, request: hostile.Request) -> bool:
+    body = json.dumps(
+        {
+            "error": {
+                "code": 401,
+                "status": "UNAUTHENTICATED",
+                # The bare token, as some gateways quote it: no "Bearer" before it.
+                "message": "Request had invalid authentication credentials: "
+                f"{(request.header('authorization') or '').rpartition(' ')[2]} expired",
+            }
+        }
+    ).encode()
+    return hostile.respond(401, body)(conn, request)
+
+
+def _key_file(path: Any, token_uri: str) -> Any:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "conformance-project",
+        "private_key_id": "conformance-key-id",
+        "private_key": pem,
+        "client_email": "sa@conformance-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path.write_text(json.dumps(info))
+    return path, pem
+
+
+@pytest.mark.parametrize("answer", ["ok", "unauthenticated-echoing-the-token"])
+@pytest.mark.parametrize("transport", SIGV4_TRANSPORTS)
+def test_a_vertex_call_with_an_adc_token_shows_no_secret_in_any_debug_log(
+    transport: str, answer: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.transport import TRANSPORT_ENV
+
+    token = json.dumps({"access_token": VERTEX_TOKEN, "expires_in": 3600}).encode()
+    model = hostile.respond(200, GEMINI_ANSWER) if answer == "ok" else _echo_unauthenticated
+    with hostile.serve(hostile.respond(200, token)) as tokens, hostile.serve(model) as server:
+        key, pem = _key_file(tmp_path / "key.json", f"{tokens.url}/token")
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        env = {} if transport == "sync-direct" else {TRANSPORT_ENV: transport.split("-")[1]}
+
+        async def asleep(seconds: float) -> None:
+            return None
+
+        envelope = RetryEnvelope(hostile.POLICY, cooldown=None, sleep=lambda s: None, asleep=asleep)
+
+        def call() -> Any:
+            client = LLMClient("vertex", base_url=server.url, env=env, envelope=envelope)
+            try:
+                if transport == "sync-direct":
+                    return client.complete(hostile.PROMPT)
+
+                async def acall() -> Any:
+                    try:
+                        return await client.acomplete(hostile.PROMPT)
+                    finally:
+                        await client.aclose()
+
+                return asyncio.run(acall())
+            finally:
+                client.close()
+
+        measured = hostile.measure(call)
+        sent = [r.body.decode() for r in tokens.requests]  # the signed assertion (a JWT)
+    assert sent, "the token endpoint was never asked"
+    assert server.requests, "no request reached the model's server"
+    if answer == "ok":
+        assert measured.error is None, measured.error
+    else:
+        assert isinstance(measured.error, AgentExecutionError), measured.error
+        assert measured.error.code == "llm.auth"
+    pem_body = "".join(pem.splitlines()[1:-1])[:64]
+    secrets = (VERTEX_TOKEN, pem_body, *(s.rpartition("assertion=")[2] for s in sent))
+    leaks = hostile.secret_leaks(measured.error, measured.logs, secrets)
+    assert leaks == [], leaks

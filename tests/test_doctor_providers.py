@@ -277,6 +277,26 @@ def test_vertex_selected_with_a_broken_key_file(home: Path) -> None:
     assert _row(report, "vertex")["credentials"]["source"] is None
 
 
+@pytest.mark.parametrize("kind", ["nested", "fifo"])
+def test_vertex_key_file_nested_too_deep_or_a_fifo_is_reported_not_a_crash(
+    home: Path, kind: str
+) -> None:
+    # A key file nested 100,000 deep (RecursionError) or a FIFO (a read that never ends):
+    # reported like any unusable key file (issue 32 item 12).
+    import os
+
+    bad = home / "bad.json"
+    if kind == "nested":
+        bad.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        os.mkfifo(bad)
+    env = fresh_env(home, FLUID_LLM_PROVIDER="vertex", GOOGLE_APPLICATION_CREDENTIALS=str(bad))
+    text, report = _doctor(home, env)
+    reason = "nests deeper than 16 levels" if kind == "nested" else "is a FIFO"
+    assert f"GOOGLE_APPLICATION_CREDENTIALS: {bad} {reason}" in text
+    assert _row(report, "vertex")["credentials"]["source"] is None
+
+
 def test_openai_responses_and_a_preset_show_their_key_and_endpoint(home: Path) -> None:
     key, xai = "sk-responses-secret", "xai-secret-key"
     env = fresh_env(home, OPENAI_API_KEY=key, XAI_API_KEY=xai)

@@ -700,6 +700,8 @@ PROCESS_VARS = (
     "AWS_WEB_IDENTITY_TOKEN_FILE",
     "GOOGLE_APPLICATION_CREDENTIALS",
     "CLOUDSDK_CONFIG",
+    "CLOUDSDK_CORE_PROJECT",
+    "CLOUDSDK_ACTIVE_CONFIG_NAME",
 )
 #: Any value of these says "ask a metadata service" (AWS's, Google's): they are held at a
 #: closed loopback port or off in every fuzzed case, and get their own test below.
@@ -1138,7 +1140,9 @@ def test_on_google_cloud_the_metadata_server_is_asked_on_loopback_only(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each variable that says "on Google Cloud", with the metadata server at a closed
-    loopback port: a typed error, google-auth's waits recorded instead of slept."""
+    loopback port: a typed error, google-auth's waits recorded instead of slept. Making
+    the client asks nothing (no project: refused naming GOOGLE_CLOUD_PROJECT); the first
+    call's credential lookup asks the metadata server."""
     import google.auth._exponential_backoff as backoff
 
     waits: list[float] = []
@@ -1152,7 +1156,13 @@ def test_on_google_cloud_the_metadata_server_is_asked_on_loopback_only(
             "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
         }
         env = {"FLUID_LLM_PROVIDER": "vertex", "FLUID_COOLDOWN_URL": "memory://", **values}
-        with process_env(values), pytest.raises(ProviderAuthError) as caught:
-            LLMClient.from_env(env)
+        with process_env(values):
+            with pytest.raises(ProviderError) as refused:
+                LLMClient.from_env(env)
+            assert refused.value.code == "llm.not_configured"
+            assert refused.value.details["variable"] == "GOOGLE_CLOUD_PROJECT"
+            client = LLMClient.from_env({**env, "GOOGLE_CLOUD_PROJECT": "fuzz-project"})
+            with client, pytest.raises(ProviderAuthError) as caught:
+                client.complete("hi")
         assert "gcloud auth application-default login" in caught.value.message
     assert waits  # google-auth's ping backed off: recorded, never slept

@@ -9,6 +9,7 @@ the error bodies are recorded ones, each with its source.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -941,3 +942,277 @@ def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
     assert (caught.value.code, caught.value.retryable) == ("llm.network_error", True)
     assert caught.value.details["partial_text"] == "Hal"
     assert TOKEN not in str(caught.value) + repr(caught.value)
+
+
+# -- credentials bounded: by the deadline, off the loop, files read as files (issue 32) -----
+
+TIGHT = 0.5  # the call's deadline (s)
+
+
+def _model_answers(seen: list[httpx.Request]) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=ROWS[0]["body"])
+
+    return handler
+
+
+def _ticking_call(client: LLMClient) -> tuple[BaseException | None, float, list[float]]:
+    """``acomplete`` while another task of the loop ticks every 10 ms: the error, the
+    seconds it took, and when each tick came."""
+    import time
+
+    ticks: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def go() -> tuple[BaseException | None, float]:
+        stop = asyncio.Event()
+        other = asyncio.create_task(ticker(stop))
+        started = time.monotonic()
+        try:
+            await client.acomplete("hi")
+        except Exception as exc:
+            return exc, time.monotonic() - started
+        finally:
+            stop.set()
+            await other
+            await client.aclose()
+        return None, time.monotonic() - started
+
+    error, elapsed = asyncio.run(go())
+    return error, elapsed, ticks
+
+
+@pytest.mark.parametrize("mode", ["complete", "acomplete"])
+@pytest.mark.parametrize("endpoint", ["silent", "drip_head", "drip_body"])
+def test_a_token_endpoint_that_never_finishes_ends_the_call_within_its_deadline(
+    endpoint: str, mode: str, clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import itertools
+    import time
+
+    from tests import hostile
+
+    seen: list[httpx.Request] = []
+    with hostile.serve(getattr(hostile, endpoint), hold=30.0) as server:
+        key = _service_account_file(clean_google_env / "key.json", f"{server.url}/token")
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        if mode == "complete":
+            with httpx.Client(transport=httpx.MockTransport(_model_answers(seen))) as http:
+                client = LLMClient("vertex", env={}, deadline=TIGHT, http_client=http)
+                started = time.monotonic()
+                try:
+                    client.complete("hi")
+                except Exception as exc:
+                    error: BaseException | None = exc
+                else:
+                    error = None
+                elapsed = time.monotonic() - started
+        else:
+            client = LLMClient("vertex", env={}, deadline=TIGHT, base_url="http://127.0.0.1:9")
+            error, elapsed, ticks = _ticking_call(client)
+            assert len(ticks) >= 10, ticks  # the loop ran on while the token was awaited
+            assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
+        assert server.requests  # the token endpoint was asked
+    assert isinstance(error, ProviderError), error
+    assert error.code == "llm.deadline_exceeded"
+    assert "Google access token" in str(error)
+    assert elapsed < TIGHT + 0.4, elapsed
+    assert seen == []
+
+
+def test_the_token_exchange_itself_is_bounded_as_a_whole_not_per_read() -> None:
+    import time
+
+    import google.auth.exceptions
+
+    from tests import hostile
+
+    # The body drips a byte every 0.5 s: each read is within the 0.6 s timeout, and the
+    # server would go on for 3 s; the exchange as a whole gets 0.6 s.
+    with hostile.serve(hostile.drip_body, hold=3.0) as server:
+        request = vertex._transport()()
+        started = time.monotonic()
+        with pytest.raises(google.auth.exceptions.TransportError):
+            request(f"{server.url}/token", method="POST", body=b"x", timeout=0.6)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.5, elapsed
+
+
+def _unusable(error: BaseException, path: Path | str) -> None:
+    assert isinstance(error, ProviderError), repr(error)
+    assert error.code == "llm.not_configured", error
+    assert error.details["variable"] == "GOOGLE_APPLICATION_CREDENTIALS"
+    assert str(path) in str(error)
+
+
+def _construct_within(seconds: float, env: dict[str, str]) -> BaseException | None:
+    """``LLMClient("vertex", env=env)`` in a thread: its error, or AssertionError if it is
+    still running after ``seconds`` (it would hang)."""
+    outcome: list[BaseException | None] = []
+
+    def make() -> None:
+        try:
+            LLMClient("vertex", env=env).close()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=make, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        return AssertionError(f"LLMClient() still running after {seconds} s")
+    return outcome[0]
+
+
+@pytest.mark.parametrize("project", [None, "my-project"])
+def test_an_adc_file_that_is_a_fifo_is_refused_unread(
+    project: str | None, clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    fifo = clean_google_env / "adc.json"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(fifo))
+    env = {"GOOGLE_CLOUD_PROJECT": project} if project else {}
+    try:
+        if project is None:  # the project is looked for in the file while the client is made
+            error = _construct_within(5.0, env)
+        else:  # the file is read by the first call's credential lookup
+            with httpx.Client(transport=httpx.MockTransport(_model_answers([]))) as http:
+                client = LLMClient("vertex", env=env, deadline=5.0, http_client=http)
+                with pytest.raises(ProviderError) as caught:
+                    client.complete("hi")
+                error = caught.value
+    finally:
+        # A reader stuck on the FIFO (the old code) gets its end of file and lets go.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert error is not None
+    _unusable(error, fifo)
+    assert "FIFO" in str(error)
+
+
+def _nested(depth: int) -> str:
+    return '{"type": "service_account", "x": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.parametrize(
+    "kind", ["directory", "dev-zero", "nested", "not-json", "not-an-object", "missing"]
+)
+@pytest.mark.parametrize("when", ["construction", "call"])
+def test_an_unusable_adc_file_is_not_configured_naming_the_file(
+    kind: str, when: str, clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = clean_google_env / "adc.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")  # endless: read until MemoryError, unbounded
+    elif kind == "nested":
+        path.write_text(_nested(100_000))
+    elif kind == "not-json":
+        path.write_text("<html>login</html>")
+    elif kind == "not-an-object":
+        path.write_text("[1, 2]")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    if when == "construction":
+        with pytest.raises(ProviderError) as caught:
+            LLMClient("vertex", env={})
+    else:
+        with httpx.Client(transport=httpx.MockTransport(_model_answers([]))) as http:
+            client = LLMClient("vertex", env=PROJECT, http_client=http)
+            with pytest.raises(ProviderError) as caught:
+                client.complete("hi")
+    _unusable(caught.value, path)
+
+
+def test_a_gcloud_adc_file_that_is_a_directory_is_not_configured(
+    clean_google_env: Path,
+) -> None:
+    path = clean_google_env / "gcloud" / "application_default_credentials.json"
+    path.mkdir()
+    with pytest.raises(ProviderError) as caught:
+        LLMClient("vertex", env={})
+    _unusable(caught.value, path)
+
+
+def test_a_key_file_google_auth_cannot_use_is_not_configured(
+    clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = clean_google_env / "adc.json"
+    path.write_text(json.dumps({"type": "service_account", "project_id": "p"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    with httpx.Client(transport=httpx.MockTransport(_model_answers([]))) as http:
+        client = LLMClient("vertex", env={}, http_client=http)  # the project: in the file
+        with pytest.raises(ProviderError) as caught:
+            client.complete("hi")
+    _unusable(caught.value, path)
+
+
+def test_a_token_endpoint_answering_200_with_no_json_is_an_auth_error(
+    clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import hostile
+
+    page = hostile.respond(200, b"<html>proxy login</html>", (("content-type", "text/html"),))
+    with hostile.serve(page) as server:
+        key = _service_account_file(clean_google_env / "key.json", f"{server.url}/token")
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        with httpx.Client(transport=httpx.MockTransport(_model_answers([]))) as http:
+            client = LLMClient("vertex", env={}, deadline=5.0, http_client=http)
+            with pytest.raises(ProviderAuthError) as caught:
+                client.complete("hi")
+    assert "not an access token" in str(caught.value)
+
+
+def test_making_a_client_never_asks_the_metadata_server_for_the_project(
+    clean_google_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On Google Cloud (a metadata server answers) with no project set and no file naming
+    # one: the client is refused at once naming GOOGLE_CLOUD_PROJECT; nothing is asked.
+    import time
+
+    from tests import hostile
+
+    with hostile.serve(hostile.silent, hold=30.0) as server:
+        host = server.url.removeprefix("http://")
+        monkeypatch.setenv("GCE_METADATA_HOST", host)
+        monkeypatch.setenv("GCE_METADATA_IP", host)
+        started = time.monotonic()
+        error = _construct_within(5.0, {})
+        elapsed = time.monotonic() - started
+        assert server.requests == []
+    assert isinstance(error, ProviderError), repr(error)
+    assert error.code == "llm.not_configured"
+    assert error.details["variable"] == "GOOGLE_CLOUD_PROJECT"
+    assert elapsed < 0.5, elapsed
+
+
+def test_the_project_comes_from_gclouds_configuration_when_no_file_names_one(
+    clean_google_env: Path,
+) -> None:
+    gcloud = clean_google_env / "gcloud"
+    (gcloud / "application_default_credentials.json").write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "c",
+                "client_secret": "s",
+                "refresh_token": "r",
+            }
+        )
+    )
+    (gcloud / "active_config").write_text("work\n")
+    (gcloud / "configurations").mkdir()
+    (gcloud / "configurations" / "config_work").write_text("[core]\nproject = gcloud-project\n")
+    config = resolve_provider_config("vertex", env={})
+    assert "/projects/gcloud-project/" in (config.base_url or "")

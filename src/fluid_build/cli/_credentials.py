@@ -9,10 +9,8 @@ laptop and never runs a command from ``~/.aws/config``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 __all__ = ["aws_credentials", "google_credentials"]
@@ -187,17 +185,20 @@ def aws_endpoint_source(env: Mapping[str, str]) -> str:
 
 
 def _read_key_file(path: str) -> dict[str, Any]:
-    """The JSON object in a credentials file, read bounded; raises ValueError saying why."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"{path[:200]} is not a file")
-    with file.open("rb") as handle:
-        data = handle.read(_KEY_FILE_LIMIT + 1)
-    if len(data) > _KEY_FILE_LIMIT:
-        raise ValueError(f"{path} is larger than a key file")
+    """The JSON object in a credentials file, read as the Vertex adapter reads it (a regular
+    file only, bounded in size and depth); raises ValueError saying why."""
+    from fluid_build._files import UnsafeFileError, load_json, read_regular
+    from fluid_build.copilot.llm.vertex import ADC_DEPTH
+
+    file = os.path.expanduser(path)
     try:
-        loaded = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        data = read_regular(file, limit=_KEY_FILE_LIMIT, name=path[:200])
+        loaded = load_json(data.decode("utf-8"), name=path[:200], max_depth=ADC_DEPTH)
+    except UnsafeFileError as exc:
+        raise ValueError(str(exc)) from None
+    except FileNotFoundError:
+        raise ValueError(f"{path[:200]} is not a file") from None
+    except ValueError:
         raise ValueError(f"{path} is not a JSON credentials file") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path} is not a JSON credentials file")

@@ -10,8 +10,11 @@ before it expires. google-auth loads only when this provider is used.
 
 from __future__ import annotations
 
+import configparser
 import functools
 import os
+import time
+import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any, Final
 
 import httpx
 
+from fluid_build._files import UnsafeFileError, load_json, read_regular
 from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import ProviderConfig, Request
@@ -85,24 +89,161 @@ def _name_ok(value: str) -> bool:
     return bool(value) and all(ch.isalnum() or ch in "-_." for ch in value)
 
 
+#: The most of an Application Default Credentials file read (a service-account key is
+#: about 2.3 KB), and its deepest nesting (google-auth's files nest 3 levels).
+ADC_LIMIT: Final = 64 * 1024
+ADC_DEPTH: Final = 16
+_GCLOUD_FILE: Final = "application_default_credentials.json"
+
+
+def _no_credentials() -> ProviderAuthError:
+    return ProviderAuthError(
+        f"vertex found no Google credentials: {_LOGIN}",
+        provider="vertex",
+        details={"variable": "GOOGLE_APPLICATION_CREDENTIALS", "example": "/path/key.json"},
+    )
+
+
+def _gcloud_config(env: Mapping[str, str]) -> str:
+    return env.get("CLOUDSDK_CONFIG") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".config", "gcloud"
+    )
+
+
+def adc_file(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The credentials file google-auth would read, and what named it: the one in
+    GOOGLE_APPLICATION_CREDENTIALS, else gcloud's ``application_default_credentials.json``
+    if anything is there. None: only the metadata server is left."""
+    explicit = env.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if explicit:
+        return explicit, "GOOGLE_APPLICATION_CREDENTIALS"
+    path = os.path.join(_gcloud_config(env), _GCLOUD_FILE)
+    return (path, "gcloud's application default login") if os.path.lexists(path) else None
+
+
+def _adc_unusable(path: str, source: str, problem: str) -> ProviderError:
+    return ProviderError(
+        f"vertex cannot use the Google credentials file {path} (from {source}): it {problem}; "
+        "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (a JSON file), or "
+        "run `gcloud auth application-default login`",
+        provider="vertex",
+        code="llm.not_configured",
+        retryable=False,
+        details={
+            "variable": "GOOGLE_APPLICATION_CREDENTIALS",
+            "example": "/path/key.json",
+            "file": path,
+        },
+    )
+
+
+def read_adc(path: str, source: str) -> dict[str, Any]:
+    """The credentials file as JSON, read as fluid reads any user file: a regular file only
+    (a FIFO, a directory, ``/dev/zero`` are refused unread), at most :data:`ADC_LIMIT`
+    bytes, nested at most :data:`ADC_DEPTH` levels. Anything else is ``llm.not_configured``
+    naming the file and GOOGLE_APPLICATION_CREDENTIALS."""
+    try:
+        data = read_regular(path, limit=ADC_LIMIT, name=path)
+        info = load_json(data.decode("utf-8"), name=path, max_depth=ADC_DEPTH)
+    except UnsafeFileError as exc:
+        raise _adc_unusable(path, source, exc.reason) from None
+    except FileNotFoundError:
+        raise _adc_unusable(path, source, "does not exist") from None
+    except OSError as exc:
+        raise _adc_unusable(path, source, f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError:  # not UTF-8, not JSON
+        raise _adc_unusable(path, source, "is not JSON") from None
+    if not isinstance(info, dict):
+        raise _adc_unusable(path, source, "is not a JSON object")
+    return info
+
+
+def _file_project(info: Mapping[str, Any]) -> str | None:
+    for name in ("project_id", "quota_project_id"):
+        value = info.get(name)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
 def load_adc() -> tuple[Any, str | None]:
-    """Application Default Credentials and their project (google-auth's search order)."""
+    """Application Default Credentials and their project (google-auth's search order).
+
+    A credentials file is read here, bounded (:func:`read_adc`), and handed to
+    google-auth as a dict; only without one is google-auth's own search asked, which
+    ends at the metadata server (on Google Cloud only: :func:`adc_may_exist`). Run as a
+    call's credential lookup: it may wait on the network.
+    """
     auth = _google_auth()
-    if not adc_may_exist(os.environ):  # google-auth reads the process's own environment
-        raise ProviderAuthError(
-            f"vertex found no Google credentials: {_LOGIN}",
-            provider="vertex",
-            details={"variable": "GOOGLE_APPLICATION_CREDENTIALS", "example": "/path/key.json"},
-        )
+    found = adc_file(os.environ)  # google-auth reads the process's own environment
+    if found is not None:
+        path, source = found
+        info = read_adc(path, source)
+        try:
+            # The dict form of google-auth's load_credentials_from_file, which default()
+            # calls with this same warning silenced: the file is the operator's own
+            # configuration, chosen as google-auth would choose it.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                credentials, project = auth.load_credentials_from_dict(info, scopes=list(SCOPES))
+        except auth.exceptions.DefaultCredentialsError as exc:
+            problem = f"is not a credentials file google-auth can use ({_reason(exc)})"
+            raise _adc_unusable(path, source, problem) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A file of the right type with a field missing or malformed (a private key
+            # that does not parse): google-auth's parsers say so with these.
+            problem = f"is not a credentials file google-auth can use ({type(exc).__name__})"
+            raise _adc_unusable(path, source, problem) from None
+        return credentials, project or _file_project(info)
+    if not adc_may_exist(os.environ):
+        raise _no_credentials()
     try:
         credentials, project = auth.default(scopes=list(SCOPES))
     except auth.exceptions.DefaultCredentialsError as exc:
-        raise ProviderAuthError(
-            f"vertex found no Google credentials: {_LOGIN}",
-            provider="vertex",
-            details={"variable": "GOOGLE_APPLICATION_CREDENTIALS", "example": "/path/key.json"},
-        ) from exc
+        raise _no_credentials() from exc
     return credentials, project
+
+
+def _gcloud_project(env: Mapping[str, str]) -> str | None:
+    """gcloud's own project (``gcloud config set project``): CLOUDSDK_CORE_PROJECT, else the
+    active configuration's ``[core] project``, read from its file; None when unreadable."""
+    project = (env.get("CLOUDSDK_CORE_PROJECT") or "").strip()
+    if project:
+        return project
+    config = _gcloud_config(env)
+    try:
+        name = (env.get("CLOUDSDK_ACTIVE_CONFIG_NAME") or "").strip()
+        if not name and os.path.lexists(os.path.join(config, "active_config")):
+            name = read_regular(os.path.join(config, "active_config"), limit=1024).decode()
+        name = name.strip() or "default"
+        if not _name_ok(name):  # a configuration's name, never a path
+            return None
+        text = read_regular(
+            os.path.join(config, "configurations", f"config_{name}"), limit=ADC_LIMIT
+        ).decode("utf-8")
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read_string(text)
+        value = parser.get("core", "project", fallback="")
+    except (OSError, UnsafeFileError, ValueError, configparser.Error):
+        return None
+    return value.strip() or None
+
+
+def adc_project(env: Mapping[str, str]) -> str | None:
+    """The project the credentials name, found without the network: the credentials
+    file's ``project_id`` (or ``quota_project_id``), else gcloud's configured project.
+
+    The metadata server is never asked here (this runs when a client is made): on
+    Google Cloud without a file, set GOOGLE_CLOUD_PROJECT. With no credentials
+    anywhere, the auth error that says how to get some.
+    """
+    found = adc_file(env)
+    project = _file_project(read_adc(*found)) if found is not None else None
+    if project is None:
+        project = _gcloud_project(env)
+    if project is None and not adc_may_exist(env):
+        raise _no_credentials()
+    return project
 
 
 #: Variables that say this process runs where Google's metadata server answers.
@@ -123,11 +264,8 @@ def adc_may_exist(env: Mapping[str, str]) -> bool:
     """
     if env.get("GOOGLE_APPLICATION_CREDENTIALS") or any(env.get(v) for v in _ON_GOOGLE_CLOUD):
         return True
-    config = env.get("CLOUDSDK_CONFIG") or os.path.join(
-        env.get("HOME") or os.path.expanduser("~"), ".config", "gcloud"
-    )
-    if Path(config, "application_default_credentials.json").is_file():
-        return True
+    if os.path.lexists(os.path.join(_gcloud_config(env), _GCLOUD_FILE)):
+        return True  # whatever it is: reading it says what is wrong with it
     return _on_google_hardware()
 
 
@@ -145,10 +283,12 @@ def resolve_base_url(
     api_key: str | None,
     env: Mapping[str, str],
     *,
-    adc: Callable[[], tuple[Any, str | None]] = load_adc,
+    adc: Callable[[], tuple[Any, str | None]] | None = None,
 ) -> str:
     """The URL models hang under: the endpoint (``base_url=`` or the location's), project,
-    location. The project is GOOGLE_CLOUD_PROJECT, else the credentials' own project."""
+    location. The project is GOOGLE_CLOUD_PROJECT, else the one the credentials file or
+    gcloud's configuration names (:func:`adc_project`; ``adc`` replaces it): never the
+    network, since this runs when a client is made."""
     location = (env.get("GOOGLE_CLOUD_LOCATION") or "").strip() or DEFAULT_LOCATION
     if not _name_ok(location):
         raise _not_configured(
@@ -159,11 +299,13 @@ def resolve_base_url(
         )
     project = (env.get("GOOGLE_CLOUD_PROJECT") or "").strip() or None
     if project is None and api_key is None:
-        project = adc()[1]
+        # The files google-auth reads are the process's own, whatever ``env`` says.
+        project = adc()[1] if adc is not None else adc_project(os.environ)
     if not project:
         raise _not_configured(
             "vertex needs a Google Cloud project: set GOOGLE_CLOUD_PROJECT, e.g. "
-            "GOOGLE_CLOUD_PROJECT=my-project",
+            "GOOGLE_CLOUD_PROJECT=my-project (fluid never asks the metadata server for it "
+            "while a client is made)",
             "GOOGLE_CLOUD_PROJECT",
             "my-project",
         )
@@ -215,6 +357,9 @@ def _transport() -> type:
             **kwargs: Any,
         ) -> _Response:
             seconds = min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT)
+            # The whole exchange gets ``seconds``, not each read: a server that drips its
+            # answer a byte at a time is cut off as one that says nothing.
+            ends = time.monotonic() + seconds
             try:
                 with (
                     httpx.Client(timeout=seconds, follow_redirects=False) as client,
@@ -228,6 +373,10 @@ def _transport() -> type:
                         if len(data) > TOKEN_BODY_LIMIT:
                             raise auth.exceptions.TransportError(
                                 f"the token endpoint's answer is over {TOKEN_BODY_LIMIT} bytes"
+                            )
+                        if time.monotonic() > ends:
+                            raise auth.exceptions.TransportError(
+                                f"the token endpoint's answer took over {seconds:g} s"
                             )
                     return _Response(response, bytes(data))
             except httpx.HTTPError as exc:
@@ -325,6 +474,20 @@ class TokenSource:
                 provider="vertex",
                 code="llm.network_error",
                 retryable=True,
+            ) from None
+        except auth.exceptions.GoogleAuthError as exc:
+            raise ProviderAuthError(
+                f"vertex could not get a Google access token ({_reason(exc)}): {_LOGIN}",
+                provider="vertex",
+            ) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # An answer that is no token (a 200 with an HTML page from a captive portal or
+            # a proxy, JSON without access_token): google-auth's parsers fail with these.
+            raise ProviderAuthError(
+                "vertex's Google token service answered with something that is not an "
+                f"access token ({type(exc).__name__}); check that nothing between fluid and "
+                f"Google rewrites the answer (a proxy's login page), then retry: {_LOGIN}",
+                provider="vertex",
             ) from None
         self.refreshes += 1
 
