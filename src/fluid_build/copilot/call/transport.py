@@ -39,6 +39,7 @@ import inspect
 import ipaddress
 import json
 import os
+import socket
 import ssl
 import threading
 import time
@@ -413,6 +414,12 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._inner.write(buffer, _narrowed(timeout))
 
     def close(self) -> None:
+        # Shut down first: a socket closed from another thread (the client's close() during
+        # a call) does not wake a read blocked on it, which would then wait out the deadline.
+        sock = self._inner.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._inner.close()
 
     def start_tls(
@@ -740,6 +747,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
         self._make = _aiohttp_session(verify, cert, trust_env, limits)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False  # once closed, no new session: a late request is refused
         self._yarl = yarl.URL
         self._timeout = aiohttp.ClientTimeout
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
@@ -787,6 +795,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             session = self._session
             if session is None:
+                if self._closed:  # a call that waited for a slot while the client closed
+                    raise _closed()
                 session = self._session = self._make()
             try:
                 content: Any = request.content or None
@@ -823,6 +833,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
