@@ -44,6 +44,7 @@ import ssl
 import threading
 import time
 import urllib.request
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast
@@ -1352,15 +1353,79 @@ def _started(closer: AsyncIterator[None]) -> None:
     raise AssertionError("a closer awaited before its yield")
 
 
+#: The longest a pool's closing may hold a loop that is being closed (an idle connection
+#: closes at once; a TLS one may wait for its peer's close_notify).
+_CLOSE_BOUND: Final = 5.0
+
+
+async def _bounded(ending: Awaitable[Any]) -> None:
+    async with asyncio.timeout(_CLOSE_BOUND):
+        await ending
+
+
+class _CloseFirst:
+    """Set as an event loop's own ``close`` (on the instance, where the loop allows one):
+    the pools made on the loop are closed in it first, while it can still run their
+    cleanup, then the loop's own ``close`` runs and this is taken off again.
+
+    ``asyncio.run`` and ``asyncio.Runner`` shut down the loop's async generators before
+    closing it, which closes each pool (:func:`_closer`); a loop closed by hand
+    (``loop.run_until_complete(...)`` then ``loop.close()``) does not, and without
+    this its pools would be left to the collector, and aiohttp would print
+    "Unclosed client session" for each (issue 32 item 14).
+    """
+
+    __slots__ = ("__weakref__", "loop", "owners", "previous")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, previous: Any) -> None:
+        self.loop = weakref.ref(loop)
+        self.previous = previous  # a ``close`` set on the instance before ours (None: none)
+        self.owners: weakref.WeakSet[LoopPools] = weakref.WeakSet()
+
+    def __call__(self) -> None:
+        loop = self.loop()
+        if loop is None:
+            return
+        if loop.is_running():  # the loop's own close refuses; nothing is ours to undo
+            type(loop).close(loop)
+            return
+        own = vars(loop)
+        if own.get("close") is self:
+            if self.previous is None:
+                del own["close"]
+            else:
+                own["close"] = self.previous
+        if not loop.is_closed():
+            for owner in list(self.owners):
+                owner.close_in(loop)
+        if self.previous is not None:
+            self.previous()
+        else:
+            type(loop).close(loop)
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop, owner: LoopPools) -> None:
+        """Have ``owner``'s pool of ``loop`` closed when ``loop`` closes (once per loop)."""
+        try:
+            own = vars(loop)
+        except TypeError:  # a loop without instance attributes: closed by its shutdown only
+            return
+        hook = own.get("close")
+        if not isinstance(hook, cls):
+            hook = own["close"] = cls(loop, hook)
+        hook.owners.add(owner)
+
+
 class LoopPools:
     """An async pool for each event loop a client is used in, made there on first use.
 
     An ``httpx.AsyncClient`` (and the aiohttp session under it) belongs to the loop
     it first ran in; used from another it fails ("Event loop is closed") for good.
     Here each loop gets its own, closed when that loop shuts down (the end of
-    ``asyncio.run``), by :meth:`aclose` in it, or by :meth:`close` from anywhere,
-    with no "Unclosed client session" left behind. Threads each running their own
-    loop share the client safely.
+    ``asyncio.run``) or is closed by hand (``loop.close()``, see :class:`_CloseFirst`),
+    by :meth:`aclose` in it, or by :meth:`close` from anywhere, with no "Unclosed
+    client session" left behind. Threads each running their own loop share the
+    client safely.
     """
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
@@ -1394,8 +1459,21 @@ class LoopPools:
             if loop is not None:
                 closer = _closer(pool, lambda: self._forget(loop, pool))
                 _started(closer)
+                _CloseFirst.install(loop, self)
             self._pools[loop] = (pool, closer)
         return pool
+
+    def close_in(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the pool of ``loop`` in it (``loop`` is not running: it is being closed),
+        within :data:`_CLOSE_BOUND`; whatever goes wrong, it is forgotten."""
+        with self._lock:
+            found = self._pools.pop(loop, None)
+        if found is None:
+            return
+        pool, closer = found
+        ending = closer.aclose() if closer is not None else pool.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(_bounded(ending))
 
     def _forget(self, loop: asyncio.AbstractEventLoop | None, pool: httpx.AsyncClient) -> None:
         with self._lock:
