@@ -336,3 +336,47 @@ def test_the_close_hook_leaves_the_loop_as_it_was_and_runs_a_close_set_before_it
     assert made[0].is_closed
     assert len(pools) == 0
     assert vars(loop)["close"] is theirs  # fluid's hook is gone, theirs is back
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_the_pool_of_a_loop_left_open_is_closed_silently_when_its_client_is_collected(
+    transport: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+    import sys
+    import warnings
+
+    from tests import hostile
+
+    reported: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda report: reported.append(f"{report.exc_value!r}")
+    loop = asyncio.new_event_loop()
+    try:
+        with (
+            hostile.serve(hostile.ok) as server,
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            client = LLMClient(
+                "openai",
+                "gpt-4o-mini",
+                api_key="sk-test",
+                base_url=f"{server.url}/v1",
+                envelope=RetryEnvelope(cooldown=None),
+                env={"FLUID_LLM_TRANSPORT": transport},
+            )
+            assert loop.run_until_complete(client.acomplete("hi")).text == "ok"
+            assert client._apools is not None
+            pool = client._apools._pools[loop][0]  # the loop's own pool
+            del client  # never closed, and its loop is still open
+            gc.collect()
+            gc.collect()
+            assert pool.is_closed
+    finally:
+        sys.unraisablehook = hook
+        loop.close()
+    assert [str(w.message) for w in caught] == []
+    assert reported == []
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+    assert capfd.readouterr() == ("", "")

@@ -1416,6 +1416,44 @@ class _CloseFirst:
         hook.owners.add(owner)
 
 
+#: A pool and its closer (None: made outside any loop), by the loop it belongs to.
+_Kept = dict[asyncio.AbstractEventLoop | None, tuple[httpx.AsyncClient, AsyncIterator[None] | None]]
+
+
+def _forgetting(
+    owner: weakref.ref[LoopPools], loop: asyncio.AbstractEventLoop, pool: httpx.AsyncClient
+) -> Callable[[], None]:
+    """What a closer calls as it ends: ``owner`` forgets ``pool`` (if ``owner`` still lives)."""
+
+    def forget() -> None:
+        pools = owner()
+        if pools is not None:
+            pools._forget(loop, pool)
+
+    return forget
+
+
+def _close_left(pools: _Kept) -> None:
+    """The pools a collected :class:`LoopPools` left (or left at exit): each closed in its
+    loop, where that loop can still run here (not closed, not running, and no loop running
+    in this thread), within :data:`_CLOSE_BOUND`; the others are left as they are."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return  # no loop can be run from inside another
+    for loop, (pool, closer) in list(pools.items()):
+        if loop is None or loop.is_closed() or loop.is_running():
+            continue
+        ending = _bounded(closer.aclose() if closer is not None else pool.aclose())  # type: ignore[attr-defined]
+        try:
+            loop.run_until_complete(ending)
+        except Exception:  # noqa: BLE001 - a pool that cannot close now is left, never raised
+            ending.close()
+    pools.clear()
+
+
 class LoopPools:
     """An async pool for each event loop a client is used in, made there on first use.
 
@@ -1430,11 +1468,13 @@ class LoopPools:
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
         self._make = make
-        self._pools: dict[
-            asyncio.AbstractEventLoop | None, tuple[httpx.AsyncClient, AsyncIterator[None] | None]
-        ] = {}
+        self._pools: _Kept = {}
         self._lock = threading.Lock()
         self._closing: set[asyncio.Future[Any]] = set()
+        # Collected (its client dropped unclosed) or left at exit with pools of loops that
+        # were never closed: each is closed in its loop then, not left to aiohttp's warning.
+        # Nothing kept here holds this object (the closers hold it weakly).
+        weakref.finalize(self, _close_left, self._pools)
 
     def __len__(self) -> int:
         return len(self._pools)
@@ -1457,7 +1497,7 @@ class LoopPools:
             pool = self._make()
             closer = None
             if loop is not None:
-                closer = _closer(pool, lambda: self._forget(loop, pool))
+                closer = _closer(pool, _forgetting(weakref.ref(self), loop, pool))
                 _started(closer)
                 _CloseFirst.install(loop, self)
             self._pools[loop] = (pool, closer)
