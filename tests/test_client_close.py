@@ -110,3 +110,73 @@ def test_closing_a_client_mid_call_does_not_open_the_shared_breaker(
     assert (fresh["outcome"], fresh["attempts"]) == ("ok", 1)
     (health,) = fresh["health"]
     assert (health["breaker"], health["failures"]) == ("closed", 0)
+
+
+# -- a call waiting for a connection slot as the client closes -------------------------------
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_a_call_waiting_for_a_slot_as_its_client_closes_is_never_sent(
+    transport: str, server: tuple[Thinking, str]
+) -> None:
+    import asyncio
+    import gc
+    import warnings
+
+    from fluid_build.copilot import LLMClient
+    from fluid_build.copilot.agents.errors import AgentExecutionError
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+
+    thinking, url = server
+    client = LLMClient(
+        "openai",
+        "gpt-4o-mini",
+        api_key="sk-test",
+        base_url=f"{url}/v1",
+        envelope=RetryEnvelope(cooldown=None),
+        env={"FLUID_LLM_TRANSPORT": transport},
+        max_connections=1,
+    )
+
+    async def one() -> str:
+        try:
+            return (await client.acomplete("hi")).text
+        except AgentExecutionError as error:
+            return error.code
+
+    async def both() -> list[str]:
+        first = asyncio.create_task(one())
+        assert await asyncio.to_thread(thinking.wait_for, 1)
+        second = asyncio.create_task(one())
+        assert client._apools is not None
+        gate = client._apools._pools[asyncio.get_running_loop()][0]._fluid_route.default.gate
+        for _ in range(1000):  # the second call reaches the gate within a few turns of the loop
+            if gate.waiting:
+                break
+            await asyncio.sleep(0)
+        assert gate.waiting == 1
+        thinking.answering.set()  # were it sent now, it would be answered
+        await asyncio.to_thread(client.close)
+        return list(await asyncio.gather(first, second))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert asyncio.run(both()) == ["llm.client_closed", "llm.client_closed"]
+        gc.collect()  # a connection opened for the waiting call would warn here
+    assert thinking.count == 1  # the waiting call was never sent
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_closed_sync_pool_opens_no_connection_for_a_request_already_inside_it() -> None:
+    import httpx
+
+    from fluid_build.copilot.call.transport import CoreTransport
+
+    accepted: list[hostile.Request] = []
+    with hostile.serve(lambda conn, request: accepted.append(request) or False) as running:
+        transport = CoreTransport()
+        transport.close()  # as the client's close() does while a thread waits in httpcore
+        request = httpx.Request("POST", f"{running.url}/v1/chat/completions", content=b"{}")
+        with pytest.raises(httpx.ConnectError, match="the client has been closed"):
+            transport.handle_request(request)
+    assert accepted == []

@@ -364,11 +364,14 @@ class GatedTransport(httpx.AsyncBaseTransport):
     def __init__(self, inner: httpx.AsyncBaseTransport, gate: AdmissionGate) -> None:
         self.inner = inner
         self.gate = gate
+        self.closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not self.gate.try_acquire():  # a free slot: no clock read on the fast path
             await _wait_in_line(self.gate, request)
         try:
+            if self.closed:  # admitted after the client closed: httpcore would open anew
+                raise _closed()
             response = await self.inner.handle_async_request(request)
         except BaseException:
             self.gate.release()
@@ -377,6 +380,7 @@ class GatedTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
+        self.closed = True
         await self.inner.aclose()
 
 
@@ -441,6 +445,13 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
+        # Set when the pool closes: a request that waited in httpcore's queue meanwhile
+        # would otherwise be sent on a connection opened after the close, and left open.
+        self.closed = False
+
+    def _open(self) -> None:
+        if self.closed:
+            raise httpcore.ConnectError("the client has been closed")
 
     def connect_tcp(
         self,
@@ -450,6 +461,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
+        self._open()
         stream = self._inner.connect_tcp(
             host, port, _narrowed(timeout), local_address, socket_options
         )
@@ -461,6 +473,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         timeout: float | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
+        self._open()
         stream = self._inner.connect_unix_socket(path, _narrowed(timeout), socket_options)
         return _DeadlineStream(stream)
 
@@ -537,12 +550,13 @@ class CoreTransport(httpx.BaseTransport):
         proxy: httpx.Proxy | None = None,
     ) -> None:
         limits = limits or pool_limits()
+        self._backend = _DeadlineBackend()
         common: dict[str, Any] = {
             "ssl_context": httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
             "max_connections": limits.max_connections,
             "max_keepalive_connections": limits.max_keepalive_connections,
             "keepalive_expiry": limits.keepalive_expiry,
-            "network_backend": _DeadlineBackend(),
+            "network_backend": self._backend,
         }
         self.pool: httpcore.ConnectionPool
         if proxy is None:
@@ -593,6 +607,7 @@ class CoreTransport(httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        self._backend.closed = True
         self.pool.close()
 
 
