@@ -92,6 +92,8 @@ MODELS: Final = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-6"}
 TRANSPORTS: Final = ("sync-direct", "async-httpx", "async-aiohttp", "caller-sync", "caller-async")
 #: The async transports whose pools fluid makes, one per event loop.
 FLUID_ASYNC_TRANSPORTS: Final = ("async-httpx", "async-aiohttp")
+#: The pools fluid makes (sync and async): the ones ``LLMClient.close()`` closes.
+FLUID_TRANSPORTS: Final = ("sync-direct", *FLUID_ASYNC_TRANSPORTS)
 #: Every transport but a caller's own AsyncClient, which is bound to one loop.
 THREAD_TRANSPORTS: Final = ("sync-direct", "async-httpx", "async-aiohttp", "caller-sync")
 ASYNC_TRANSPORTS: Final = ("async-httpx", "async-aiohttp", "caller-async")
@@ -1301,6 +1303,77 @@ def _threads(scenario: Scenario, transport: str) -> Outcome:
         )
 
 
+def _closed_mid(stream: bool) -> Callable[[Scenario, str], Outcome]:
+    """The client's own ``close()``, from another thread, while its call waits on a healthy
+    server that is still thinking (``stream``: after the first delta reached the caller)."""
+
+    def play(scenario: Scenario, transport: str) -> Outcome:
+        go = threading.Event()  # the request arrived (a call), the first delta arrived (a stream)
+
+        def thinking(conn: Conn, request: Request) -> bool:
+            if stream:
+                conn.send(head(200, (*SSE, ("connection", "close"))) + sse_delta("Hel"))
+            else:
+                go.set()
+            conn.hold()
+            return False
+
+        with environ(), serve(thinking) as server:
+            caller = Caller(transport, server.url)
+
+            def close_when_told() -> None:
+                if go.wait(HOLD):
+                    caller.client.close()
+
+            def stream_until_closed() -> list[Any]:
+                caller.events = []
+                if caller.is_async:
+
+                    async def consume() -> None:
+                        async for event in caller.client.astream(PROMPT):
+                            caller.events.append(event)
+                            go.set()
+
+                    caller._loop().run(consume())
+                else:
+                    for event in caller.client.stream(PROMPT):
+                        caller.events.append(event)
+                        go.set()
+                return caller.events
+
+            closer = threading.Thread(target=close_when_told, daemon=True)
+            closer.start()
+            try:
+                measured = measure(stream_until_closed if stream else caller.call)
+            finally:
+                go.set()
+                closer.join(timeout=HOLD)
+                caller.close()
+            return outcome(
+                scenario.name,
+                transport,
+                measured,
+                len(server.requests),
+                waits=caller.waits,
+                events=caller.events,
+                close_errors=caller.close_errors,
+                server_errors=server.errors,
+            )
+
+    return play
+
+
+def _closed_mid_checks(result: Outcome) -> list[str]:
+    found = []
+    if result.notes.get("waits"):
+        found.append(f"a call its own client ended was retried: waits {result.notes['waits']}")
+    details = getattr(result.error, "details", None) or {}
+    kept = (details.get("interrupted"), details.get("partial_text"))
+    if result.notes.get("events") and kept != (True, "Hel"):
+        found.append(f"the closed stream lost what had arrived: {details}")
+    return found
+
+
 #: The subprocess of :func:`_closing`: a client used inside ``asyncio.run``, then closed one way.
 CLOSING_SCRIPT: Final = """
 import asyncio, sys
@@ -1327,7 +1400,15 @@ async def main():
             return (await client.acomplete("hi")).text
     return (await client.acomplete("hi")).text
 
-text = asyncio.run(main())
+if how == "by-hand":  # no asyncio.run: loops made and closed by hand, nothing shuts them down
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+        text = loop.run_until_complete(main())
+        loop.close()
+    import gc
+    gc.collect()  # what the closed loops left is reported now, not at exit
+else:
+    text = asyncio.run(main())
 if how == "close":
     client.close()
 print(text)
@@ -1337,7 +1418,11 @@ print(text)
 def _closing(how: str) -> Callable[[Scenario, str], Outcome]:
     def play(scenario: Scenario, transport: str) -> Outcome:
         with environ(), serve(ok) as server:
-            command = [sys.executable, "-c", CLOSING_SCRIPT, server.url, transport, how, KEY]
+            # ResourceWarnings shown: a pool of fluid's left to the collector prints one.
+            # (The script never closes a caller's own AsyncClient: that one is the caller's.)
+            shown = ["-W", "always::ResourceWarning"] if transport != "caller-async" else []
+            command = [sys.executable, *shown, "-c", CLOSING_SCRIPT]
+            command += [server.url, transport, how, KEY]
 
             def run_script() -> subprocess.CompletedProcess[str]:
                 return subprocess.run(
@@ -1612,6 +1697,41 @@ SCENARIOS: Final[tuple[Scenario, ...]] = (
             ("unclosed", "never closed"),
             ("async-with", "async with"),
         )
+    ),
+    Scenario(
+        "close-silently-by-hand",
+        "ok",
+        None,
+        3,
+        _closing("by-hand"),
+        # A caller's own AsyncClient is bound to its first loop: fluid's pools only.
+        transports=FLUID_ASYNC_TRANSPORTS,
+        bound=None,
+        about="a subprocess: new_event_loop(), run_until_complete(acomplete()), loop.close(), "
+        "three times, no asyncio.run; stderr empty with ResourceWarnings shown "
+        "(issue 32 item 14)",
+    ),
+    Scenario(
+        "closed-mid-call",
+        "llm.client_closed",
+        False,
+        1,
+        _closed_mid(stream=False),
+        # LLMClient.close() closes fluid's own pools; a caller's pool is the caller's to close.
+        transports=FLUID_TRANSPORTS,
+        check=_closed_mid_checks,
+        about="the client's close() from another thread while the server thinks: not the "
+        "provider's failure, not retried (issue 32 item 13)",
+    ),
+    Scenario(
+        "closed-mid-stream",
+        "llm.client_closed",
+        False,
+        1,
+        _closed_mid(stream=True),
+        transports=FLUID_TRANSPORTS,
+        check=_closed_mid_checks,
+        about="the same after a stream's first delta: the delta is kept (issue 32 item 13)",
     ),
     Scenario(
         "threads",

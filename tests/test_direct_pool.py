@@ -246,3 +246,137 @@ def test_a_json_request_is_an_httpx_request_in_every_public_way() -> None:
     with pytest.raises(httpx.StreamClosed):
         b"".join(copy.stream)  # type: ignore[arg-type]
     pool.close()
+
+
+# -- loops made and closed by hand (issue 32 item 14) ---------------------------------------
+
+
+def _by_hand(client: LLMClient, loops: int) -> list[str]:
+    """``loop = new_event_loop(); loop.run_until_complete(acomplete()); loop.close()``."""
+    texts = []
+    for _ in range(loops):
+        loop = asyncio.new_event_loop()
+        try:
+            texts.append(loop.run_until_complete(client.acomplete("hi")).text)
+        finally:
+            loop.close()
+    return texts
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_a_pool_whose_loop_is_closed_by_hand_is_closed_with_it_silently(
+    transport: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+    import sys
+    import warnings
+
+    from tests import hostile
+
+    reported: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda report: reported.append(f"{report.exc_value!r}")
+    try:
+        with (
+            hostile.serve(hostile.ok) as server,
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            client = LLMClient(
+                "openai",
+                "gpt-4o-mini",
+                api_key="sk-test",
+                base_url=f"{server.url}/v1",
+                envelope=RetryEnvelope(cooldown=None),
+                env={"FLUID_LLM_TRANSPORT": transport},
+            )
+            assert _by_hand(client, 3) == ["ok"] * 3
+            pools = client._apools
+            assert pools is not None
+            assert len(pools) == 0
+            del client, pools
+            gc.collect()
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert [str(w.message) for w in caught] == []
+    assert reported == []
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
+def test_the_close_hook_leaves_the_loop_as_it_was_and_runs_a_close_set_before_it() -> None:
+    from fluid_build.copilot.call.transport import LoopPools
+
+    closed: list[str] = []
+    made: list[httpx.AsyncClient] = []
+
+    def make() -> httpx.AsyncClient:
+        made.append(httpx.AsyncClient())
+        return made[-1]
+
+    pools = LoopPools(make)
+    loop = asyncio.new_event_loop()
+    own_close = loop.close
+
+    def theirs() -> None:  # a close another library set on the instance before fluid
+        closed.append("theirs")
+        own_close()
+
+    vars(loop)["close"] = theirs
+
+    async def use() -> None:
+        pools.get()
+
+    loop.run_until_complete(use())
+    loop.close()
+    assert closed == ["theirs"]
+    assert loop.is_closed()
+    assert made[0].is_closed
+    assert len(pools) == 0
+    assert vars(loop)["close"] is theirs  # fluid's hook is gone, theirs is back
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_the_pool_of_a_loop_left_open_is_closed_silently_when_its_client_is_collected(
+    transport: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+    import sys
+    import warnings
+
+    from tests import hostile
+
+    reported: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda report: reported.append(f"{report.exc_value!r}")
+    loop = asyncio.new_event_loop()
+    try:
+        with (
+            hostile.serve(hostile.ok) as server,
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            client = LLMClient(
+                "openai",
+                "gpt-4o-mini",
+                api_key="sk-test",
+                base_url=f"{server.url}/v1",
+                envelope=RetryEnvelope(cooldown=None),
+                env={"FLUID_LLM_TRANSPORT": transport},
+            )
+            assert loop.run_until_complete(client.acomplete("hi")).text == "ok"
+            assert client._apools is not None
+            pool = client._apools._pools[loop][0]  # the loop's own pool
+            del client  # never closed, and its loop is still open
+            gc.collect()
+            gc.collect()
+            assert pool.is_closed
+    finally:
+        sys.unraisablehook = hook
+        loop.close()
+    assert [str(w.message) for w in caught] == []
+    assert reported == []
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+    assert capfd.readouterr() == ("", "")

@@ -156,20 +156,24 @@ MODELS = {
     "anthropic": "claude-sonnet-4-6",
     "gemini": "gemini-2.5-flash",
     "ollama": "llama3.1",
+    "bedrock": "amazon.nova-micro-v1:0",
 }
 
 
 def client(url: str, provider: str, shell: str, clock: FakeClock) -> LLMClient:
     envelope = clocked_envelope(clock)
+    env = {"FLUID_LLM_TRANSPORT": "aiohttp" if shell == "aiohttp" else "httpx"}
+    if provider == "bedrock":  # a Bedrock API key: no AWS credential chain
+        env.update(AWS_REGION="us-east-1", AWS_BEARER_TOKEN_BEDROCK=KEY)
     return LLMClient(
         provider=provider,
         model=MODELS[provider],
         base_url=url + "/v1" if provider == "openai" else url,
-        api_key=KEY,
+        api_key=None if provider == "bedrock" else KEY,
         envelope=envelope,
         timeout=5.0,
         deadline=20.0,
-        env={"FLUID_LLM_TRANSPORT": "aiohttp" if shell == "aiohttp" else "httpx"},
+        env=env,
     )
 
 
@@ -407,3 +411,105 @@ def test_gemini_and_ollama_streams_end_at_their_own_marker(
     assert error.details["partial_text"] == "Hello wor"
     assert error.details["interrupted"] is True
     assert "was cut after 2 events / 9 characters" in error.message
+
+
+# -- AWS event-stream frames: a bad frame never takes the good ones before it down ----------
+
+EVENTSTREAM = "application/vnd.amazon.eventstream"
+
+
+def _bedrock_frames() -> list[bytes]:
+    """The frames of a real Bedrock converse-stream answer (tests/data/provider_answers.json)."""
+    import base64
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).parent / "data" / "provider_answers.json").read_text())
+    row = next(r for r in rows if r["id"] == "bedrock-stream-text")
+    stream = base64.b64decode("".join(row["stream"]))
+    frames = []
+    while stream:
+        total = int.from_bytes(stream[:4], "big")
+        frames.append(stream[:total])
+        stream = stream[total:]
+    return frames
+
+
+def _corrupted(frame: bytes) -> bytes:
+    broken = bytearray(frame)
+    broken[-20] ^= 0xFF  # inside the payload: the message CRC no longer matches
+    return bytes(broken)
+
+
+#: messageStart, three text deltas, then a fourth delta whose checksum fails.
+BEDROCK_GOOD = _bedrock_frames()[:4]
+BEDROCK_TEXTS = ["The", " capital of France is Paris.", " Paris is not"]
+BEDROCK_BAD = _corrupted(_bedrock_frames()[4])
+
+
+def frames_then_fault(writes: str) -> Callable[[socket.socket], None]:
+    """Good frames, then a corrupt one: in one write, or each frame in a write of its own."""
+
+    def reply(conn: socket.socket) -> None:
+        loopback.read_request(conn)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = _head("eof", EVENTSTREAM)
+        frames = [*BEDROCK_GOOD, BEDROCK_BAD]
+        if writes == "one":
+            conn.sendall(head + b"".join(frames))
+        else:
+            conn.sendall(head)
+            for frame in frames:
+                conn.sendall(frame)
+        conn.shutdown(socket.SHUT_WR)
+
+    return reply
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("writes", ["one", "several"])
+def test_event_stream_frames_before_a_corrupt_one_reach_the_caller_however_they_arrive(
+    writes: str, shell: str
+) -> None:
+    server = Server(frames_then_fault(writes))
+    seen, error = run(server, "bedrock", shell)
+    assert texts(seen) == BEDROCK_TEXTS
+    assert isinstance(error, ProviderError)
+    assert error.code == "llm.malformed_response"
+    assert error.details["interrupted"] is True
+    assert error.details["partial_text"] == "".join(BEDROCK_TEXTS)
+    assert server.connections == 1  # the caller had text: never retried
+    assert_keyless(error)
+
+
+def test_a_bad_frame_read_with_good_ones_is_raised_after_them() -> None:
+    from fluid_build.copilot.llm.base import aiter_frames, iter_frames
+
+    def refuse(size: int) -> Exception:
+        return ProviderError(f"{size}", code="llm.response_too_large")
+
+    body = b"".join(BEDROCK_GOOD) + BEDROCK_BAD
+    got: list[Any] = []
+    with pytest.raises(ProviderError) as caught:
+        got.extend(iter_frames(iter([body]), 1 << 20, refuse))
+    assert [kind for kind, _ in got] == ["messageStart"] + ["contentBlockDelta"] * 3
+    assert caught.value.code == "llm.malformed_response"
+
+    async def chunks() -> Any:
+        yield body
+
+    async def collect() -> tuple[list[Any], BaseException | None]:
+        out: list[Any] = []
+        try:
+            async for item in aiter_frames(chunks(), 1 << 20, refuse):
+                out.append(item)
+        except ProviderError as error:
+            return out, error
+        return out, None
+
+    items, error = asyncio.run(collect())
+    assert items == got
+    assert isinstance(error, ProviderError)
+    assert error.code == "llm.malformed_response"
+    # A bad frame first in its read has no good frames to give: raised at once, as before.
+    with pytest.raises(ProviderError):
+        next(iter_frames(iter([BEDROCK_BAD]), 1 << 20, refuse))

@@ -388,7 +388,9 @@ class LLMClient:
 
     def close(self) -> None:
         """Close the connection pools this client (and its fallbacks) opened, from any
-        thread or loop; a pool of a running loop closes there, as a task."""
+        thread or loop; a pool of a running loop closes there, as a task. Calls still in
+        flight on them end at once with ``llm.client_closed`` (not retried, and never
+        counted against the provider: docs/transports.md); a later call opens a new pool."""
         if self._owns_http and self._http is not None:
             self._http.close()
             self._http = None

@@ -219,6 +219,15 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "Nothing to fix: run the command again when ready.",
     ),
     ReasonCode(
+        "llm.client_closed",
+        False,
+        "The call's own client was closed (close() or aclose(), from another thread or task) "
+        "while the call was in flight; the provider did nothing wrong and nothing was "
+        "counted against it.",
+        "Nothing to fix at the provider: close the client only after its calls have ended, "
+        "then run the call again on an open client.",
+    ),
+    ReasonCode(
         "llm.schema_violation",
         False,
         "The model's output did not match the expected schema.",

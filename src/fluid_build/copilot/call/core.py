@@ -82,6 +82,7 @@ _CALLER_SIDE = frozenset(
         "llm.parse_error",
         "llm.context_overflow",
         "llm.circuit_open",
+        "llm.client_closed",
     }
 )
 # Non-retryable failures after which another provider may still answer.
@@ -441,6 +442,16 @@ class Entry:
         def opening() -> Plan[
             tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamState]
         ]:
+            try:
+                return (yield from attempt())
+            except Exception as exc:
+                if pool.is_closed:  # its own client closed the pool under it: no provider failure
+                    raise decoder.closed() from exc
+                raise
+
+        def attempt() -> Plan[
+            tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamState]
+        ]:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
@@ -454,7 +465,7 @@ class Entry:
                 deadline.check("the next attempt")
                 request = http_request(pool, wire, deadline, self.config.timeout)
             try:
-                response: httpx.Response = yield Send(self.pools, request)
+                response: httpx.Response = yield Send(pool, request)
             except httpx.TimeoutException as exc:
                 raise timed_out(exc, deadline, "the response headers") or exc from exc
             self.observed(response)
@@ -502,6 +513,8 @@ class Entry:
                         for item in decoder.chunk(response, state, spec, event, data, started=True):
                             yield Emit(item)
                 except (httpx.HTTPError, OSError) as exc:
+                    if pool.is_closed:  # its own client closed the pool under the stream
+                        raise decoder.closed(state, reader) from exc
                     # After the end marker only the connection's end failed (a missing last chunk):
                     # the answer is whole.
                     if not state.done:
@@ -510,7 +523,13 @@ class Entry:
                     if "interrupted" in error.details:
                         raise
                     raise error.with_details(interrupted=True, **state.partial()) from error
+                except Exception as exc:
+                    if pool.is_closed:
+                        raise decoder.closed(state, reader) from exc
+                    raise
                 if not state.done:
+                    if pool.is_closed:  # the body "ended" as its own client shut the socket
+                        raise decoder.closed(state, reader)
                     raise decoder.cut(state, reader, emitted=True, response=response)
             finally:
                 yield Close(response)
@@ -560,13 +579,21 @@ class _Attempt:
         exchange = Exchange(pool, request, deadline, entry.limits)
         try:
             done: httpx.Response = yield exchange
-        except httpx.TimeoutException as exc:
-            raise timed_out(exc, deadline, exchange.where) or exc from exc
-        except httpx.HTTPStatusError as exc:
-            entry.observed(exc.response)
+        except Exception as exc:
+            if pool.is_closed:  # its own client closed the pool under it: no provider failure
+                raise entry.decoder.closed() from exc
+            if isinstance(exc, httpx.TimeoutException):
+                raise timed_out(exc, deadline, exchange.where) or exc from exc
+            if isinstance(exc, httpx.HTTPStatusError):
+                entry.observed(exc.response)
             raise
         entry.observed(done)
-        parsed = entry.decoder.answer(done, prepared)
+        try:
+            parsed = entry.decoder.answer(done, prepared)
+        except AgentExecutionError as error:
+            if pool.is_closed:  # a body without a length "ended" as its own client closed it
+                raise entry.decoder.closed() from error
+            raise
         entry.settled(tokens, parsed)
         return parsed, done
 

@@ -270,6 +270,32 @@ class Decoder:
             secrets=self.secrets,
         )
 
+    def closed(
+        self,
+        state: StreamState | None = None,
+        reader: StreamReader | None = None,
+    ) -> ProviderError:
+        """``llm.client_closed``: the call's own client closed its pool while the call was in
+        flight. Not the provider's doing: not retryable, and (no code of
+        :data:`~fluid_build.copilot.agents.errors.BREAKER_CODES`) never counted against its
+        breaker, cooldown or rate limit. A stream that had reached the caller keeps what
+        arrived, as :meth:`interrupted` does."""
+        details: dict[str, Any] = {}
+        when = "in flight"
+        if state is not None and reader is not None:
+            details.update(_snapshot(state, reader), interrupted=True, **state.partial())
+            when = f"after {_received(state, reader.events)} of its stream"
+        return ProviderError(
+            f"the call to {self.provider} ({self.model}) was ended {when} by its own client: "
+            "close() or aclose() closed the client's connections; not the provider's doing, "
+            "so it is neither retried nor counted against the provider",
+            provider=self.provider,
+            model=self.model,
+            code="llm.client_closed",
+            retryable=False,
+            details=details,
+        )
+
     def classified(self, exc: BaseException) -> AgentExecutionError:
         """``exc`` as its typed error (and redacted in place: it is chained to what is raised)."""
         from fluid_build.copilot.agents.error_classification import classify_provider_error

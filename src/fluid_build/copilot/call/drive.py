@@ -395,20 +395,22 @@ class Blocking(Effect):
 
 
 class Send(Effect):
-    """Send a request; the answer's headers come back, its body still unread."""
+    """Send a request on ``pool`` (the one it was built on, from :class:`Pool`); the answer's
+    headers come back, its body still unread."""
 
-    __slots__ = ("pools", "request")
+    __slots__ = ("pool", "request")
 
-    def __init__(self, pools: Pools, request: httpx.Request) -> None:
-        self.pools = pools
+    def __init__(self, pool: httpx.Client | httpx.AsyncClient, request: httpx.Request) -> None:
+        self.pool = pool
         self.request = request
 
     def run(self) -> httpx.Response:
         with _until(_deadline(self.request)):
-            return send(self.pools.sync(), self.request)
+            return send(cast(httpx.Client, self.pool), self.request)
 
     async def arun(self) -> httpx.Response:
-        return await _within(_deadline(self.request), asend(self.pools.async_(), self.request))
+        pool = cast(httpx.AsyncClient, self.pool)
+        return await _within(_deadline(self.request), asend(pool, self.request))
 
 
 class ReadBody(Effect):

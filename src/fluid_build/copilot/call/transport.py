@@ -39,10 +39,12 @@ import inspect
 import ipaddress
 import json
 import os
+import socket
 import ssl
 import threading
 import time
 import urllib.request
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast
@@ -362,11 +364,14 @@ class GatedTransport(httpx.AsyncBaseTransport):
     def __init__(self, inner: httpx.AsyncBaseTransport, gate: AdmissionGate) -> None:
         self.inner = inner
         self.gate = gate
+        self.closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not self.gate.try_acquire():  # a free slot: no clock read on the fast path
             await _wait_in_line(self.gate, request)
         try:
+            if self.closed:  # admitted after the client closed: httpcore would open anew
+                raise _closed()
             response = await self.inner.handle_async_request(request)
         except BaseException:
             self.gate.release()
@@ -375,6 +380,7 @@ class GatedTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
+        self.closed = True
         await self.inner.aclose()
 
 
@@ -413,6 +419,12 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._inner.write(buffer, _narrowed(timeout))
 
     def close(self) -> None:
+        # Shut down first: a socket closed from another thread (the client's close() during
+        # a call) does not wake a read blocked on it, which would then wait out the deadline.
+        sock = self._inner.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._inner.close()
 
     def start_tls(
@@ -433,6 +445,13 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
+        # Set when the pool closes: a request that waited in httpcore's queue meanwhile
+        # would otherwise be sent on a connection opened after the close, and left open.
+        self.closed = False
+
+    def _open(self) -> None:
+        if self.closed:
+            raise httpcore.ConnectError("the client has been closed")
 
     def connect_tcp(
         self,
@@ -442,6 +461,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
+        self._open()
         stream = self._inner.connect_tcp(
             host, port, _narrowed(timeout), local_address, socket_options
         )
@@ -453,6 +473,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         timeout: float | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
+        self._open()
         stream = self._inner.connect_unix_socket(path, _narrowed(timeout), socket_options)
         return _DeadlineStream(stream)
 
@@ -529,12 +550,13 @@ class CoreTransport(httpx.BaseTransport):
         proxy: httpx.Proxy | None = None,
     ) -> None:
         limits = limits or pool_limits()
+        self._backend = _DeadlineBackend()
         common: dict[str, Any] = {
             "ssl_context": httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
             "max_connections": limits.max_connections,
             "max_keepalive_connections": limits.max_keepalive_connections,
             "keepalive_expiry": limits.keepalive_expiry,
-            "network_backend": _DeadlineBackend(),
+            "network_backend": self._backend,
         }
         self.pool: httpcore.ConnectionPool
         if proxy is None:
@@ -585,6 +607,7 @@ class CoreTransport(httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        self._backend.closed = True
         self.pool.close()
 
 
@@ -740,6 +763,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
         self._make = _aiohttp_session(verify, cert, trust_env, limits)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False  # once closed, no new session: a late request is refused
         self._yarl = yarl.URL
         self._timeout = aiohttp.ClientTimeout
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
@@ -787,6 +811,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             session = self._session
             if session is None:
+                if self._closed:  # a call that waited for a slot while the client closed
+                    raise _closed()
                 session = self._session = self._make()
             try:
                 content: Any = request.content or None
@@ -823,6 +849,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -1341,24 +1368,128 @@ def _started(closer: AsyncIterator[None]) -> None:
     raise AssertionError("a closer awaited before its yield")
 
 
+#: The longest a pool's closing may hold a loop that is being closed (an idle connection
+#: closes at once; a TLS one may wait for its peer's close_notify).
+_CLOSE_BOUND: Final = 5.0
+
+
+async def _bounded(ending: Awaitable[Any]) -> None:
+    async with asyncio.timeout(_CLOSE_BOUND):
+        await ending
+
+
+class _CloseFirst:
+    """Set as an event loop's own ``close`` (on the instance, where the loop allows one):
+    the pools made on the loop are closed in it first, while it can still run their
+    cleanup, then the loop's own ``close`` runs and this is taken off again.
+
+    ``asyncio.run`` and ``asyncio.Runner`` shut down the loop's async generators before
+    closing it, which closes each pool (:func:`_closer`); a loop closed by hand
+    (``loop.run_until_complete(...)`` then ``loop.close()``) does not, and without
+    this its pools would be left to the collector, and aiohttp would print
+    "Unclosed client session" for each (issue 32 item 14).
+    """
+
+    __slots__ = ("__weakref__", "loop", "owners", "previous")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, previous: Any) -> None:
+        self.loop = weakref.ref(loop)
+        self.previous = previous  # a ``close`` set on the instance before ours (None: none)
+        self.owners: weakref.WeakSet[LoopPools] = weakref.WeakSet()
+
+    def __call__(self) -> None:
+        loop = self.loop()
+        if loop is None:
+            return
+        if loop.is_running():  # the loop's own close refuses; nothing is ours to undo
+            type(loop).close(loop)
+            return
+        own = vars(loop)
+        if own.get("close") is self:
+            if self.previous is None:
+                del own["close"]
+            else:
+                own["close"] = self.previous
+        if not loop.is_closed():
+            for owner in list(self.owners):
+                owner.close_in(loop)
+        if self.previous is not None:
+            self.previous()
+        else:
+            type(loop).close(loop)
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop, owner: LoopPools) -> None:
+        """Have ``owner``'s pool of ``loop`` closed when ``loop`` closes (once per loop)."""
+        try:
+            own = vars(loop)
+        except TypeError:  # a loop without instance attributes: closed by its shutdown only
+            return
+        hook = own.get("close")
+        if not isinstance(hook, cls):
+            hook = own["close"] = cls(loop, hook)
+        hook.owners.add(owner)
+
+
+#: A pool and its closer (None: made outside any loop), by the loop it belongs to.
+_Kept = dict[asyncio.AbstractEventLoop | None, tuple[httpx.AsyncClient, AsyncIterator[None] | None]]
+
+
+def _forgetting(
+    owner: weakref.ref[LoopPools], loop: asyncio.AbstractEventLoop, pool: httpx.AsyncClient
+) -> Callable[[], None]:
+    """What a closer calls as it ends: ``owner`` forgets ``pool`` (if ``owner`` still lives)."""
+
+    def forget() -> None:
+        pools = owner()
+        if pools is not None:
+            pools._forget(loop, pool)
+
+    return forget
+
+
+def _close_left(pools: _Kept) -> None:
+    """The pools a collected :class:`LoopPools` left (or left at exit): each closed in its
+    loop, where that loop can still run here (not closed, not running, and no loop running
+    in this thread), within :data:`_CLOSE_BOUND`; the others are left as they are."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return  # no loop can be run from inside another
+    for loop, (pool, closer) in list(pools.items()):
+        if loop is None or loop.is_closed() or loop.is_running():
+            continue
+        ending = _bounded(closer.aclose() if closer is not None else pool.aclose())  # type: ignore[attr-defined]
+        try:
+            loop.run_until_complete(ending)
+        except Exception:  # noqa: BLE001 - a pool that cannot close now is left, never raised
+            ending.close()
+    pools.clear()
+
+
 class LoopPools:
     """An async pool for each event loop a client is used in, made there on first use.
 
     An ``httpx.AsyncClient`` (and the aiohttp session under it) belongs to the loop
     it first ran in; used from another it fails ("Event loop is closed") for good.
     Here each loop gets its own, closed when that loop shuts down (the end of
-    ``asyncio.run``), by :meth:`aclose` in it, or by :meth:`close` from anywhere,
-    with no "Unclosed client session" left behind. Threads each running their own
-    loop share the client safely.
+    ``asyncio.run``) or is closed by hand (``loop.close()``, see :class:`_CloseFirst`),
+    by :meth:`aclose` in it, or by :meth:`close` from anywhere, with no "Unclosed
+    client session" left behind. Threads each running their own loop share the
+    client safely.
     """
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
         self._make = make
-        self._pools: dict[
-            asyncio.AbstractEventLoop | None, tuple[httpx.AsyncClient, AsyncIterator[None] | None]
-        ] = {}
+        self._pools: _Kept = {}
         self._lock = threading.Lock()
         self._closing: set[asyncio.Future[Any]] = set()
+        # Collected (its client dropped unclosed) or left at exit with pools of loops that
+        # were never closed: each is closed in its loop then, not left to aiohttp's warning.
+        # Nothing kept here holds this object (the closers hold it weakly).
+        weakref.finalize(self, _close_left, self._pools)
 
     def __len__(self) -> int:
         return len(self._pools)
@@ -1381,10 +1512,23 @@ class LoopPools:
             pool = self._make()
             closer = None
             if loop is not None:
-                closer = _closer(pool, lambda: self._forget(loop, pool))
+                closer = _closer(pool, _forgetting(weakref.ref(self), loop, pool))
                 _started(closer)
+                _CloseFirst.install(loop, self)
             self._pools[loop] = (pool, closer)
         return pool
+
+    def close_in(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the pool of ``loop`` in it (``loop`` is not running: it is being closed),
+        within :data:`_CLOSE_BOUND`; whatever goes wrong, it is forgotten."""
+        with self._lock:
+            found = self._pools.pop(loop, None)
+        if found is None:
+            return
+        pool, closer = found
+        ending = closer.aclose() if closer is not None else pool.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(_bounded(ending))
 
     def _forget(self, loop: asyncio.AbstractEventLoop | None, pool: httpx.AsyncClient) -> None:
         with self._lock:

@@ -67,7 +67,7 @@ def _get(
     try:
         pool = yield Pool(pools)
         request = pool.build_request("GET", url, headers=headers, timeout=ends - clock())
-        response: httpx.Response = yield Send(pools, request)
+        response: httpx.Response = yield Send(pool, request)
         try:
             status, encoding = response.status_code, response.headers.get("content-encoding")
             if status != 200 or encoding not in (None, "identity"):

@@ -381,9 +381,14 @@ class _Frames:
     lengths) and decoded by botocore's parser. An event gives
     ``(event type, JSON payload)``; an exception frame ``("exception",
     {"__type": ..., **payload})``, which the adapter reads as an error chunk.
+
+    A frame that is refused or does not decode ends the stream, but never takes the
+    good frames before it down with it: those that came in the same read are given
+    first, and its error waits in :attr:`fault` for the caller to raise once they
+    are delivered, as if each frame had come in a read of its own (issue 32 item 15).
     """
 
-    __slots__ = ("buffer", "limit", "model", "provider", "refuse")
+    __slots__ = ("buffer", "fault", "limit", "model", "provider", "refuse")
 
     def __init__(
         self,
@@ -397,21 +402,30 @@ class _Frames:
         self.buffer = bytearray()
         self.provider = provider
         self.model = model
+        self.fault: Exception | None = None
 
     def feed(self, chunk: bytes) -> list[Chunk]:
+        """The chunks the frames completed by ``chunk`` give, up to the first bad frame; that
+        one's error is raised at once when no good frame came before it, else kept in
+        :attr:`fault` (the caller raises it after delivering these)."""
         self.buffer += chunk
         out: list[Chunk] = []
-        while len(self.buffer) >= 4:
-            total = int.from_bytes(self.buffer[:4], "big")
-            if total > self.limit:
-                raise self.refuse(total)
-            if total < _SMALLEST_FRAME:
-                raise self._bad(f"a frame says it is {total} bytes long, under the 16 it needs")
-            if len(self.buffer) < total:
-                break
-            frame = bytes(self.buffer[:total])
-            del self.buffer[:total]
-            out.append(self._decode(frame))
+        try:
+            while len(self.buffer) >= 4:
+                total = int.from_bytes(self.buffer[:4], "big")
+                if total > self.limit:
+                    raise self.refuse(total)
+                if total < _SMALLEST_FRAME:
+                    raise self._bad(f"a frame says it is {total} bytes long, under the 16 it needs")
+                if len(self.buffer) < total:
+                    break
+                frame = bytes(self.buffer[:total])
+                del self.buffer[:total]
+                out.append(self._decode(frame))
+        except Exception as exc:
+            if not out:
+                raise
+            self.fault = exc
         return out
 
     def _decode(self, frame: bytes) -> Chunk:
@@ -469,6 +483,8 @@ def iter_frames(
     frames = _Frames(limit, refuse, provider, model)
     for chunk in chunks:
         yield from frames.feed(chunk)
+        if frames.fault is not None:
+            raise frames.fault
     frames.rest()
 
 
@@ -484,4 +500,6 @@ async def aiter_frames(
     async for chunk in chunks:
         for decoded in frames.feed(chunk):
             yield decoded
+        if frames.fault is not None:
+            raise frames.fault
     frames.rest()
