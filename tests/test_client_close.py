@@ -1,9 +1,9 @@
 """A call ended by its own client's ``close()`` is no provider failure (issue 32 item 13).
 
-Real processes on the default store (the sqlite file under ``$XDG_CACHE_HOME``, the
-breaker's default threshold of 5): one process starts six calls against a healthy
-loopback server that is still thinking, and closes its client from another thread
-while they wait. Each call ends ``llm.client_closed``, not retryable, after one
+Real processes on the default store (the sqlite file under ``$XDG_CACHE_HOME``), and
+on a real Redis, with the breaker's default threshold of 5: one process starts six
+calls against a healthy loopback server that is still thinking, and closes its client
+from another thread while they wait. Each call ends ``llm.client_closed``, not retryable, after one
 request, and nothing is written against the provider; a fresh process then calls
 the same server, key and model, and is answered (no ``llm.circuit_open``). Sync
 (fluid's sync pool) and async (the aiohttp transport). tests/test_conformance.py
@@ -59,9 +59,11 @@ def server() -> Iterator[tuple[Thinking, str]]:
         yield thinking, running.url
 
 
-def _worker(*argv: str) -> subprocess.Popen[str]:
+def _worker(*argv: str, store: str | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("FLUID_COOLDOWN_URL", None)  # the default store
+    env.pop("FLUID_COOLDOWN_URL", None)  # the default store, unless one is named
+    if store is not None:
+        env["FLUID_COOLDOWN_URL"] = store
     return subprocess.Popen(
         [sys.executable, "-m", "tests.closing_worker", *argv],
         cwd=ROOT,
@@ -85,12 +87,14 @@ def _last_line(proc: subprocess.Popen[str], stdin: str = "") -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+@pytest.mark.parametrize("store", ["default", "redis"])
 @pytest.mark.parametrize("transport", ["sync", "aiohttp"])
 def test_closing_a_client_mid_call_does_not_open_the_shared_breaker(
-    transport: str, server: tuple[Thinking, str]
+    transport: str, store: str, server: tuple[Thinking, str], request: pytest.FixtureRequest
 ) -> None:
     thinking, url = server
-    closing = _worker("close", transport, url, str(CALLS))
+    shared = None if store == "default" else str(request.getfixturevalue("redis_url"))
+    closing = _worker("close", transport, url, str(CALLS), store=shared)
     try:
         assert closing.stdout is not None
         assert closing.stdout.readline().strip() == "ready"
@@ -106,7 +110,7 @@ def test_closing_a_client_mid_call_does_not_open_the_shared_breaker(
     assert thinking.count == CALLS  # one request each
 
     thinking.answering.set()
-    fresh = _last_line(_worker("call", transport, url))
+    fresh = _last_line(_worker("call", transport, url, store=shared))
     assert (fresh["outcome"], fresh["attempts"]) == ("ok", 1)
     (health,) = fresh["health"]
     assert (health["breaker"], health["failures"]) == ("closed", 0)

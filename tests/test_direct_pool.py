@@ -307,7 +307,7 @@ def test_a_pool_whose_loop_is_closed_by_hand_is_closed_with_it_silently(
 
 
 def test_the_close_hook_leaves_the_loop_as_it_was_and_runs_a_close_set_before_it() -> None:
-    from fluid_build.copilot.call.transport import LoopPools
+    from fluid_build.copilot.call.loops import LoopPools
 
     closed: list[str] = []
     made: list[httpx.AsyncClient] = []

@@ -25,10 +25,10 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.core import CallOptions, Entry, completing
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.loops import LoopPools
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
     from fluid_build.copilot.call.prices import ModelPrice, parse_prices, prices_from_env
     from fluid_build.copilot.call.spend import BudgetGuard
-    from fluid_build.copilot.call.transport import LoopPools
     from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
     from fluid_build.copilot.health.cooldown import CooldownKey
     from fluid_build.copilot.llm.base import Adapter, ProviderConfig
@@ -373,7 +373,8 @@ class LLMClient:
             return self._ahttp
         pools = self._apools
         if pools is None:
-            from fluid_build.copilot.call.transport import LoopPools, build_async_client
+            from fluid_build.copilot.call.loops import LoopPools
+            from fluid_build.copilot.call.transport import build_async_client
 
             def make() -> httpx.AsyncClient:
                 return build_async_client(
