@@ -1188,3 +1188,39 @@ def test_calls_waiting_for_one_lookup_share_it(monkeypatch: pytest.MonkeyPatch) 
     finally:
         http.close()
         _end(serving, client)
+
+
+@pytest.mark.parametrize("mode", ["complete", "stream"])
+def test_a_credential_process_that_never_ends_ends_the_call_within_its_deadline(
+    mode: str, aws_home: Path
+) -> None:
+    # credential_process waits on a FIFO nobody writes: the program never answers while
+    # the call waits. Opening the FIFO's other end at the end lets it go (EOF).
+    import os
+    import sys
+    import threading
+    import time
+
+    fifo = aws_home / "never"
+    os.mkfifo(fifo)
+    (aws_home / ".aws").mkdir()
+    (aws_home / ".aws" / "config").write_text(
+        f'[default]\ncredential_process = {sys.executable} -c "open({str(fifo)!r}).read()"\n'
+    )
+    seen: list[httpx.Request] = []
+    client, http = _client(_answer(seen), {"AWS_REGION": "us-east-1"}, deadline=TIGHT)
+    try:
+        started = time.monotonic()
+        call = client.complete if mode == "complete" else lambda p: list(client.stream(p))
+        with pytest.raises(ProviderError) as caught:
+            call("hi")
+        elapsed = time.monotonic() - started
+    finally:
+        http.close()
+        # The writer's open returns once the program has opened its end (now or when it
+        # gets there on a slow machine), and its close is the program's end of file.
+        threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True).start()
+    assert caught.value.code == "llm.deadline_exceeded"
+    assert "AWS credentials" in str(caught.value)
+    assert elapsed < TIGHT + 0.4, elapsed
+    assert seen == []
