@@ -357,8 +357,9 @@ def _transport() -> type:
             **kwargs: Any,
         ) -> _Response:
             seconds = min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT)
-            # The whole exchange gets ``seconds``, not each read: a server that drips its
-            # answer a byte at a time is cut off as one that says nothing.
+            # The body gets ``seconds`` as a whole, not each read: a server that drips it a
+            # byte at a time is cut off as one that says nothing. (The head's reads are
+            # httpx's, each bounded by ``seconds``; no call waits past its own deadline.)
             ends = time.monotonic() + seconds
             try:
                 with (
