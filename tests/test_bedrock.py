@@ -1224,3 +1224,17 @@ def test_a_credential_process_that_never_ends_ends_the_call_within_its_deadline(
     assert "AWS credentials" in str(caught.value)
     assert elapsed < TIGHT + 0.4, elapsed
     assert seen == []
+
+
+def test_a_container_endpoint_botocore_refuses_is_not_configured_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # botocore takes AWS_CONTAINER_CREDENTIALS_FULL_URI only on loopback or ECS's and EKS's
+    # addresses; it says so with a ValueError, a raw exception before (issue 32 item 12).
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://creds.example/v2/x")
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"})
+    with http, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert caught.value.code == "llm.not_configured"
+    assert caught.value.details["variable"] == "AWS_CONTAINER_CREDENTIALS_FULL_URI"
+    assert "creds.example" in str(caught.value)
