@@ -1069,6 +1069,9 @@ def test_an_expired_sso_login_is_an_auth_error_naming_aws_sso_login_for_the_prof
 # -- the credential lookup: off the event loop, within the call's deadline (issue 32 item 9) --
 
 TIGHT = 0.5  # the call's deadline (s): the silent endpoint is never answered within it
+#: How late past it a call may end (the conformance suite's own bound is 1.5 s): a loaded
+#: machine's scheduling, never a credential source's silence (seconds, unbounded before).
+MARGIN = 1.0
 
 
 def _silent_credentials_endpoint(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -1114,7 +1117,7 @@ def test_a_silent_credentials_endpoint_ends_complete_within_its_deadline(
         _end(serving, client)
     assert caught.value.code == "llm.deadline_exceeded"
     assert "AWS credentials" in str(caught.value)
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     assert seen == []  # nothing was sent unsigned
 
 
@@ -1160,12 +1163,12 @@ def test_a_silent_credentials_endpoint_never_holds_the_event_loop(
         _end(serving, client)
     assert isinstance(error, ProviderError)
     assert error.code == "llm.deadline_exceeded"
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     # The loop ran on while the lookup waited: the other task ticked all along, never
     # stopped for long (a frozen loop ticks once, at the start).
-    assert len(ticks) >= 10, ticks
+    assert len(ticks) >= 5, ticks
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert max(gaps) < 0.25, max(gaps)
+    assert max(gaps) < 0.4, max(gaps)
 
 
 def test_calls_waiting_for_one_lookup_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1222,7 +1225,7 @@ def test_a_credential_process_that_never_ends_ends_the_call_within_its_deadline(
         threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True).start()
     assert caught.value.code == "llm.deadline_exceeded"
     assert "AWS credentials" in str(caught.value)
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     assert seen == []
 
 

@@ -947,6 +947,9 @@ def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
 # -- credentials bounded: by the deadline, off the loop, files read as files (issue 32) -----
 
 TIGHT = 0.5  # the call's deadline (s)
+#: How late past it a call may end (the conformance suite's own bound is 1.5 s): a loaded
+#: machine's scheduling, never a credential source's silence (seconds, unbounded before).
+MARGIN = 1.0
 
 
 def _model_answers(seen: list[httpx.Request]) -> Any:
@@ -1016,13 +1019,13 @@ def test_a_token_endpoint_that_never_finishes_ends_the_call_within_its_deadline(
         else:
             client = LLMClient("vertex", env={}, deadline=TIGHT, base_url="http://127.0.0.1:9")
             error, elapsed, ticks = _ticking_call(client)
-            assert len(ticks) >= 10, ticks  # the loop ran on while the token was awaited
-            assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
+            assert len(ticks) >= 5, ticks  # the loop ran on while the token was awaited
+            assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.4
         assert server.requests  # the token endpoint was asked
     assert isinstance(error, ProviderError), error
     assert error.code == "llm.deadline_exceeded"
     assert "Google access token" in str(error)
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     assert seen == []
 
 
