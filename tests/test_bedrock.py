@@ -1069,6 +1069,9 @@ def test_an_expired_sso_login_is_an_auth_error_naming_aws_sso_login_for_the_prof
 # -- the credential lookup: off the event loop, within the call's deadline (issue 32 item 9) --
 
 TIGHT = 0.5  # the call's deadline (s): the silent endpoint is never answered within it
+#: How late past it a call may end (the conformance suite's own bound is 1.5 s): a loaded
+#: machine's scheduling, never a credential source's silence (seconds, unbounded before).
+MARGIN = 1.0
 
 
 def _silent_credentials_endpoint(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -1114,7 +1117,7 @@ def test_a_silent_credentials_endpoint_ends_complete_within_its_deadline(
         _end(serving, client)
     assert caught.value.code == "llm.deadline_exceeded"
     assert "AWS credentials" in str(caught.value)
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     assert seen == []  # nothing was sent unsigned
 
 
@@ -1160,12 +1163,12 @@ def test_a_silent_credentials_endpoint_never_holds_the_event_loop(
         _end(serving, client)
     assert isinstance(error, ProviderError)
     assert error.code == "llm.deadline_exceeded"
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     # The loop ran on while the lookup waited: the other task ticked all along, never
     # stopped for long (a frozen loop ticks once, at the start).
-    assert len(ticks) >= 10, ticks
+    assert len(ticks) >= 5, ticks
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert max(gaps) < 0.25, max(gaps)
+    assert max(gaps) < 0.4, max(gaps)
 
 
 def test_calls_waiting_for_one_lookup_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1188,3 +1191,53 @@ def test_calls_waiting_for_one_lookup_share_it(monkeypatch: pytest.MonkeyPatch) 
     finally:
         http.close()
         _end(serving, client)
+
+
+@pytest.mark.parametrize("mode", ["complete", "stream"])
+def test_a_credential_process_that_never_ends_ends_the_call_within_its_deadline(
+    mode: str, aws_home: Path
+) -> None:
+    # credential_process waits on a FIFO nobody writes: the program never answers while
+    # the call waits. Opening the FIFO's other end at the end lets it go (EOF).
+    import os
+    import sys
+    import threading
+    import time
+
+    fifo = aws_home / "never"
+    os.mkfifo(fifo)
+    (aws_home / ".aws").mkdir()
+    (aws_home / ".aws" / "config").write_text(
+        f'[default]\ncredential_process = {sys.executable} -c "open({str(fifo)!r}).read()"\n'
+    )
+    seen: list[httpx.Request] = []
+    client, http = _client(_answer(seen), {"AWS_REGION": "us-east-1"}, deadline=TIGHT)
+    try:
+        started = time.monotonic()
+        call = client.complete if mode == "complete" else lambda p: list(client.stream(p))
+        with pytest.raises(ProviderError) as caught:
+            call("hi")
+        elapsed = time.monotonic() - started
+    finally:
+        http.close()
+        # The writer's open returns once the program has opened its end (now or when it
+        # gets there on a slow machine), and its close is the program's end of file.
+        threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True).start()
+    assert caught.value.code == "llm.deadline_exceeded"
+    assert "AWS credentials" in str(caught.value)
+    assert elapsed < TIGHT + MARGIN, elapsed
+    assert seen == []
+
+
+def test_a_container_endpoint_botocore_refuses_is_not_configured_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # botocore takes AWS_CONTAINER_CREDENTIALS_FULL_URI only on loopback or ECS's and EKS's
+    # addresses; it says so with a ValueError, a raw exception before (issue 32 item 12).
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://creds.example/v2/x")
+    client, http = _client(_answer([]), {"AWS_REGION": "us-east-1"})
+    with http, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert caught.value.code == "llm.not_configured"
+    assert caught.value.details["variable"] == "AWS_CONTAINER_CREDENTIALS_FULL_URI"
+    assert "creds.example" in str(caught.value)

@@ -363,6 +363,27 @@ def test_a_sigv4_authorizations_pieces_are_redacted_wherever_they_show() -> None
     assert redact("the signature: it was wrong") == "the signature: it was wrong"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AWS_SECRET_ACCESS_KEY={v}",
+        'export AWS_SECRET_ACCESS_KEY="{v}"',
+        "aws_secret_access_key = {v}",  # ~/.aws/credentials
+        "{{'AccessKeyId': 'AKID', 'SecretAccessKey': '{v}', 'Token': 't'}}",  # botocore.utils
+        '{{"SecretAccessKey": "{v}"}}',  # a container endpoint's answer
+        "AWS_SESSION_TOKEN={v}",
+        '{{"AWS_SESSION_TOKEN": "{v}"}}',
+    ],
+)
+def test_aws_secrets_are_redacted_in_their_usual_spellings(text: str) -> None:
+    # botocore.utils logs an instance metadata answer it cannot use at DEBUG; an env dump
+    # or a credentials file pasted in an error holds them too.
+    value = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+    clean = redact(text.format(v=value))
+    assert value not in clean, clean
+    assert "wJalr" not in clean, clean
+
+
 def test_google_auths_structured_request_log_is_redacted() -> None:
     record = logging.LogRecord(
         "google.oauth2._client", logging.DEBUG, "f", 1, "Making request...", None, None

@@ -947,6 +947,9 @@ def test_a_stream_reset_mid_answer_is_the_same_typed_error_on_every_transport(
 # -- credentials bounded: by the deadline, off the loop, files read as files (issue 32) -----
 
 TIGHT = 0.5  # the call's deadline (s)
+#: How late past it a call may end (the conformance suite's own bound is 1.5 s): a loaded
+#: machine's scheduling, never a credential source's silence (seconds, unbounded before).
+MARGIN = 1.0
 
 
 def _model_answers(seen: list[httpx.Request]) -> Any:
@@ -1016,32 +1019,35 @@ def test_a_token_endpoint_that_never_finishes_ends_the_call_within_its_deadline(
         else:
             client = LLMClient("vertex", env={}, deadline=TIGHT, base_url="http://127.0.0.1:9")
             error, elapsed, ticks = _ticking_call(client)
-            assert len(ticks) >= 10, ticks  # the loop ran on while the token was awaited
-            assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
+            assert len(ticks) >= 5, ticks  # the loop ran on while the token was awaited
+            assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.4
         assert server.requests  # the token endpoint was asked
     assert isinstance(error, ProviderError), error
     assert error.code == "llm.deadline_exceeded"
     assert "Google access token" in str(error)
-    assert elapsed < TIGHT + 0.4, elapsed
+    assert elapsed < TIGHT + MARGIN, elapsed
     assert seen == []
 
 
-def test_the_token_exchange_itself_is_bounded_as_a_whole_not_per_read() -> None:
+@pytest.mark.parametrize("drip", ["drip_head", "drip_body"])
+def test_the_token_exchange_itself_is_bounded_as_a_whole_not_per_read(drip: str) -> None:
     import time
 
     import google.auth.exceptions
 
     from tests import hostile
 
-    # The body drips a byte every 0.5 s: each read is within the 0.6 s timeout, and the
-    # server would go on for 3 s; the exchange as a whole gets 0.6 s.
-    with hostile.serve(hostile.drip_body, hold=3.0) as server:
+    # The head or the body drips a byte every 0.5 s: each read is within the 0.6 s timeout,
+    # and the server would go on for 3 s; the exchange as a whole gets 0.6 s. (The lookup's
+    # thread, not only the call waiting for it, is free again.)
+    with hostile.serve(getattr(hostile, drip), hold=3.0) as server:
         request = vertex._transport()()
         started = time.monotonic()
-        with pytest.raises(google.auth.exceptions.TransportError):
+        with pytest.raises(google.auth.exceptions.TransportError) as caught:
             request(f"{server.url}/token", method="POST", body=b"x", timeout=0.6)
         elapsed = time.monotonic() - started
     assert elapsed < 1.5, elapsed
+    assert "took over 0.6 s" in str(caught.value)
 
 
 def _unusable(error: BaseException, path: Path | str) -> None:

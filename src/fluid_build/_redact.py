@@ -65,7 +65,7 @@ _FIELD_NAMES = (
     r"(?:proxy[-_]?)?authorization|(?:set[-_]?)?cookie|(?:x[-_]?)?(?:goog[-_]?)?api[-_]?key"
     r"|(?:ocp[-_]?apim[-_]?)?subscription[-_]?key|password|passwd|(?:client[-_]?)?secret"
     r"|(?:secret|private|access)[-_]?key|(?:access|refresh|id|auth|session|security)[-_]?token"
-    r"|token"
+    r"|token|(?:aws[-_]?)?secret[-_]?access[-_]?key|aws[-_]?(?:session|security)[-_]?token"
 )
 
 _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
@@ -98,6 +98,7 @@ _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
     (
         re.compile(
             r"(?i)(\b(?:x-goog-api-key|x-api-key|api[-_]?key|apikey|subscription[-_]key"
+            r"|(?:aws_)?secret[-_]?access[-_]?key|aws_(?:session|security)_token"
             r"|access[-_]?token|auth[-_]?token|refresh[-_]?token|client[-_]?secret|secret[-_]?key"
             r"|password|passwd|secret|token)[\"']?" + _ASSIGNED + r"[\"']?)" + _VALUE
         ),
@@ -246,6 +247,10 @@ _SECRET_FIELDS: Final = frozenset(
         "authtoken",
         "sessiontoken",
         "securitytoken",
+        "secretaccesskey",
+        "awssecretaccesskey",
+        "awssessiontoken",
+        "awssecuritytoken",
         "token",
     }
 )

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 from urllib.parse import quote, urlsplit
 
-from fluid_build._redact import install_log_redaction
+from fluid_build._redact import install_log_redaction, one_line, redact, truncate
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -326,9 +326,7 @@ class _Signer:
             except BotoCoreError as exc:
                 raise _no_credentials(f"the AWS credential chain failed: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - a provider's own fault, typed here
-                raise _no_credentials(
-                    f"the AWS credential chain failed ({type(exc).__name__})"
-                ) from None
+                raise _chain_failed(exc) from None
             if credentials is None:
                 raise _no_credentials("no AWS credentials were found")
             self.credentials = credentials
@@ -369,6 +367,24 @@ class _Signer:
         request = AWSRequest(method="POST", url=url, data=body, headers=headers)
         SigV4Auth(self._signing(), "bedrock", self.region).add_auth(request)
         return {name.lower(): str(value) for name, value in request.headers.items()}
+
+
+def _chain_failed(exc: Exception) -> ProviderError:
+    """A fault of botocore's chain that is not a BotoCoreError: a container endpoint's URL
+    botocore refuses (a ValueError naming the host) is configuration, the rest auth."""
+    import os
+
+    reason = truncate(one_line(redact(str(exc))), 200) or type(exc).__name__
+    if isinstance(exc, ValueError) and os.environ.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        return not_configured(
+            f"bedrock cannot use AWS_CONTAINER_CREDENTIALS_FULL_URI: {reason}; set it to the "
+            "container credentials endpoint your platform gives (a loopback address, or "
+            "ECS's and EKS's own), or unset it",
+            "bedrock",
+            variable="AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            example="http://169.254.170.2/v2/credentials/<id>",
+        )
+    return _no_credentials(f"the AWS credential chain failed ({type(exc).__name__}: {reason})")
 
 
 def _no_credentials(what: str) -> ProviderAuthError:

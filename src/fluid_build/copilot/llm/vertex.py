@@ -11,8 +11,11 @@ before it expires. google-auth loads only when this provider is used.
 from __future__ import annotations
 
 import configparser
+import contextlib
 import functools
 import os
+import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -357,14 +360,20 @@ def _transport() -> type:
             **kwargs: Any,
         ) -> _Response:
             seconds = min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT)
-            # The whole exchange gets ``seconds``, not each read: a server that drips its
-            # answer a byte at a time is cut off as one that says nothing.
-            ends = time.monotonic() + seconds
+            # The exchange gets ``seconds`` as a whole, not each read: httpx's timeouts are
+            # per read, so a server that drips its head or its body a byte at a time would
+            # hold the lookup's thread for ever. When they are up, the connection's socket
+            # is shut down (a blocked read then ends) and the body loop stops.
+            cut = _Cutoff(seconds)
             try:
                 with (
                     httpx.Client(timeout=seconds, follow_redirects=False) as client,
                     client.stream(
-                        method, url, content=body, headers=dict(headers or {})
+                        method,
+                        url,
+                        content=body,
+                        headers=dict(headers or {}),
+                        extensions={"trace": cut.trace},
                     ) as response,
                 ):
                     data = bytearray()
@@ -374,17 +383,69 @@ def _transport() -> type:
                             raise auth.exceptions.TransportError(
                                 f"the token endpoint's answer is over {TOKEN_BODY_LIMIT} bytes"
                             )
-                        if time.monotonic() > ends:
-                            raise auth.exceptions.TransportError(
-                                f"the token endpoint's answer took over {seconds:g} s"
-                            )
-                    return _Response(response, bytes(data))
+                        if cut.passed():
+                            break
+                    if not cut.passed():
+                        return _Response(response, bytes(data))
             except httpx.HTTPError as exc:
-                raise auth.exceptions.TransportError(
-                    f"{type(exc).__name__} reaching {httpx.URL(url).host}"
-                ) from None
+                if not cut.passed():
+                    raise auth.exceptions.TransportError(
+                        f"{type(exc).__name__} reaching {httpx.URL(url).host}"
+                    ) from None
+            finally:
+                cut.cancel()
+            raise auth.exceptions.TransportError(
+                f"the token endpoint at {httpx.URL(url).host} took over {seconds:g} s to answer"
+            )
 
     return HttpxRequest
+
+
+class _Cutoff:
+    """A whole exchange's time limit: past it, the sockets it opened are shut down.
+
+    The sockets come from httpx's public ``trace`` request extension (httpcore reports
+    each connection it makes, and ``get_extra_info("socket")`` gives its socket).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.ends = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if not event.endswith("connect_tcp.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+                fired = self._fired
+            if fired:
+                _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def passed(self) -> bool:
+        return self._fired or time.monotonic() >= self.ends
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _utcnow() -> datetime:
