@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 
 import httpx
 from pydantic import BaseModel
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CallOptions", "Entry", "completing"]
+__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "completing"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -100,6 +100,9 @@ class CallOptions(TypedDict, total=False):
     validate: bool
 
 
+#: The names a call option may have (a fallback entry's ``options`` are checked against them).
+CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
+
 #: The providers whose API has OpenAI's strict-schema mode.
 STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
 
@@ -132,7 +135,18 @@ class Entry:
         self.key = CooldownKey.for_call(
             config.provider, config.api_key, config.model, adapter.endpoint
         )
+        # The key, and any credential a header of the entry's own carries (docs/transports.md).
         self.secrets: tuple[str, ...] = (config.api_key,) if config.api_key else ()
+        if config.headers:
+            from fluid_build._redact import is_credential_header
+
+            self.secrets += tuple(
+                value
+                for name, value in config.headers.items()
+                if value and is_credential_header(name)
+            )
+        #: Call options of this entry's own (a fallback's ``options``): they win over the call's.
+        self.options: Mapping[str, Any] | None = None
         self.prices = prices
         self.decoder = Decoder(config.provider, config.model, adapter, self.secrets, prices)
         self.last_error: dict[str, Any] | None = None
@@ -338,6 +352,8 @@ class Entry:
         self, messages: Messages, options: CallOptions, deadline: Deadline, window: int | None
     ) -> Prepared:
         """:meth:`ready` once the window is settled (asked, or nothing to ask): no plan."""
+        if self.options:
+            options = cast(CallOptions, {**options, **self.options})
         matrix = options.get("capability_matrix")
         prepared = prepare(
             self.provider,
