@@ -8,6 +8,7 @@ checked for the Authorization header and the path it received.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import pickle
@@ -64,8 +65,11 @@ def _answer(text: str) -> loopback.Reply:
 DOWN: loopback.Reply = (503, {"content-type": "application/json"}, b'{"error": {"message": "x"}}')
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("form", ["object", "mapping"])
-def test_two_compatible_servers_with_their_own_keys_and_urls_are_chained(form: str) -> None:
+def test_two_compatible_servers_with_their_own_keys_and_urls_are_chained(
+    form: str, mode: str
+) -> None:
     with (
         loopback.http_server(lambda seen: DOWN) as first,
         loopback.http_server(lambda seen: _answer("from the second")) as second,
@@ -92,7 +96,7 @@ def test_two_compatible_servers_with_their_own_keys_and_urls_are_chained(form: s
             env=env,
             fallbacks=[entry],
         ) as client:
-            done = client.complete("hi")
+            done = client.complete("hi") if mode == "sync" else asyncio.run(client.acomplete("hi"))
     assert done.text == "from the second"
     assert done.answered_by == "openai_compatible:model-b"
     assert [(s.path, s.headers["authorization"]) for s in first.seen] == [
@@ -313,6 +317,41 @@ def test_a_client_keeps_a_credential_header_of_an_entry_out_of_its_errors(
     assert mock.calls.last.request.headers["api-key"] == "hdr-SECRET-value"
     assert "hdr-SECRET-value" not in str(caught.value)
     assert "hdr-SECRET-value" not in json.dumps(caught.value.to_dict())
+
+
+def test_phase_limits_of_an_entry_are_passed_on_only_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry's connect / first-token / idle limits become its client's arguments of the
+    same names, and only when set (the client's own defaults otherwise)."""
+    made: list[dict[str, Any]] = []
+    phases = ("connect_timeout", "first_token_timeout", "idle_timeout")
+    init = LLMClient.__init__
+
+    def recording(self: LLMClient, *args: Any, **kwargs: Any) -> None:
+        made.append({k: v for k, v in kwargs.items() if k in phases})
+        # Whether or not this client takes them yet, the entry's values are what was passed.
+        if "connect_timeout" not in init.__code__.co_varnames:
+            kwargs = {k: v for k, v in kwargs.items() if k not in phases}
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMClient, "__init__", recording)
+    LLMClient(
+        "openai",
+        "gpt-4o",
+        env={"OPENAI_API_KEY": "k"},
+        fallbacks=[
+            Fallback("openai", "gpt-4o-mini", connect_timeout=2, idle_timeout=15.5),
+            Fallback("openai", "gpt-4.1-mini", first_token_timeout=600),
+            ("openai", "gpt-4.1"),
+        ],
+    )
+    assert made == [
+        {},
+        {"connect_timeout": 2.0, "idle_timeout": 15.5},
+        {"first_token_timeout": 600.0},
+        {},
+    ]
 
 
 def test_a_header_of_the_client_is_checked() -> None:
