@@ -175,6 +175,32 @@ def test_an_entrys_timeout_and_options_are_its_own(mock: respx.MockRouter) -> No
     assert fallback["system"] == "be brief"
 
 
+def test_two_servers_of_one_model_are_told_apart_by_their_endpoints(
+    mock: respx.MockRouter,
+) -> None:
+    mock.post("http://gpu-a.internal:8000/v1/chat/completions").respond(503, json={})
+    mock.post("http://gpu-b.internal:8000/v1/chat/completions").respond(
+        200, json={"choices": [{"message": {"content": "b"}, "finish_reason": "stop"}]}
+    )
+    client = LLMClient(
+        "vllm",
+        "llama-3.3-70b",
+        base_url="http://gpu-a.internal:8000/v1",
+        envelope=quiet_envelope(),
+        env={},
+        fallbacks=[Fallback("vllm", "llama-3.3-70b", base_url="http://gpu-b.internal:8000/v1")],
+    )
+    done = client.complete("hi")
+    assert done.answered_by == "vllm:llama-3.3-70b@http://gpu-b.internal:8000/v1"
+    assert [e["entry"] for e in done.fallback_errors] == [
+        "vllm:llama-3.3-70b@http://gpu-a.internal:8000/v1"
+    ]
+    assert [h["entry"] for h in client.health()] == [
+        "vllm:llama-3.3-70b@http://gpu-a.internal:8000/v1",
+        "vllm:llama-3.3-70b@http://gpu-b.internal:8000/v1",
+    ]
+
+
 # -- bad entries -------------------------------------------------------------------------------
 
 

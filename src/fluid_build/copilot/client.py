@@ -255,6 +255,13 @@ class LLMClient:
                 prices=self.prices,
                 max_connections=self.max_connections,
             )
+        if self.fallbacks:
+            # Two servers of one model (two vLLM hosts): their endpoints tell them apart in
+            # answered_by, fallback_errors, health() and the logs.
+            labels = [entry.label for entry in self._entries()]
+            for entry in self._entries():
+                if labels.count(entry.label) > 1:
+                    entry.name = f"{entry.label}@{entry.key.endpoint}"
         # The whole chain spends from the primary's budget, each entry at its own price.
         self.budget = guard
         for fallback in self.fallbacks:

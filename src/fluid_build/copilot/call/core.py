@@ -147,6 +147,8 @@ class Entry:
             )
         #: Call options of this entry's own (a fallback's ``options``): they win over the call's.
         self.options: Mapping[str, Any] | None = None
+        #: The label, set where ``provider:model`` alone would name two entries of a chain.
+        self.name: str | None = None
         self.prices = prices
         self.decoder = Decoder(config.provider, config.model, adapter, self.secrets, prices)
         self.last_error: dict[str, Any] | None = None
@@ -214,7 +216,8 @@ class Entry:
 
     @property
     def label(self) -> str:
-        return f"{self.provider}:{self.model}"
+        """``provider:model``; ``provider:model@endpoint`` where the chain has that pair twice."""
+        return self.name or f"{self.provider}:{self.model}"
 
     def start_warnings(
         self,
