@@ -257,6 +257,28 @@ def test_overflow_skips_every_entry_too_small_without_a_request(mock: respx.Mock
     }
 
 
+def test_an_open_primary_is_listed_as_refused_at_no_cost(mock: respx.MockRouter) -> None:
+    primary = mock.post(OPENAI)
+    mock.post(ANTHROPIC).respond(200, json=ANTHROPIC_OK)
+    client = chain(FakeClock(), "anthropic:claude-sonnet-4-6")
+    breaker = client.envelope.breaker
+    assert breaker is not None
+    for _ in range(5):
+        breaker.record_failure(str(client.health_key), ProviderServerError("down"))
+    done = client.complete("hi")
+    assert primary.call_count == 0
+    assert done.fallback_errors == [
+        {
+            "entry": "openai:gpt-4o",
+            "attempt": None,
+            "error": "ProviderServerError",
+            "code": "llm.circuit_open",
+            "sent": False,
+            "cost_usd": 0.0,
+        }
+    ]
+
+
 def test_auth_errors_do_not_fall_through_unless_opted_in(mock: respx.MockRouter) -> None:
     mock.post(OPENAI).respond(401, json={"error": {"message": "Incorrect API key provided"}})
     fallback = mock.post(ANTHROPIC).respond(200, json=ANTHROPIC_OK)
