@@ -713,7 +713,7 @@ def completing(
     it, each with its cost (see :class:`Tally`).
     """
     history: History = []
-    failed: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] | None = None  # none yet: no list held for the first entry
     last = len(entries) - 1
     for index, entry in enumerate(entries):
         if deadline.provider != entry.provider or deadline.model != entry.model:
@@ -725,7 +725,7 @@ def completing(
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
             if tally is not None:
-                failed.extend(tally.records(entry, error))
+                failed = [*(failed or ()), *tally.records(entry, error)]
     raise _final_error(history)
 
 
