@@ -227,7 +227,15 @@ def test_an_exhausted_primary_hands_over(mock: respx.MockRouter) -> None:
     assert done.text == "from claude"
     assert done.answered_by == "anthropic:claude-sonnet-4-6"
     assert done.fallback_errors == [
-        {"entry": "openai:gpt-4o", "error": "ProviderServerError", "code": "llm.server_error"}
+        {
+            "entry": "openai:gpt-4o",
+            "attempt": attempt,
+            "error": "ProviderServerError",
+            "code": "llm.server_error",
+            "sent": True,
+            "cost_usd": 0.0,
+        }
+        for attempt in (1, 2)
     ]
     assert (primary.call_count, fallback.call_count) == (2, 1)
 
@@ -243,6 +251,32 @@ def test_overflow_skips_every_entry_too_small_without_a_request(mock: respx.Mock
     assert done.answered_by == "anthropic:claude-sonnet-4-6"
     assert [r.call_count for r in routes] == [0, 0, 1]
     assert [e["code"] for e in done.fallback_errors] == ["llm.context_overflow"] * 2
+    # Refused by the pre-flight: no attempt, nothing sent, nothing spent.
+    assert {(e["attempt"], e["sent"], e["cost_usd"]) for e in done.fallback_errors} == {
+        (None, False, 0.0)
+    }
+
+
+def test_an_open_primary_is_listed_as_refused_at_no_cost(mock: respx.MockRouter) -> None:
+    primary = mock.post(OPENAI)
+    mock.post(ANTHROPIC).respond(200, json=ANTHROPIC_OK)
+    client = chain(FakeClock(), "anthropic:claude-sonnet-4-6")
+    breaker = client.envelope.breaker
+    assert breaker is not None
+    for _ in range(5):
+        breaker.record_failure(str(client.health_key), ProviderServerError("down"))
+    done = client.complete("hi")
+    assert primary.call_count == 0
+    assert done.fallback_errors == [
+        {
+            "entry": "openai:gpt-4o",
+            "attempt": None,
+            "error": "ProviderServerError",
+            "code": "llm.circuit_open",
+            "sent": False,
+            "cost_usd": 0.0,
+        }
+    ]
 
 
 def test_auth_errors_do_not_fall_through_unless_opted_in(mock: respx.MockRouter) -> None:

@@ -68,7 +68,12 @@ class Spy(MemoryBudgetLedger):
         return state
 
 
-def client(usd: float = 1.0, *fallbacks: str, spy: Spy | None = None) -> tuple[LLMClient, Spy]:
+def client(
+    usd: float = 1.0,
+    *fallbacks: str,
+    spy: Spy | None = None,
+    prices: dict[str, dict[str, float]] = PRICES,
+) -> tuple[LLMClient, Spy]:
     clock = FakeClock()
     envelope = RetryEnvelope(
         RetryPolicy(attempts=3),
@@ -84,7 +89,7 @@ def client(usd: float = 1.0, *fallbacks: str, spy: Spy | None = None) -> tuple[L
         "gpt-4o-mini",
         envelope=envelope,
         env=env,
-        prices=PRICES,
+        prices=prices,
         budget="team",
         fallbacks=list(fallbacks),
     )
@@ -246,6 +251,153 @@ def test_a_fallback_entry_reserves_at_its_own_models_price() -> None:
     ]
     claude_cost = worst(100, 20, PRICES["claude-sonnet-4-6"])
     assert spy.state().spent == claude_cost
+
+
+CLAUDE_ANSWER = {
+    "id": "msg_1",
+    "model": "claude-sonnet-4-6",
+    "content": [{"type": "text", "text": "from claude"}],
+    "stop_reason": "end_turn",
+    "usage": {"input_tokens": 100, "output_tokens": 20},
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_fallbacks_answer_lists_each_failed_attempt_and_what_it_cost(mode: str) -> None:
+    """A 503 spends nothing; a timeout after the request went out may have been billed, so
+    its whole hold is spent; the budget is charged for that and the fallback's answer."""
+    down = httpx.Response(503, json={"error": {"message": "down"}})
+    primary = respx.post(OPENAI).mock(side_effect=[down, httpx.ReadTimeout("slow"), down])
+    respx.post(ANTHROPIC).mock(return_value=httpx.Response(200, json=CLAUDE_ANSWER))
+    llm, spy = client(1.0, "anthropic:claude-sonnet-4-6")
+    done = call(llm, mode, max_output_tokens=500)
+    assert primary.call_count == 3
+    assert (done.answered_by, done.provider, done.model) == (
+        "anthropic:claude-sonnet-4-6",
+        "anthropic",
+        "claude-sonnet-4-6",
+    )
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (100, 20)
+    openai_hold = worst(counted("openai", "gpt-4o-mini", 500)[0], 500, PRICES["gpt-4o-mini"])
+    claude_cost = worst(100, 20, PRICES["claude-sonnet-4-6"])
+    assert [
+        (e["entry"], e["attempt"], e["error"], e["code"], e["sent"], e["cost_usd"])
+        for e in done.fallback_errors
+    ] == [
+        ("openai:gpt-4o-mini", 1, "ProviderServerError", "llm.server_error", True, 0.0),
+        ("openai:gpt-4o-mini", 2, "ProviderTimeoutError", "llm.timeout", True, openai_hold / 1e6),
+        ("openai:gpt-4o-mini", 3, "ProviderServerError", "llm.server_error", True, 0.0),
+    ]
+    assert spy.state().spent == claude_cost + openai_hold
+    assert spy.state().reserved == 0
+    assert done.cost_usd == pytest.approx(claude_cost / 1e6)
+    # What the answer says the call cost is what the budget was charged.
+    listed = sum(e["cost_usd"] for e in done.fallback_errors) + done.cost_usd
+    assert micro_usd(listed) == spy.state().spent
+
+
+@respx.mock
+def test_without_a_budget_an_attempt_that_may_have_been_billed_costs_an_unknown_amount() -> None:
+    down = httpx.Response(503, json={"error": {"message": "down"}})
+    respx.post(OPENAI).mock(side_effect=[down, httpx.ReadTimeout("slow")])
+    respx.post(ANTHROPIC).mock(return_value=httpx.Response(200, json=CLAUDE_ANSWER))
+    clock = FakeClock()
+    llm = LLMClient(
+        "openai",
+        "gpt-4o-mini",
+        envelope=RetryEnvelope(
+            RetryPolicy(attempts=2),
+            cooldown=MemoryCooldownStore(),
+            clock=clock,
+            sleep=clock.sleep,
+            asleep=clock.asleep,
+            random=lambda: 0.0,
+        ),
+        env=KEYS,
+        prices=PRICES,
+        fallbacks=["anthropic:claude-sonnet-4-6"],
+    )
+    done = llm.complete(PROMPT)
+    assert [(e["code"], e["cost_usd"]) for e in done.fallback_errors] == [
+        ("llm.server_error", 0.0),
+        ("llm.timeout", None),
+    ]
+
+
+def test_on_real_sockets_a_silent_primarys_hold_and_the_fallbacks_answer_are_charged() -> None:
+    """Loopback: the primary answers 503, then reads the next request and never answers
+    (its 0.3 s read timeout ends it); the fallback, another server with its own key,
+    answers. The budget spends the timed-out attempt's hold and the answer's price."""
+    import socket
+
+    from fluid_build import Fallback
+    from tests import loopback
+
+    seen: list[int] = []
+    window = {"context_window": 128_000}
+
+    def primary(conn: socket.socket) -> None:
+        seen.append(len(seen) + 1)
+        if len(seen) == 1:
+            loopback.respond(503, b'{"error": {"message": "down"}}')(conn)
+        else:
+            loopback.silent(conn)
+
+    body = {
+        "choices": [{"message": {"content": "backup here"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20},
+    }
+    ok = (200, {"content-type": "application/json"}, json.dumps(body).encode())
+    prices = {"main": {"input": 1.0, "output": 2.0}, "backup": {"input": 3.0, "output": 15.0}}
+    clock = FakeClock()
+    envelope = RetryEnvelope(
+        RetryPolicy(attempts=2),
+        cooldown=MemoryCooldownStore(),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+    )
+    spy = Spy()
+    with loopback.serve(primary) as first, loopback.http_server(lambda s: ok) as second:
+        llm = LLMClient(
+            "openai_compatible",
+            "main",
+            api_key="key-a",
+            base_url=first + "/v1",
+            timeout=0.3,
+            capability_matrix=window,  # no probe of the servers' own window
+            envelope=envelope,
+            env={"FLUID_BUDGETS": "team=1usd"},
+            prices=prices,
+            budget="team",
+            fallbacks=[
+                Fallback(
+                    "openai_compatible",
+                    "backup",
+                    base_url=loopback.base_url(second) + "/v1",
+                    api_key="key-b",
+                    options={"capability_matrix": window},
+                )
+            ],
+        )
+        assert llm.budget is not None
+        llm.budget.ledger = spy
+        with llm:
+            done = llm.complete(PROMPT, max_output_tokens=500)
+    assert seen == [1, 2]
+    assert done.text == "backup here"
+    assert second.seen[0].headers["authorization"] == "Bearer key-b"
+    hold = spy.asked[1]
+    assert spy.asked[0] == hold  # each attempt on the primary reserved its worst case
+    assert [(e["attempt"], e["code"], e["cost_usd"]) for e in done.fallback_errors] == [
+        (1, "llm.server_error", 0.0),
+        (2, "llm.timeout", hold / 1e6),
+    ]
+    answer_cost = worst(100, 20, prices["backup"])
+    assert spy.state().spent == hold + answer_cost
+    assert micro_usd(done.cost_usd or 0.0) == answer_cost
 
 
 def chunks(*events: dict[str, Any]) -> bytes:

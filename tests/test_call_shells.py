@@ -153,7 +153,12 @@ def test_retry_after_backoff_and_fallback_are_the_same_in_both_shells() -> None:
     assert got["text"] == "from claude"
     assert got["answered_by"] == "anthropic:claude-sonnet-4-6"
     assert got["attempts"] == 2
-    assert [e["code"] for e in got["fallback_errors"]] == ["llm.server_error"]
+    # Each failed attempt of the primary, as the answer lists them; error answers cost nothing.
+    assert [(e["attempt"], e["code"], e["cost_usd"]) for e in got["fallback_errors"]] == [
+        (1, "llm.rate_limited", 0.0),
+        (2, "llm.server_error", 0.0),
+        (3, "llm.server_error", 0.0),
+    ]
     # 7 s as the server asked, a 2 s backoff, then the fallback's own 1 s backoff.
     assert slept == [7.0, 2.0, 1.0]
     assert waits == [(7.0, "retry_after", 1), (2.0, "backoff", 2), (1.0, "backoff", 1)]

@@ -22,6 +22,7 @@ CLASSIFICATION = "fluid_build.copilot.agents.error_classification"
 HOMES = {
     "LLMClient": "fluid_build.copilot",
     "Completion": "fluid_build.copilot",
+    "Fallback": "fluid_build.copilot",
     "Usage": "fluid_build.copilot",
     "FluidError": ERRORS,
     "FluidGenerationError": ERRORS,

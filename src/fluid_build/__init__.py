@@ -4,8 +4,9 @@ The public face, importable from here::
 
     from fluid_build import LLMClient, RateLimitError, RetryPolicy, classify_provider_error
 
-- the client: :class:`LLMClient`, and what a call returns, :class:`Completion`
-  and :class:`Usage`;
+- the client: :class:`LLMClient`, an entry of its fallback chain with settings of
+  its own, :class:`Fallback`, and what a call returns, :class:`Completion` and
+  :class:`Usage`;
 - the error tree: :class:`FluidError` (the root of every error fluid_build
   raises), :class:`FluidGenerationError`, :class:`AgentExecutionError`,
   :class:`ProviderError` and its five kinds (:class:`RateLimitError`,
@@ -49,12 +50,14 @@ if TYPE_CHECKING:
     )
     from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
     from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.fallback import Fallback
     from fluid_build.copilot.llm.types import Completion, Usage
 
 __all__ = [
     "AgentExecutionError",
     "Completion",
     "ContextOverflowError",
+    "Fallback",
     "FluidError",
     "FluidGenerationError",
     "LLMClient",
@@ -80,6 +83,7 @@ _ERRORS: Final = "fluid_build.copilot.agents.errors"
 _HOMES: Final = {
     "LLMClient": "fluid_build.copilot.client",
     "Completion": "fluid_build.copilot.llm.types",
+    "Fallback": "fluid_build.copilot.llm.fallback",
     "Usage": "fluid_build.copilot.llm.types",
     "FluidGenerationError": _ERRORS,
     "AgentExecutionError": _ERRORS,

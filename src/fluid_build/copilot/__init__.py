@@ -12,9 +12,10 @@ from fluid_build._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient
+    from fluid_build.copilot.llm.fallback import Fallback
     from fluid_build.copilot.llm.types import Completion, StreamEvent, ToolCall, ToolSpec, Usage
 
-__all__ = ["Completion", "LLMClient", "StreamEvent", "ToolCall", "ToolSpec", "Usage"]
+__all__ = ["Completion", "Fallback", "LLMClient", "StreamEvent", "ToolCall", "ToolSpec", "Usage"]
 
 
 _TYPES = "fluid_build.copilot.llm.types"
@@ -22,6 +23,7 @@ __getattr__ = lazy_attributes(
     __name__,
     {
         "LLMClient": "fluid_build.copilot.client",
+        "Fallback": "fluid_build.copilot.llm.fallback",
         **dict.fromkeys(("Completion", "StreamEvent", "ToolCall", "ToolSpec", "Usage"), _TYPES),
     },
 )

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.wire import Deadline, Limits, deadline_from_env
     from fluid_build.copilot.health.cooldown import CooldownKey
     from fluid_build.copilot.llm.base import Adapter, ProviderConfig
+    from fluid_build.copilot.llm.fallback import Fallback
     from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
     from fluid_build.copilot.llm.types import Completion, StreamEvent
     from fluid_build.copilot.telemetry import CallTrace, Telemetry, telemetry_from
@@ -40,44 +41,6 @@ __all__ = ["LLMClient"]
 
 #: Held while a client makes its sync pool (rarely: once per client).
 _MAKING = threading.Lock()
-
-_FALLBACKS_ENV = "FLUID_LLM_FALLBACKS"
-_FALLBACKS_EXAMPLE = "anthropic:claude-sonnet-4-6,gemini:gemini-2.5-flash"
-
-
-def _fallback_specs(
-    fallbacks: Sequence[tuple[str, str] | str] | None, env: Mapping[str, str] | None
-) -> list[str]:
-    """The ``provider:model`` fallbacks, each checked; a bad one names where it came from."""
-    from fluid_build._redact import redact, truncate
-    from fluid_build.copilot.agents.errors import ProviderError
-
-    if fallbacks is None:
-        raw = (os.environ if env is None else env).get(_FALLBACKS_ENV, "")
-        items: list[str] = [part.strip() for part in raw.split(",") if part.strip()]
-        source = _FALLBACKS_ENV
-    else:
-        items = [f"{f[0]}:{f[1]}" if isinstance(f, tuple) else str(f) for f in fallbacks]
-        source = "fallbacks="
-    for item in items:
-        name = item.split(":", 1)[0].strip().lower()
-        if ":" not in item or not name:
-            problem = "is not provider:model"
-        elif name not in PROVIDERS:
-            problem = f"names an unknown provider (one of {', '.join(sorted(PROVIDERS))})"
-        else:
-            continue
-        raise ProviderError(
-            f"fallback {truncate(redact(item), 60)!r} in {source} {problem}; e.g. "
-            f"{_FALLBACKS_ENV}={_FALLBACKS_EXAMPLE}",
-            code="llm.not_configured",
-            retryable=False,
-            details={"variable": _FALLBACKS_ENV, "example": _FALLBACKS_EXAMPLE}
-            if fallbacks is None
-            else None,
-        )
-    return items
-
 
 T = TypeVar("T")
 
@@ -206,7 +169,7 @@ class LLMClient:
         capability_matrix: Mapping[str, Any] | None = None,
         strict_schema: bool | None = None,
         env: Mapping[str, str] | None = None,
-        fallbacks: Sequence[tuple[str, str] | str] | None = None,
+        fallbacks: Sequence[Fallback | Mapping[str, Any] | tuple[str, str] | str] | None = None,
         fallback_on_auth: bool = False,
         deadline: float | None = None,
         limits: Limits | None = None,
@@ -214,11 +177,18 @@ class LLMClient:
         prices: Mapping[str, Any] | None = None,
         budget: str | None = None,
         max_connections: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
         )
+        if headers is not None:
+            from dataclasses import replace
+
+            from fluid_build.copilot.llm.fallback import checked_headers
+
+            config = replace(config, headers=checked_headers(headers, "headers="))
         info = PROVIDERS[config.provider]
         self.envelope = envelope if envelope is not None else RetryEnvelope.from_env(env)
         source = os.environ if env is None else env
@@ -269,29 +239,86 @@ class LLMClient:
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
         self.fallbacks: list[LLMClient] = []
-        for spec in _fallback_specs(fallbacks, env):
-            provider_name, _, model_name = spec.partition(":")
-            self.fallbacks.append(
-                LLMClient(
-                    provider_name,
-                    model_name or None,
-                    envelope=self.envelope,
-                    http_client=http_client,
-                    async_http_client=async_http_client,
-                    strict_schema=strict_schema,
-                    env=env,
-                    fallbacks=(),
-                    deadline=self.deadline,
-                    limits=self.limits,
-                    telemetry=False,  # the call's span covers the whole chain
-                    prices=self.prices,
-                    max_connections=self.max_connections,
-                )
+        if fallbacks or (fallbacks is None and source.get("FLUID_LLM_FALLBACKS")):
+            self.fallbacks = self._fallback_clients(
+                fallbacks,
+                source,
+                envelope=self.envelope,
+                http_client=http_client,
+                async_http_client=async_http_client,
+                strict_schema=strict_schema,
+                env=env,
+                fallbacks=(),
+                deadline=self.deadline,
+                limits=self.limits,
+                telemetry=False,  # the call's span covers the whole chain
+                prices=self.prices,
+                max_connections=self.max_connections,
             )
+        if self.fallbacks:
+            # Two servers of one model (two vLLM hosts): their endpoints tell them apart in
+            # answered_by, fallback_errors, health() and the logs.
+            labels = [entry.label for entry in self._entries()]
+            for entry in self._entries():
+                if labels.count(entry.label) > 1:
+                    entry.name = f"{entry.label}@{entry.key.endpoint}"
         # The whole chain spends from the primary's budget, each entry at its own price.
         self.budget = guard
         for fallback in self.fallbacks:
             fallback.budget = guard
+
+    @staticmethod
+    def _fallback_clients(
+        given: Sequence[Fallback | Mapping[str, Any] | tuple[str, str] | str] | None,
+        source: Mapping[str, str],
+        **shared: Any,
+    ) -> list[LLMClient]:
+        """A client per fallback entry, each with its own settings (docs/fallbacks-and-breakers.md).
+
+        What an entry leaves out is resolved as for a client of its own: its provider's
+        key and URL from the environment, never the primary's ``api_key=`` or
+        ``base_url=``. The phase limits are passed on only when the entry sets them.
+        """
+        from fluid_build.copilot.agents.errors import AgentExecutionError
+        from fluid_build.copilot.call.core import CALL_OPTIONS
+        from fluid_build.copilot.llm.fallback import PHASE_FIELDS, fallback_entries
+
+        clients: list[LLMClient] = []
+        for entry in fallback_entries(given, source, option_names=CALL_OPTIONS):
+            own: dict[str, Any] = {
+                name: getattr(entry, name)
+                for name in PHASE_FIELDS
+                if getattr(entry, name) is not None
+            }
+            try:
+                client = LLMClient(
+                    entry.provider,
+                    entry.model,
+                    entry.api_key,
+                    entry.base_url,
+                    timeout=entry.timeout,
+                    headers=entry.headers,
+                    **own,
+                    **shared,
+                )
+            except AgentExecutionError as error:
+                # Its own message (a missing key names the variable, a bad URL base_url=),
+                # and which entry of the chain it is.
+                where = "FLUID_LLM_FALLBACKS" if given is None else "fallbacks="
+                extra = (
+                    {"entry": entry.label}
+                    if given is None
+                    else {
+                        "entry": entry.label,
+                        "argument": where,
+                    }
+                )
+                raise error.with_details(
+                    note=f"in the fallback entry {entry.label} of {where}", **extra
+                ) from None
+            client._entry.options = entry.options
+            clients.append(client)
+        return clients
 
     # -- what the entry holds (see _Held) ---------------------------------------------
 

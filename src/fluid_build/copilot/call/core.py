@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 
 import httpx
 from pydantic import BaseModel
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CallOptions", "Entry", "completing"]
+__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "Tally", "completing"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -100,6 +100,9 @@ class CallOptions(TypedDict, total=False):
     validate: bool
 
 
+#: The names a call option may have (a fallback entry's ``options`` are checked against them).
+CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
+
 #: The providers whose API has OpenAI's strict-schema mode.
 STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
 
@@ -132,7 +135,20 @@ class Entry:
         self.key = CooldownKey.for_call(
             config.provider, config.api_key, config.model, adapter.endpoint
         )
+        # The key, and any credential a header of the entry's own carries (docs/transports.md).
         self.secrets: tuple[str, ...] = (config.api_key,) if config.api_key else ()
+        if config.headers:
+            from fluid_build._redact import is_credential_header
+
+            self.secrets += tuple(
+                value
+                for name, value in config.headers.items()
+                if value and is_credential_header(name)
+            )
+        #: Call options of this entry's own (a fallback's ``options``): they win over the call's.
+        self.options: Mapping[str, Any] | None = None
+        #: The label, set where ``provider:model`` alone would name two entries of a chain.
+        self.name: str | None = None
         self.prices = prices
         self.decoder = Decoder(config.provider, config.model, adapter, self.secrets, prices)
         self.last_error: dict[str, Any] | None = None
@@ -200,7 +216,8 @@ class Entry:
 
     @property
     def label(self) -> str:
-        return f"{self.provider}:{self.model}"
+        """``provider:model``; ``provider:model@endpoint`` where the chain has that pair twice."""
+        return self.name or f"{self.provider}:{self.model}"
 
     def start_warnings(
         self,
@@ -331,13 +348,16 @@ class Entry:
 
     def ready(self, messages: Messages, options: CallOptions, deadline: Deadline) -> Plan[Prepared]:
         """The call prepared and pre-flighted, inside the deadline."""
-        window = yield from self.window(deadline, options.get("capability_matrix"))
+        own = self.options.get("capability_matrix") if self.options else None
+        window = yield from self.window(deadline, own or options.get("capability_matrix"))
         return self.prepared(messages, options, deadline, window)
 
     def prepared(
         self, messages: Messages, options: CallOptions, deadline: Deadline, window: int | None
     ) -> Prepared:
         """:meth:`ready` once the window is settled (asked, or nothing to ask): no plan."""
+        if self.options:
+            options = cast(CallOptions, {**options, **self.options})
         matrix = options.get("capability_matrix")
         prepared = prepare(
             self.provider,
@@ -385,11 +405,13 @@ class Entry:
         deadline: Deadline,
         fallback_errors: list[dict[str, Any]] | None,
         trace: AttemptTrace | None = None,
+        tally: Tally | None = None,
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures.
 
         With a ``trace`` (telemetry on), each attempt runs in its own span and
-        the envelope reports this call's waits to it.
+        the envelope reports this call's waits to it. With a ``tally`` (an entry with
+        another after it), each failed attempt is kept with what it cost.
         """
         if self.window_asked:  # the common case, without a generator for the window
             prepared = self.prepared(messages, options, deadline, self.server_window)
@@ -397,7 +419,10 @@ class Entry:
             prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         attempt = _Attempt(self, prepared, pool, deadline)
-        bounds, _ = self.bounded(deadline, prepared)
+        bounds, spend = self.bounded(deadline, prepared)
+        if tally is not None:  # it settles the budget's holds itself, and keeps each failure
+            tally.spend = spend
+            bounds["spend"] = tally
         attempting: Callable[[], Plan[tuple[Parsed, httpx.Response]]] = attempt
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
@@ -608,6 +633,71 @@ _Opened = tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamStat
 History = list[tuple[Entry, AgentExecutionError]]
 
 
+class Tally:
+    """The failed attempts of one call on one entry that has another after it, each with
+    what it cost, for the answer of a later entry (``Completion.fallback_errors``).
+
+    The envelope's per-attempt :class:`~.envelope.Spend`: a USD budget's own spending
+    (``spend``) reserves and settles inside it, and its settled amount is the attempt's
+    cost. Without a budget, an attempt that sent nothing or got an error answer cost
+    0.0, and one that may have been billed (a timeout after sending, a cut answer) an
+    unknown amount (None).
+    """
+
+    __slots__ = ("failures", "spend")
+
+    def __init__(self) -> None:
+        self.spend: BudgetSpend | None = None
+        #: (what the attempt raised, its cost in USD or None, whether a request went out)
+        self.failures: list[tuple[BaseException, float | None, bool]] = []
+
+    def reserve(self) -> Any:
+        return None if self.spend is None else self.spend.reserve()
+
+    def succeeded(self, hold: Any, result: object) -> None:
+        if self.spend is not None:
+            self.spend.succeeded(hold, result)
+
+    def failed(self, hold: Any, exc: BaseException, *, sent: bool = True) -> None:
+        from fluid_build.copilot.call.spend import nothing_billed
+
+        cost = None if self.spend is None else self.spend.failed(hold, exc, sent=sent)
+        if cost is None:  # unmetered: what the answer says about a bill
+            cost = 0.0 if not sent or nothing_billed(exc) else None
+        self.failures.append((exc, cost, sent))
+
+    def records(self, entry: Entry, error: AgentExecutionError) -> list[dict[str, Any]]:
+        """One record per failed attempt, and one for ``error`` (what ended the entry)
+        when no attempt of its own raised it (a pre-flight, an open breaker, a budget's
+        refusal: nothing sent, nothing spent)."""
+        from fluid_build.copilot.agents.error_classification import classify_provider_error
+
+        records: list[dict[str, Any]] = []
+        for number, (exc, cost, sent) in enumerate(self.failures, 1):
+            # Classified as the envelope did (a typed error is itself); only its kind is kept.
+            typed = classify_provider_error(
+                exc, provider=entry.provider, model=entry.model, secrets=entry.secrets
+            )
+            records.append(_record(entry, typed, number, sent, cost))
+        last = records[-1] if records else None
+        if last is None or (last["error"], last["code"]) != (type(error).__name__, error.code):
+            records.append(_record(entry, error, None, False, 0.0))
+        return records
+
+
+def _record(
+    entry: Entry, error: AgentExecutionError, attempt: int | None, sent: bool, cost: float | None
+) -> dict[str, Any]:
+    return {
+        "entry": entry.label,
+        "attempt": attempt,
+        "error": type(error).__name__,
+        "code": error.code,
+        "sent": sent,
+        "cost_usd": cost,
+    }
+
+
 def completing(
     entries: Sequence[Entry],
     messages: Messages,
@@ -617,23 +707,25 @@ def completing(
     fallback_on_auth: bool = False,
     trace: AttemptTrace | None = None,
 ) -> Plan[Completion]:
-    """One answer from the first entry that gives one; else the most actionable error."""
+    """One answer from the first entry that gives one; else the most actionable error.
+
+    The answer's ``fallback_errors`` lists every failed attempt on the entries before
+    it, each with its cost (see :class:`Tally`).
+    """
     history: History = []
-    for entry in entries:
-        failed = (  # none yet: no list held while the first entry's answer comes
-            [
-                {"entry": e.label, "error": type(err).__name__, "code": err.code}
-                for e, err in history
-            ]
-            if history
-            else None
-        )
+    failed: list[dict[str, Any]] | None = None  # none yet: no list held for the first entry
+    last = len(entries) - 1
+    for index, entry in enumerate(entries):
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
+        # None for the last entry (and a client without fallbacks): nothing comes after it.
+        tally = Tally() if index < last else None
         try:
-            return (yield from entry.complete(messages, options, deadline, failed, trace))
+            return (yield from entry.complete(messages, options, deadline, failed, trace, tally))
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+            if tally is not None:
+                failed = [*(failed or ()), *tally.records(entry, error)]
     raise _final_error(history)
 
 

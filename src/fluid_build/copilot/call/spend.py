@@ -39,7 +39,14 @@ if TYPE_CHECKING:
     from fluid_build.copilot.health.store import CooldownStore
     from fluid_build.copilot.llm.types import Usage
 
-__all__ = ["BudgetGuard", "BudgetSpend", "Hold", "NoSharedLedger", "NoSharedStore"]
+__all__ = [
+    "BudgetGuard",
+    "BudgetSpend",
+    "Hold",
+    "NoSharedLedger",
+    "NoSharedStore",
+    "nothing_billed",
+]
 
 LOG = logging.getLogger("fluid_build.budget")
 
@@ -286,10 +293,12 @@ class BudgetSpend:
             window_end=state.ends,
         )
 
-    def settle(self, hold: Hold | None, usd: float | None) -> None:
-        """Replace ``hold`` by what was spent: ``usd``, or the whole hold when unknown."""
+    def settle(self, hold: Hold | None, usd: float | None) -> float | None:
+        """Replace ``hold`` by what was spent: ``usd``, or the whole hold when unknown.
+
+        Returns the USD counted (None: no hold, the call went unmetered)."""
         if hold is None:
-            return
+            return None
         amount = hold.amount if usd is None else micro_usd(usd)
         if amount > hold.amount:
             # The request carried the output cap the hold priced: an answer dearer than
@@ -317,6 +326,7 @@ class BudgetSpend:
                 type(exc).__name__,
                 f"{(self.deadline or 600.0) + self.guard.margin:g}",
             )
+        return amount / MICRO
 
     def priced(self, usage: Usage | None, answered_model: str | None) -> float | None:
         """What ``usage`` cost (None: no usage to price, or none a model could have used)."""
@@ -358,11 +368,11 @@ class BudgetSpend:
             return
         self.settle(hold, self.priced(usage, getattr(parsed, "model", None)))
 
-    def failed(self, hold: Hold | None, exc: BaseException, *, sent: bool = True) -> None:
+    def failed(self, hold: Hold | None, exc: BaseException, *, sent: bool = True) -> float | None:
         """An attempt failed: one that sent nothing, an error answer or a refused
         connection spent nothing; any other failure after sending may have been billed,
-        so its hold is spent."""
-        self.settle(hold, 0.0 if not sent or _nothing_billed(exc) else None)
+        so its hold is spent. Returns the USD counted (None: unmetered)."""
+        return self.settle(hold, 0.0 if not sent or nothing_billed(exc) else None)
 
     def finish(self, usage: Usage | None, answered_model: str | None = None) -> None:
         """A stream ended (whole or broken): settle what its usage said, else its whole hold."""
@@ -376,7 +386,7 @@ def _count_text(count: object) -> str:
     return text if len(text) <= 20 else f"a {len(text)}-character number"
 
 
-def _nothing_billed(exc: BaseException) -> bool:
+def nothing_billed(exc: BaseException) -> bool:
     """Whether a failed attempt cost nothing: an error answer (4xx/5xx), or no connection."""
     seen: BaseException | None = exc
     for _ in range(8):
