@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.batch import Batch, Progress
     from fluid_build.copilot.call.capabilities import ModelCapabilities
-    from fluid_build.copilot.call.core import CallOptions, Entry, completing
+    from fluid_build.copilot.call.core import CallOptions, Entry, completing, streaming
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
@@ -118,6 +118,7 @@ def _load() -> None:
     globals().update(
         Entry=core.Entry,
         completing=core.completing,
+        streaming=core.streaming,
         Pools=drive.Pools,
         run=drive.run,
         arun=drive.arun,
@@ -441,7 +442,8 @@ class LLMClient:
 
         ``done`` comes only after the provider's end marker; a stream that stops
         short of it was cut. A failure (or cut) before anything was yielded is
-        retried by the envelope; one after raises the typed error with
+        retried by the envelope, then walks the fallback chain as
+        :meth:`complete` does. One after raises the typed error with
         ``details["partial_text"]`` and the tool calls that completed.
         """
         return stream(self._streaming(messages, options))
@@ -454,8 +456,16 @@ class LLMClient:
 
     def _streaming(self, messages: Messages, options: CallOptions) -> Plan[None]:
         """A stream's plan; with telemetry, inside its call span (see docs/telemetry.md)."""
-        trace = self._trace(messages, options, [self._entry])
-        plan = self._entry.stream(messages, options, self._deadline, trace)
+        entries = self._entries()
+        trace = self._trace(messages, options, entries)
+        plan = streaming(
+            entries,
+            messages,
+            options,
+            self._deadline,
+            fallback_on_auth=self.fallback_on_auth,
+            trace=trace,
+        )
         return plan if trace is None else trace.stream(plan)
 
     def _trace(

@@ -52,7 +52,7 @@ from fluid_build.copilot.call.drive import (
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
-from fluid_build.copilot.call.prices import MOST_TOKENS, Prices
+from fluid_build.copilot.call.prices import MOST_TOKENS, Prices, price_call
 from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CallOptions", "Entry", "completing"]
+__all__ = ["CallOptions", "Entry", "completing", "streaming"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -418,21 +418,22 @@ class Entry:
         self,
         messages: Messages,
         options: CallOptions,
-        start: Callable[[], Deadline],
+        deadline: Deadline,
+        fallback_errors: list[dict[str, Any]] | None = None,
         trace: AttemptTrace | None = None,
+        states: list[StreamState] | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
-        The deadline ``start()`` s when the caller first asks for an event. A
-        failure before anything was emitted is retried by the envelope; a
+        A failure before anything was emitted is retried by the envelope; a
         failure after raises the typed error with ``details["partial_text"]``
         and the tool calls that completed. A stream that ends without its
         provider's end marker (``state.done``: see each adapter's
         ``stream_end``) was cut: ``llm.network_error``, never ``done``. With a
         ``trace``, as in :meth:`complete`; the answering attempt's span lasts
-        until the stream ends.
+        until the stream ends. The chain around it is :func:`streaming`, which
+        reads what the answering attempt received from ``states`` (its cost).
         """
-        deadline = start()
         prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         spec = prepared.spec
@@ -503,6 +504,8 @@ class Entry:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
+        if states is not None:
+            states.append(state)
         try:
             try:
                 for item in first:
@@ -537,7 +540,14 @@ class Entry:
             if spend is not None:
                 # Whole or broken, the stream settles what its usage said, else its whole hold.
                 spend.finish(state.usage, state.model)
-        completion = decoder.completion(state.parsed(), prepared, attempts, request_id(response))
+        completion = decoder.completion(
+            state.parsed(),
+            prepared,
+            attempts,
+            request_id(response),
+            answered_by=self.label,
+            fallback_errors=fallback_errors,
+        )
         yield Emit(StreamEvent(type="done", completion=completion))
 
 
@@ -635,6 +645,88 @@ def completing(
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
     raise _final_error(history)
+
+
+def streaming(
+    entries: Sequence[Entry],
+    messages: Messages,
+    options: CallOptions,
+    start: Callable[[], Deadline],
+    *,
+    fallback_on_auth: bool = False,
+    trace: AttemptTrace | None = None,
+) -> Plan[None]:
+    """A stream from the first entry that gives one: :func:`completing`'s chain for streams.
+
+    The deadline ``start()`` s when the caller first asks for an event. Every
+    failure before an event reached the caller moves on as in
+    :func:`completing`. After one, the typed error with what arrived is raised.
+
+    Each entry's plan is stepped by hand, not with ``yield from``: that would turn
+    the caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup yields
+    effects (closing the response); see :meth:`CallTrace.stream`.
+    """
+    deadline = start()
+    history: History = []
+    costs: list[float | None] = []  # what each failed entry cost, beside ``history``
+    index = 0
+    while True:
+        entry = entries[index]
+        if deadline.provider != entry.provider or deadline.model != entry.model:
+            deadline = deadline.of(entry.provider, entry.model)
+        states: list[StreamState] = []
+        plan = entry.stream(messages, options, deadline, _failed(history, costs), trace, states)
+        send: Callable[[Any], Any] = plan.send
+        value: Any = None
+        emitted = False
+        try:
+            while True:
+                try:
+                    step = send(value)
+                except StopIteration:
+                    return
+                if isinstance(step, Emit):
+                    emitted = True
+                try:
+                    value = yield step
+                    send = plan.send
+                except BaseException as exc:  # noqa: BLE001 - the plan decides, as in the shells
+                    value, send = exc, plan.throw
+        except AgentExecutionError as failed:
+            error = failed
+        # Decided outside the handler: the error raised keeps its own cause.
+        costs.append(_cost(entry, states, emitted))
+        if emitted:
+            entry.remember(error)
+            history.append((entry, error))
+            raise _with_history(error, history)
+        _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+        index += 1
+        if index == len(entries):
+            raise _final_error(history)
+
+
+def _cost(entry: Entry, states: list[StreamState], emitted: bool) -> float | None:
+    """What a failed stream attempt cost: 0.0 for an error answer; once text flowed, its
+    usage priced (None when the provider had not said it, as a cut stream rarely has)."""
+    if not emitted or not states:
+        return 0.0
+    state = states[-1]
+    if not state.usage.total_tokens:
+        return None
+    return price_call(
+        entry.provider, entry.model, state.usage, answered_model=state.model, overrides=entry.prices
+    )
+
+
+def _failed(history: History, costs: list[float | None]) -> list[dict[str, Any]] | None:
+    """The ``fallback_errors`` of an answer after ``history``'s failures (None: none)."""
+    if not history:
+        return None
+    return [
+        {"entry": e.label, "error": type(err).__name__, "code": err.code, "cost_usd": cost}
+        for (e, err), cost in zip(history, costs, strict=True)
+    ]
 
 
 def _next_or_raise(
