@@ -1,4 +1,4 @@
-"""Streams walk the fallback chain as complete() does (issue 33 items 1, 5).
+"""Streams walk the fallback chain as complete() does; on_cut="restart" (issue 33 items 1, 4, 5).
 
 Every test runs against tests/chaos_server.py on loopback, one model per
 entry of the chain, each pinned to a fault (``models=``): a primary that
@@ -270,6 +270,121 @@ def test_when_every_entry_fails_the_most_actionable_error_wins() -> None:
     assert requests(server) == {"primary": 2, "healthy": 2}
 
 
+# -- item 4: on_cut="restart" --------------------------------------------------------------
+
+
+def _restarted(events: list[StreamEvent], again_on: str, answer_model: str) -> Completion:
+    kinds = [e.type for e in events]
+    assert kinds.count("restart") == 1
+    cut_at = kinds.index("restart")
+    before, restart, after = events[:cut_at], events[cut_at], events[cut_at + 1 :]
+    assert before
+    assert all(e.type == "text" for e in before)
+    assert stream_text("primary").startswith(text(before))
+    assert text(before) != stream_text("primary")
+    assert (restart.code, restart.entry) == ("llm.network_error", again_on)
+    assert "cut" in restart.reason
+    assert text(after) == stream_text(answer_model)  # the whole answer, from scratch
+    return done(after)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
+    with rig(
+        {"primary": "cut_mid_stream", "healthy": "ok"}, transport, "healthy", on_cut="restart"
+    ) as (made, server):
+        events = made.stream()
+    answer = _restarted(events, HEALTHY, "healthy")
+    assert answer.answered_by == HEALTHY
+    assert answer.text == stream_text("healthy")
+    assert answer.fallback_errors == [
+        {"entry": PRIMARY, "error": "ProviderError", "code": "llm.network_error", "cost_usd": None}
+    ]
+    assert requests(server) == {"primary": 1, "healthy": 1}
+    # Never a prefill: the restart sends the caller's messages only.
+    assert [r.stream for r in server.snapshot()] == [True, True]
+
+
+@pytest.mark.parametrize("transport", ["sync-direct", "async-aiohttp"])
+def test_on_cut_is_a_stream_option_too(transport: str) -> None:
+    with rig({"primary": "cut_mid_stream", "healthy": "ok"}, transport, "healthy") as (made, _):
+        events = made.stream(on_cut="restart")
+    assert _restarted(events, HEALTHY, "healthy").answered_by == HEALTHY
+    # The call's choice wins over the client's.
+    models = {"primary": "cut_mid_stream", "healthy": "ok"}
+    with (
+        rig(models, transport, "healthy", on_cut="restart") as (made, server),
+        pytest.raises(ProviderError) as caught,
+    ):
+        made.stream(on_cut="raise")
+    assert caught.value.code == "llm.network_error"
+    assert requests(server) == {"primary": 1}
+
+
+@pytest.mark.parametrize("transport", ["sync-direct", "async-httpx"])
+def test_a_lone_entry_restarts_on_itself(transport: str) -> None:
+    with rig({"primary": ["cut_mid_stream", "ok"]}, transport, on_cut="restart") as (
+        made,
+        server,
+    ):
+        events = made.stream()
+    answer = _restarted(events, PRIMARY, "primary")
+    assert answer.answered_by == PRIMARY
+    assert [e["code"] for e in answer.fallback_errors] == ["llm.network_error"]
+    assert requests(server) == {"primary": 2}
+
+
+@pytest.mark.parametrize("transport", ["sync-direct", "caller-async"])
+def test_a_failed_restart_raises_the_cuts_error(transport: str) -> None:
+    models = {"primary": "cut_mid_stream", "healthy": "503"}
+    with (
+        rig(models, transport, "healthy", on_cut="restart") as (made, server),
+        pytest.raises(ProviderError) as caught,
+    ):
+        made.stream()
+    error = caught.value
+    assert type(error) is ProviderError
+    assert error.code == "llm.network_error"  # the cut's, not the 503's
+    assert stream_text("primary").startswith(error.details["partial_text"])
+    assert [(a["entry"], a["code"]) for a in error.details["fallback_attempts"]] == [
+        (PRIMARY, "llm.network_error"),
+        (HEALTHY, "llm.server_error"),
+    ]
+    assert [e.type for e in error.events].count("restart") == 1  # type: ignore[attr-defined]
+    assert requests(server) == {"primary": 1, "healthy": 2}
+
+
+def test_at_most_one_restart_per_call() -> None:
+    models = {"primary": "cut_mid_stream", "healthy": "cut_mid_stream", "third": "ok"}
+    with (
+        rig(models, "sync-direct", "healthy", "third", on_cut="restart") as (made, server),
+        pytest.raises(ProviderError) as caught,
+    ):
+        made.stream()
+    error = caught.value
+    assert error.code == "llm.network_error"
+    assert stream_text("primary").startswith(error.details["partial_text"])
+    assert [a["entry"] for a in error.details["fallback_attempts"]] == [PRIMARY, HEALTHY]
+    assert [e.type for e in error.events].count("restart") == 1  # type: ignore[attr-defined]
+    assert requests(server) == {"primary": 1, "healthy": 1}  # the third is never asked
+
+
+def test_on_cut_takes_raise_or_restart() -> None:
+    with chaos_server(weights={"ok": 1}) as server:
+        env = {"OPENAI_API_KEY": "sk-chain-test", "OPENAI_BASE_URL": server.base_url}
+        with pytest.raises(ProviderError) as caught:
+            LLMClient("openai", "primary", env=env, on_cut="retry")  # type: ignore[arg-type]
+        assert caught.value.code == "llm.not_configured"
+        assert caught.value.details["choices"] == ["raise", "restart"]
+        with (
+            LLMClient("openai", "primary", env=env) as client,
+            pytest.raises(ProviderError) as caught,
+        ):
+            client.stream("hi", on_cut="again")  # type: ignore[arg-type]
+        assert caught.value.code == "llm.not_configured"
+        assert server.snapshot() == []
+
+
 # -- item 5: while a primary is down, the chain serves every call ----------------------------
 
 CALLS = 20
@@ -351,3 +466,27 @@ def test_a_caller_that_stops_after_the_fallbacks_first_delta_closes_its_response
         # The connection went back closed, not mid-answer: the next call is served on the pool.
         assert text(made.stream()) == stream_text("healthy")
     assert requests(server) == {"primary": 4, "healthy": 2}
+
+
+def test_a_restart_ends_the_cut_attempts_span_failed() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from fluid_build.copilot.telemetry import Telemetry
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    telemetry = Telemetry(tracer_provider=provider)
+    models = {"primary": "cut_mid_stream", "healthy": "ok"}
+    with rig(models, "sync-direct", "healthy", on_cut="restart", telemetry=telemetry) as (made, _):
+        events = made.stream()
+    assert done(events).answered_by == HEALTHY
+    spans = exported.get_finished_spans()
+    attempts = [s for s in spans if s.name == "fluid.attempt"]
+    assert len(spans) == len(attempts) + 1  # every attempt span ended, and the call's
+    codes = [(s.attributes or {}).get("fluid.error.code") for s in attempts]
+    assert codes == ["llm.network_error", None]
+    models_asked = [(s.attributes or {})["gen_ai.request.model"] for s in attempts]
+    assert models_asked == ["primary", "healthy"]

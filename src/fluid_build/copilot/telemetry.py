@@ -417,6 +417,13 @@ class CallTrace:
             span.end()
         return result
 
+    def cut(self, error: BaseException) -> None:
+        """The held attempt's stream was cut and the call starts again: end its span, failed."""
+        held, self.held = self.held, None
+        if held is not None:
+            self._attempt_failed(held, *self._typed(error, self.provider, self.model))
+            held.end()
+
     def _attempt_failed(
         self, span: Span, error_type: str, code: str | None, typed: AgentExecutionError | None
     ) -> None:

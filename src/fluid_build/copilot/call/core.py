@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CallOptions", "Entry", "completing", "streaming"]
+__all__ = ["ON_CUT", "CallOptions", "Entry", "OnCut", "completing", "streaming"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -647,6 +647,11 @@ def completing(
     raise _final_error(history)
 
 
+#: What a stream does when it is cut after text reached the caller (``on_cut=``).
+OnCut = Literal["raise", "restart"]
+ON_CUT: Final = ("raise", "restart")
+
+
 def streaming(
     entries: Sequence[Entry],
     messages: Messages,
@@ -654,13 +659,20 @@ def streaming(
     start: Callable[[], Deadline],
     *,
     fallback_on_auth: bool = False,
+    on_cut: OnCut = "raise",
     trace: AttemptTrace | None = None,
 ) -> Plan[None]:
     """A stream from the first entry that gives one: :func:`completing`'s chain for streams.
 
     The deadline ``start()`` s when the caller first asks for an event. Every
     failure before an event reached the caller moves on as in
-    :func:`completing`. After one, the typed error with what arrived is raised.
+    :func:`completing`. After one, the typed error with what arrived is raised
+    (``on_cut="raise"``); with ``on_cut="restart"`` a cut the provider may not
+    repeat (a retryable error) starts the call again from scratch, once: on the
+    next entry, or on the same one when it is the last, after a ``restart``
+    event saying the text so far is void. The restart walks the rest of the
+    chain as a new stream would; if it fails, the cut's error is raised with
+    the restart's failures in ``details["fallback_attempts"]``.
 
     Each entry's plan is stepped by hand, not with ``yield from``: that would turn
     the caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup yields
@@ -669,6 +681,7 @@ def streaming(
     deadline = start()
     history: History = []
     costs: list[float | None] = []  # what each failed entry cost, beside ``history``
+    cut: AgentExecutionError | None = None  # the cut that was restarted, once
     index = 0
     while True:
         entry = entries[index]
@@ -697,13 +710,68 @@ def streaming(
         # Decided outside the handler: the error raised keeps its own cause.
         costs.append(_cost(entry, states, emitted))
         if emitted:
+            if cut is None and on_cut == "restart" and _restartable(error, deadline):
+                entry.remember(error)
+                history.append((entry, error))
+                cut = error
+                if trace is not None:
+                    trace.cut(error)
+                index = min(index + 1, len(entries) - 1)
+                LOG.warning(
+                    "the stream from %s was cut [%s]; starting again on %s (on_cut=restart)",
+                    entry.label,
+                    error.code,
+                    entries[index].label,
+                )
+                yield Emit(
+                    StreamEvent(
+                        type="restart",
+                        code=error.code,
+                        reason=error.message,
+                        entry=entries[index].label,
+                    )
+                )
+                continue
             entry.remember(error)
             history.append((entry, error))
-            raise _with_history(error, history)
-        _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+            raise _with_history(error, history) if cut is None else _restart_failed(cut, history)
+        if cut is None:
+            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+        elif not _moves_on(entry, error, history, index + 1 < len(entries), fallback_on_auth):
+            raise _restart_failed(cut, history)
         index += 1
         if index == len(entries):
             raise _final_error(history)
+
+
+def _moves_on(
+    entry: Entry,
+    error: AgentExecutionError,
+    history: History,
+    chained: bool,
+    fallback_on_auth: bool,
+) -> bool:
+    """:func:`_next_or_raise` as a decision: whether the call moves to the next entry."""
+    try:
+        _next_or_raise(entry, error, history, chained, fallback_on_auth)
+    except AgentExecutionError:
+        return False
+    return True
+
+
+def _restartable(error: AgentExecutionError, deadline: Deadline) -> bool:
+    """Whether a stream cut by ``error`` may start again: the provider may answer whole
+    next time (a cut, a stall, a server error mid-stream), and there is time left."""
+    return error.retryable and error.code not in _CALLER_SIDE and deadline.left() > 0
+
+
+def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutionError:
+    """The cut's own error (never masked by a later one), listing every attempt after it."""
+    attempts = [
+        {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
+        for entry, e in history
+    ]
+    return cut.with_details(fallback_attempts=attempts, note="the restart after the cut failed")
 
 
 def _cost(entry: Entry, states: list[StreamState], emitted: bool) -> float | None:
