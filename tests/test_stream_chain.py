@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -165,6 +166,32 @@ BEFORE_THE_FIRST_DELTA = {
     "429_quota": (RateLimitError, "llm.quota_exhausted", 1),
     "context_overflow": (ContextOverflowError, "llm.context_overflow", 1),
 }
+
+
+#: The rows of docs/fallbacks-and-breakers.md's stream table for the faults above.
+DOCUMENTED = {
+    "429_retry_after": "429 with Retry-After, every time",
+    "429_quota": "429 quota exhausted",
+    "503": "503, every time",
+    "reset_before_response": "connection reset before the answer",
+    "context_overflow": "context overflow (the server's 400)",
+}
+
+
+def test_the_docs_table_says_what_these_tests_assert() -> None:
+    page = Path(__file__).parents[1] / "docs" / "fallbacks-and-breakers.md"
+    rows = {}
+    for line in page.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5:
+            rows[cells[0]] = cells[1:]
+    for fault, (_, code, sent) in BEFORE_THE_FIRST_DELTA.items():
+        assert rows[DOCUMENTED[fault]] == [
+            str(sent),
+            "1",
+            "the fallback's whole answer",
+            f"`{code}`",
+        ]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
