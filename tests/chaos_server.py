@@ -84,6 +84,8 @@ MODEL_FAULTS: Final = (
     "cut_mid_stream",  # a stream's head and its first deltas, then FIN before [DONE]
     "429_quota",  # 429, OpenAI's insufficient_quota: no wait will help
     "401",  # OpenAI's invalid_api_key
+    "stall_mid_stream",  # a stream's first deltas, then silence until the client hangs up
+    "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
 )
 
 #: The suite's mix: half the requests are answered, the rest fail one way or another.
@@ -141,6 +143,7 @@ class Request:
     window: float | None = None  # for a 429: the seconds it asked the client to wait
     model: str | None = None  # the request body's model
     stream: bool = False  # the request asked for an event stream
+    last_role: str | None = None  # the role of the request's last message
 
 
 def _answer(index: int, model: str | None = None) -> bytes:
@@ -414,7 +417,7 @@ class ChaosServer:
                 await writer.drain()
                 return
             payload = await reader.readexactly(int(headers.get("content-length") or 0))
-            model, wants_stream = _model_and_stream(payload)
+            model, wants_stream, last_role = _model_and_stream(payload)
             keep_alive = headers.get("connection", "").lower() != "close"
 
             if method != "POST" or path != "/v1/chat/completions":
@@ -445,6 +448,7 @@ class ChaosServer:
                     burst=burst,
                     model=model,
                     stream=wants_stream,
+                    last_role=last_role,
                 )
                 self.requests.append(record)
             with contextlib.suppress(ValueError):
@@ -477,7 +481,9 @@ class ChaosServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - headers late
             return False
-        if record.stream and fault in {"ok", "cut_mid_stream"}:
+        if fault == "no_prefill":
+            fault = "ok" if record.last_role != "assistant" else "no_prefill"
+        if record.stream and fault in {"ok", "cut_mid_stream", "stall_mid_stream"}:
             body = _stream_body(record.index, record.model)
             sse = {"content-type": "text/event-stream"}
             record.sent_at = time.time()
@@ -485,10 +491,14 @@ class ChaosServer:
                 writer.write(_head(200, sse, len(body), keep_alive) + body)
                 await writer.drain()
                 return keep_alive
-            # Half the events (past the first delta), then FIN: the client reads them, then EOF.
+            # Half the events (past the first delta), then FIN (the client reads them, then
+            # EOF), or silence until the client hangs up (or ``stall`` s).
             cut = body.index(b"\n\n", len(body) // 2) + 2
             writer.write(_head(200, sse, len(body), keep_alive=True) + body[:cut])
             await writer.drain()
+            if fault == "stall_mid_stream":
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - a stall
             writer.close()
             return False
         if fault in {"reset_during_body", "truncated_json"}:
@@ -522,6 +532,13 @@ class ChaosServer:
                 "https://platform.openai.com/account/api-keys.",
                 "invalid_request_error",
                 "invalid_api_key",
+            )
+        elif fault == "no_prefill":
+            status = 400
+            body = _json_error(
+                "This model does not support assistant message prefill. The conversation must "
+                "end with a user message.",
+                "invalid_request_error",
             )
         elif fault == "context_overflow":
             status = 400
@@ -566,16 +583,24 @@ class ChaosServer:
         return keep_alive
 
 
-def _model_and_stream(payload: bytes) -> tuple[str | None, bool]:
-    """The request body's ``model`` and ``stream`` (None, False for a body that has none)."""
+def _model_and_stream(payload: bytes) -> tuple[str | None, bool, str | None]:
+    """The request body's ``model``, ``stream`` and its last message's role (None, False,
+    None for a body that has none)."""
     try:
         data = json.loads(payload)
     except ValueError:
-        return None, False
+        return None, False, None
     if not isinstance(data, dict):
-        return None, False
+        return None, False, None
     model = data.get("model")
-    return (model if isinstance(model, str) else None), data.get("stream") is True
+    messages = data.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    role = last.get("role") if isinstance(last, dict) else None
+    return (
+        model if isinstance(model, str) else None,
+        data.get("stream") is True,
+        role if isinstance(role, str) else None,
+    )
 
 
 @contextmanager

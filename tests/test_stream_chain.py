@@ -128,9 +128,9 @@ class Rig:
 
 @contextlib.contextmanager
 def rig(
-    models: dict[str, Any], transport: str, *fallbacks: str, **kwargs: Any
+    models: dict[str, Any], transport: str, *fallbacks: str, stall: float = 1.5, **kwargs: Any
 ) -> Iterator[tuple[Rig, ChaosServer]]:
-    with chaos_server(weights={"ok": 1}, models=models) as server:
+    with chaos_server(weights={"ok": 1}, models=models, stall=stall) as server:
         made = Rig(server, transport, *fallbacks, **kwargs)
         try:
             yield made, server
@@ -317,9 +317,10 @@ def _restarted(events: list[StreamEvent], again_on: str, answer_model: str) -> C
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
-    with rig(
-        {"primary": "cut_mid_stream", "healthy": "ok"}, transport, "healthy", on_cut="restart"
-    ) as (made, server):
+    # The fallback rejects an assistant prefill, as many providers do: the restart sends
+    # the caller's messages as they were.
+    models = {"primary": "cut_mid_stream", "healthy": "no_prefill"}
+    with rig(models, transport, "healthy", on_cut="restart") as (made, server):
         events = made.stream()
     answer = _restarted(events, HEALTHY, "healthy")
     assert answer.answered_by == HEALTHY
@@ -328,8 +329,34 @@ def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
         {"entry": PRIMARY, "error": "ProviderError", "code": "llm.network_error", "cost_usd": None}
     ]
     assert requests(server) == {"primary": 1, "healthy": 1}
-    # Never a prefill: the restart sends the caller's messages only.
-    assert [r.stream for r in server.snapshot()] == [True, True]
+    assert [(r.stream, r.last_role) for r in server.snapshot()] == [(True, "user")] * 2
+
+
+def test_the_fault_server_rejects_a_prefill_for_a_no_prefill_model() -> None:
+    prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    with rig({"primary": "no_prefill"}, "sync-direct") as (made, server):
+        with pytest.raises(ProviderError) as caught:
+            made.client.complete(prefilled)
+        assert made.client.complete("hi").text
+    assert caught.value.code == "llm.invalid_request"
+    assert [r.last_role for r in server.snapshot()] == ["assistant", "user"]
+
+
+@pytest.mark.parametrize("transport", ["sync-direct", "async-aiohttp", "caller-async"])
+def test_a_stream_that_stalls_after_text_restarts_on_the_next_entry(transport: str) -> None:
+    # The stall is caught by the attempt's read timeout (a real 0.3 s on loopback).
+    models = {"primary": "stall_mid_stream", "healthy": "ok"}
+    with rig(models, transport, "healthy", stall=2.0, timeout=0.3, on_cut="restart") as (
+        made,
+        server,
+    ):
+        events = made.stream()
+    kinds = [e.type for e in events]
+    restart = events[kinds.index("restart")]
+    assert (restart.code, restart.entry) == ("llm.timeout", HEALTHY)
+    assert text(events[kinds.index("restart") + 1 :]) == stream_text("healthy")
+    assert done(events).answered_by == HEALTHY
+    assert requests(server) == {"primary": 1, "healthy": 1}
 
 
 @pytest.mark.parametrize("transport", ["sync-direct", "async-aiohttp"])
