@@ -399,6 +399,8 @@ def test_a_failed_restart_raises_the_cuts_error(transport: str) -> None:
     error = caught.value
     assert type(error) is ProviderError
     assert error.code == "llm.network_error"  # the cut's, not the 503's
+    assert str(error).startswith("the stream from openai (primary) was cut")
+    assert "and openai:healthy failed too [llm.server_error]" in str(error)
     assert stream_text("primary").startswith(error.details["partial_text"])
     assert [(a["entry"], a["code"]) for a in error.details["fallback_attempts"]] == [
         (PRIMARY, "llm.network_error"),

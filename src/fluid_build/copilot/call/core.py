@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict
 
 import httpx
 from pydantic import BaseModel
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["ON_CUT", "CallOptions", "Entry", "OnCut", "completing", "streaming"]
+__all__ = ["CallOptions", "Entry", "OnCut", "completing", "streaming"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -649,7 +649,6 @@ def completing(
 
 #: What a stream does when it is cut after text reached the caller (``on_cut=``).
 OnCut = Literal["raise", "restart"]
-ON_CUT: Final = ("raise", "restart")
 
 
 def streaming(
@@ -771,7 +770,9 @@ def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutio
         {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
         for entry, e in history
     ]
-    return cut.with_details(fallback_attempts=attempts, note="the restart after the cut failed")
+    last, error = history[-1]
+    note = f"restarted (on_cut=restart), and {last.label} failed too [{error.code}]"
+    return cut.with_details(fallback_attempts=attempts, note=note)
 
 
 def _cost(entry: Entry, states: list[StreamState], emitted: bool) -> float | None:
