@@ -546,3 +546,10 @@ def test_a_restart_ends_the_cut_attempts_span_failed() -> None:
     assert codes == ["llm.network_error", None]
     models_asked = [(s.attributes or {})["gen_ai.request.model"] for s in attempts]
     assert models_asked == ["primary", "healthy"]
+    [call] = [s for s in spans if s.name != "fluid.attempt"]
+    assert (call.attributes or {})["fluid.answered_by"] == HEALTHY
+    [restart] = [e for e in call.events if e.name == "fluid.stream.restart"]
+    assert dict(restart.attributes or {}) == {
+        "fluid.error.code": "llm.network_error",
+        "fluid.restart.entry": HEALTHY,
+    }

@@ -301,6 +301,14 @@ class CallTrace:
                         self.telemetry.first_chunk.record(waited, self._common())
                     if step.item.type == "done":
                         done = step.item.completion
+                    elif step.item.type == "restart":  # on_cut="restart": the text so far is void
+                        span.add_event(
+                            "fluid.stream.restart",
+                            {
+                                "fluid.error.code": step.item.code or "",
+                                "fluid.restart.entry": step.item.entry or "",
+                            },
+                        )
                 try:
                     value = yield step
                     send = plan.send
