@@ -29,7 +29,7 @@ from fluid_build.copilot.agents.errors import (
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.call.transport import TRANSPORT_ENV
 from fluid_build.copilot.health.breaker import CircuitBreaker
-from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.copilot.health.cooldown import MemoryCooldownStore, SqliteCooldownStore
 from fluid_build.copilot.llm.types import Completion, StreamEvent, Usage
 from tests.chaos_server import ChaosServer, chaos_server, stream_text
 from tests.fakes import FakeClock
@@ -40,8 +40,10 @@ HEALTHY = "openai:healthy"
 COOL_OFF = 30.0
 
 
-def clocked(clock: FakeClock, *, attempts: int = 2, threshold: int = 5) -> RetryEnvelope:
-    store = MemoryCooldownStore()
+def clocked(
+    clock: FakeClock, *, attempts: int = 2, threshold: int = 5, store: Any = None
+) -> RetryEnvelope:
+    store = MemoryCooldownStore() if store is None else store
     return RetryEnvelope(
         RetryPolicy(attempts=attempts),
         cooldown=store,
@@ -448,9 +450,9 @@ STEP = 10.0  # virtual seconds between two calls
 HEALTHY_AT = 10  # the call from which the primary answers again
 
 
-def _down_then_healthy(kind: str, transport: str) -> None:
+def _down_then_healthy(kind: str, transport: str, store: Any = None) -> None:
     clock = FakeClock()
-    envelope = clocked(clock, threshold=3)
+    envelope = clocked(clock, threshold=3, store=store)
     models: dict[str, Any] = {"primary": "503", "healthy": "ok"}
     with rig(models, transport, "healthy", clock=clock, envelope=envelope) as (made, server):
         answered: list[str | None] = []
@@ -493,6 +495,22 @@ def _down_then_healthy(kind: str, transport: str) -> None:
 )
 def test_while_the_primary_is_down_every_call_is_served(kind: str, transport: str) -> None:
     _down_then_healthy(kind, transport)
+
+
+@pytest.mark.parametrize("kind", ["stream", "complete"])
+def test_while_the_primary_is_down_every_call_is_served_on_the_sqlite_store(
+    kind: str, tmp_path: Path
+) -> None:
+    # The default store (a file): the breaker's state and its trial lease live there.
+    _down_then_healthy(kind, "sync-direct", SqliteCooldownStore(tmp_path / "health.sqlite3"))
+
+
+@pytest.mark.parametrize("kind", ["stream", "complete"])
+def test_while_the_primary_is_down_every_call_is_served_on_redis(kind: str, redis_url: str) -> None:
+    from fluid_build.copilot.health.cooldown import RedisCooldownStore
+
+    store = RedisCooldownStore(redis_url, prefix=f"test:stream-chain:{kind}:")
+    _down_then_healthy(kind, "async-aiohttp", store)
 
 
 # -- the chain keeps a stream's other promises -------------------------------------------------
