@@ -571,3 +571,76 @@ def test_a_restart_ends_the_cut_attempts_span_failed() -> None:
         "fluid.error.code": "llm.network_error",
         "fluid.restart.entry": HEALTHY,
     }
+
+
+# -- several processes share the primary's breaker --------------------------------------------
+
+_STREAMER = """
+import asyncio, json, sys
+from fluid_build.copilot import LLMClient
+
+async def main() -> None:
+    async with LLMClient.from_env(provider="openai", model="primary",
+                                  fallbacks=[("openai", "healthy")]) as client:
+        events = [event async for event in client.astream("hi")]
+    answer = events[-1].completion
+    print(json.dumps({"answered_by": answer.answered_by,
+                      "codes": [e["code"] for e in answer.fallback_errors]}))
+
+asyncio.run(main())
+"""
+
+
+def _streamer(env: dict[str, str]) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    ran = subprocess.run(
+        [sys.executable, "-c", _STREAMER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    result: dict[str, Any] = json.loads(ran.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_breaker_opened_in_one_process_sends_another_processes_streams_on(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import os
+
+    url = (
+        f"sqlite:///{tmp_path / 'health.sqlite3'}"
+        if store == "sqlite"
+        else request.getfixturevalue("redis_url")
+    )
+    with chaos_server(weights={"ok": 1}, models={"primary": "503", "healthy": "ok"}) as server:
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": str(tmp_path),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "OPENAI_API_KEY": f"sk-chain-{store}-{tmp_path.name}",  # its own breaker key
+            "OPENAI_BASE_URL": server.base_url,
+            "FLUID_COOLDOWN_URL": url,
+            "FLUID_LLM_MAX_ATTEMPTS": "1",
+            "FLUID_BREAKER_THRESHOLD": "1",  # one failure opens it: no wait in any process
+        }
+        # The first process meets the 503: its breaker opens in the shared store.
+        assert _streamer(env) == {"answered_by": HEALTHY, "codes": ["llm.server_error"]}
+        assert requests(server) == {"primary": 1, "healthy": 1}
+        # Another process's stream goes to the fallback at once: no request to the primary.
+        assert _streamer(env) == {"answered_by": HEALTHY, "codes": ["llm.circuit_open"]}
+        # And this one's, through the store it names.
+        with LLMClient.from_env(
+            env, provider="openai", model="primary", fallbacks=[("openai", "healthy")]
+        ) as client:
+            answer = done(list(client.stream("hi")))
+        assert answer.answered_by == HEALTHY
+        assert [e["code"] for e in answer.fallback_errors] == ["llm.circuit_open"]
+        assert requests(server) == {"primary": 1, "healthy": 3}
