@@ -86,6 +86,7 @@ MODEL_FAULTS: Final = (
     "401",  # OpenAI's invalid_api_key
     "stall_mid_stream",  # a stream's first deltas, then silence until the client hangs up
     "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
+    "malformed_mid_stream",  # a stream's first deltas, then an event of the wrong shape
 )
 
 #: The suite's mix: half the requests are answered, the rest fail one way or another.
@@ -483,7 +484,12 @@ class ChaosServer:
             return False
         if fault == "no_prefill":
             fault = "ok" if record.last_role != "assistant" else "no_prefill"
-        if record.stream and fault in {"ok", "cut_mid_stream", "stall_mid_stream"}:
+        if record.stream and fault in {
+            "ok",
+            "cut_mid_stream",
+            "stall_mid_stream",
+            "malformed_mid_stream",
+        }:
             body = _stream_body(record.index, record.model)
             sse = {"content-type": "text/event-stream"}
             record.sent_at = time.time()
@@ -494,6 +500,12 @@ class ChaosServer:
             # Half the events (past the first delta), then FIN (the client reads them, then
             # EOF), or silence until the client hangs up (or ``stall`` s).
             cut = body.index(b"\n\n", len(body) // 2) + 2
+            if fault == "malformed_mid_stream":  # the rest of the stream follows it, whole
+                bad = b'data: {"choices": "not a list"}\n\n'
+                body = body[:cut] + bad + body[cut:]
+                writer.write(_head(200, sse, len(body), keep_alive=False) + body)
+                await writer.drain()
+                return False
             writer.write(_head(200, sse, len(body), keep_alive=True) + body[:cut])
             await writer.drain()
             if fault == "stall_mid_stream":

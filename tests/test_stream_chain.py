@@ -334,6 +334,26 @@ def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
     assert [(r.stream, r.last_role) for r in server.snapshot()] == [(True, "user")] * 2
 
 
+@pytest.mark.parametrize("transport", ["sync-direct", "async-httpx"])
+def test_a_malformed_event_after_text_raises_or_restarts(transport: str) -> None:
+    models = {"primary": "malformed_mid_stream", "healthy": "ok"}
+    with (
+        rig(models, transport, "healthy") as (made, server),
+        pytest.raises(ProviderError) as caught,
+    ):
+        made.stream()
+    assert caught.value.code == "llm.malformed_response"
+    assert stream_text("primary").startswith(caught.value.details["partial_text"])
+    assert requests(server) == {"primary": 1}
+    with rig(models, transport, "healthy", on_cut="restart") as (made, server):
+        events = made.stream()
+    kinds = [e.type for e in events]
+    restart = events[kinds.index("restart")]
+    assert (restart.code, restart.entry) == ("llm.malformed_response", HEALTHY)
+    assert text(events[kinds.index("restart") + 1 :]) == stream_text("healthy")
+    assert requests(server) == {"primary": 1, "healthy": 1}
+
+
 def test_the_fault_server_rejects_a_prefill_for_a_no_prefill_model() -> None:
     prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
     with rig({"primary": "no_prefill"}, "sync-direct") as (made, server):
