@@ -24,6 +24,14 @@ can use any loop (or none). Every request is recorded: arrival time, the
 call of the test sent it), the fault served, whether a burst served it and,
 for a 429, when it was sent and the window it asked for.
 
+``models`` maps a model name to the fault every request for that model meets
+(a persistent fault, or "ok" for a healthy model), or to a list of faults met
+in turn (its last one for good), whatever the draw says, which it does not
+advance; the map can change while the server runs (a model down for a while,
+then healthy). A request with ``"stream": true`` is answered
+as an OpenAI chat-completions event stream (a few text deltas, a usage chunk,
+``[DONE]``) where an answer would be; ``cut_mid_stream`` sends half of it.
+
 The sequence of faults is fixed by the seed; which call meets which fault
 depends on the order requests arrive in, which concurrency does not fix.
 """
@@ -47,9 +55,11 @@ from typing import Final
 __all__ = [
     "DEFAULT_WEIGHTS",
     "FAULTS",
+    "MODEL_FAULTS",
     "ChaosServer",
     "Request",
     "chaos_server",
+    "stream_text",
 ]
 
 #: Every fault the server can serve, and "ok" (a correct answer).
@@ -66,6 +76,17 @@ FAULTS: Final = (
     "reset_during_body",  # headers and half the body, then RST
     "truncated_json",  # a correct content-length, half the JSON, then FIN
     "slow_headers",  # nothing until the client gives up (or ``stall`` s)
+)
+
+#: Faults a model can be pinned to (``models=``), beside :data:`FAULTS`; never drawn.
+MODEL_FAULTS: Final = (
+    "context_overflow",  # 400, OpenAI's context_length_exceeded
+    "cut_mid_stream",  # a stream's head and its first deltas, then FIN before [DONE]
+    "429_quota",  # 429, OpenAI's insufficient_quota: no wait will help
+    "401",  # OpenAI's invalid_api_key
+    "stall_mid_stream",  # a stream's first deltas, then silence until the client hangs up
+    "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
+    "malformed_mid_stream",  # a stream's first deltas, then an event of the wrong shape
 )
 
 #: The suite's mix: half the requests are answered, the rest fail one way or another.
@@ -86,6 +107,8 @@ DEFAULT_WEIGHTS: Final[Mapping[str, float]] = {
 
 _REASONS: Final = {
     200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     411: "Length Required",
     429: "Too Many Requests",
@@ -119,15 +142,18 @@ class Request:
     sent_at: float | None = None  # time.time() just before the answer (if any) was written
     dispatched: float | None = None  # the x-sent-at header: when the client decided to send
     window: float | None = None  # for a 429: the seconds it asked the client to wait
+    model: str | None = None  # the request body's model
+    stream: bool = False  # the request asked for an event stream
+    last_role: str | None = None  # the role of the request's last message
 
 
-def _answer(index: int) -> bytes:
+def _answer(index: int, model: str | None = None) -> bytes:
     content = json.dumps({"answer": "ok", "request": index})
     return json.dumps(
         {
             "id": f"chatcmpl-chaos-{index}",
             "object": "chat.completion",
-            "model": "chaos-model",
+            "model": model or "chaos-model",
             "choices": [
                 {
                     "index": 0,
@@ -138,6 +164,35 @@ def _answer(index: int) -> bytes:
             "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
         }
     ).encode()
+
+
+def stream_text(model: str) -> str:
+    """The whole text of a streamed answer from ``model``."""
+    return f"Hello from {model}, in four parts."
+
+
+def _stream_body(index: int, model: str | None) -> bytes:
+    """A whole OpenAI chat-completions event stream: deltas, finish, usage, [DONE]."""
+    name = model or "chaos-model"
+    text = stream_text(name)
+    quarter = -(-len(text) // 4)
+    deltas = [text[i : i + quarter] for i in range(0, len(text), quarter)]
+    chunks: list[dict[str, object]] = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": delta}}]}
+        for delta in deltas
+    ]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 8}})
+    lines = [
+        "data: "
+        + json.dumps(
+            {"id": f"chatcmpl-chaos-{index}", "object": "chat.completion.chunk", "model": name}
+            | chunk
+        )
+        + "\n\n"
+        for chunk in chunks
+    ]
+    return ("".join(lines) + "data: [DONE]\n\n").encode()
 
 
 def _json_error(message: str, kind: str, code: str | None = None) -> bytes:
@@ -187,9 +242,16 @@ class ChaosServer:
         bursts: Sequence[tuple[float, float]] = (),
         latency: float = 0.0,
         name: str = "",
+        models: Mapping[str, str | Sequence[str]] | None = None,
     ) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
+        self.models: dict[str, str | list[str]] = {
+            name: faults if isinstance(faults, str) else list(faults)
+            for name, faults in (models or {}).items()
+        }
+        pinned = {f for v in self.models.values() for f in ([v] if isinstance(v, str) else v)}
         unknown = (set(weights) | set(script)) - set(FAULTS)
+        unknown |= pinned - {*FAULTS, *MODEL_FAULTS}
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
         if any(not (offset >= 0 and seconds > 0) for offset, seconds in bursts):
@@ -322,6 +384,14 @@ class ChaosServer:
         window = round(self._rng.uniform(0.1, 0.2), 3)
         return fault, window
 
+    def _pinned(self, model: str | None) -> str | None:
+        """The fault ``models`` pins this request to (None: none, draw one)."""
+        with self._lock:
+            faults = self.models.get(model or "")
+            if faults is None or isinstance(faults, str):
+                return faults
+            return faults.pop(0) if len(faults) > 1 else faults[0]
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with self._lock:
             self._connections += 1
@@ -347,7 +417,8 @@ class ChaosServer:
                 writer.write(_head(411, {}, 0, keep_alive=False))
                 await writer.drain()
                 return
-            await reader.readexactly(int(headers.get("content-length") or 0))
+            payload = await reader.readexactly(int(headers.get("content-length") or 0))
+            model, wants_stream, last_role = _model_and_stream(payload)
             keep_alive = headers.get("connection", "").lower() != "close"
 
             if method != "POST" or path != "/v1/chat/completions":
@@ -357,7 +428,11 @@ class ChaosServer:
                 await writer.drain()
                 return
 
-            fault, window = self._draw()
+            pinned = self._pinned(model)
+            if pinned is not None:
+                fault, window = pinned, 0.15
+            else:
+                fault, window = self._draw()
             now = time.time()
             with self._lock:
                 if self.first_at is None:
@@ -372,6 +447,9 @@ class ChaosServer:
                     connection,
                     server=self.name,
                     burst=burst,
+                    model=model,
+                    stream=wants_stream,
+                    last_role=last_role,
                 )
                 self.requests.append(record)
             with contextlib.suppress(ValueError):
@@ -404,6 +482,37 @@ class ChaosServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - headers late
             return False
+        if fault == "no_prefill":
+            fault = "ok" if record.last_role != "assistant" else "no_prefill"
+        if record.stream and fault in {
+            "ok",
+            "cut_mid_stream",
+            "stall_mid_stream",
+            "malformed_mid_stream",
+        }:
+            body = _stream_body(record.index, record.model)
+            sse = {"content-type": "text/event-stream"}
+            record.sent_at = time.time()
+            if fault == "ok":
+                writer.write(_head(200, sse, len(body), keep_alive) + body)
+                await writer.drain()
+                return keep_alive
+            # Half the events (past the first delta), then FIN (the client reads them, then
+            # EOF), or silence until the client hangs up (or ``stall`` s).
+            cut = body.index(b"\n\n", len(body) // 2) + 2
+            if fault == "malformed_mid_stream":  # the rest of the stream follows it, whole
+                bad = b'data: {"choices": "not a list"}\n\n'
+                body = body[:cut] + bad + body[cut:]
+                writer.write(_head(200, sse, len(body), keep_alive=False) + body)
+                await writer.drain()
+                return False
+            writer.write(_head(200, sse, len(body), keep_alive=True) + body[:cut])
+            await writer.drain()
+            if fault == "stall_mid_stream":
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - a stall
+            writer.close()
+            return False
         if fault in {"reset_during_body", "truncated_json"}:
             body = _answer(record.index)
             record.sent_at = time.time()
@@ -419,8 +528,38 @@ class ChaosServer:
             return False
 
         status, headers, body = 200, dict(json_type), b""
-        if fault == "ok":
-            body = _answer(record.index)
+        if fault in {"ok", "cut_mid_stream"}:  # a cut of an answer that is not a stream: whole
+            body = _answer(record.index, record.model)
+        elif fault == "429_quota":
+            status = 429
+            body = _json_error(
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+            )
+        elif fault == "401":
+            status = 401
+            body = _json_error(
+                "Incorrect API key provided: sk-chaos. You can find your API key at "
+                "https://platform.openai.com/account/api-keys.",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
+        elif fault == "no_prefill":
+            status = 400
+            body = _json_error(
+                "This model does not support assistant message prefill. The conversation must "
+                "end with a user message.",
+                "invalid_request_error",
+            )
+        elif fault == "context_overflow":
+            status = 400
+            body = _json_error(
+                "This model's maximum context length is 8192 tokens. However, your messages "
+                "resulted in 9000 tokens. Please reduce the length of the messages.",
+                "invalid_request_error",
+                "context_length_exceeded",
+            )
         elif fault == "429_retry_after":
             status, record.window = 429, window
             headers["retry-after"] = f"{window:g}"
@@ -456,6 +595,26 @@ class ChaosServer:
         return keep_alive
 
 
+def _model_and_stream(payload: bytes) -> tuple[str | None, bool, str | None]:
+    """The request body's ``model``, ``stream`` and its last message's role (None, False,
+    None for a body that has none)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None, False, None
+    if not isinstance(data, dict):
+        return None, False, None
+    model = data.get("model")
+    messages = data.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    role = last.get("role") if isinstance(last, dict) else None
+    return (
+        model if isinstance(model, str) else None,
+        data.get("stream") is True,
+        role if isinstance(role, str) else None,
+    )
+
+
 @contextmanager
 def chaos_server(
     seed: int = 0,
@@ -466,6 +625,7 @@ def chaos_server(
     bursts: Sequence[tuple[float, float]] = (),
     latency: float = 0.0,
     name: str = "",
+    models: Mapping[str, str | Sequence[str]] | None = None,
 ) -> Iterator[ChaosServer]:
     """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
     server = ChaosServer(
@@ -476,6 +636,7 @@ def chaos_server(
         bursts=bursts,
         latency=latency,
         name=name,
+        models=models,
     )
     server.start()
     try:

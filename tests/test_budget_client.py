@@ -473,6 +473,25 @@ def test_a_broken_stream_without_usage_spends_its_whole_reservation(mode: str) -
     assert (spy.state().spent, spy.state().reserved) == (held, 0)
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_restarted_stream_settles_the_cut_attempts_hold_and_the_answers_usage(
+    mode: str,
+) -> None:
+    # Issue 33 item 4: the cut attempt settles as any broken stream does; the restart is
+    # a new attempt with its own reservation, settled at what its usage says.
+    respx.post(OPENAI).mock(side_effect=[streamed(CUT_STREAM), streamed(WHOLE_STREAM)])
+    llm, spy = client()
+    llm.on_cut = "restart"
+    events = stream(llm, mode)
+    assert [e.type for e in events].count("restart") == 1
+    assert events[-1].completion.text == "hello"
+    cut_hold, _ = spy.asked
+    cost = worst(1_000, 300, PRICES["gpt-4o-mini"])
+    assert spy.settled == [cut_hold, cost]
+    assert (spy.state().spent, spy.state().reserved) == (cut_hold + cost, 0)
+
+
 @respx.mock
 def test_a_stream_left_unread_still_settles_when_closed() -> None:
     respx.post(OPENAI).mock(return_value=streamed(WHOLE_STREAM))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.batch import Batch, Progress
     from fluid_build.copilot.call.capabilities import ModelCapabilities
-    from fluid_build.copilot.call.core import CallOptions, Entry, completing
+    from fluid_build.copilot.call.core import CallOptions, Entry, OnCut, completing, streaming
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
@@ -41,6 +41,22 @@ __all__ = ["LLMClient"]
 
 #: Held while a client makes its sync pool (rarely: once per client).
 _MAKING = threading.Lock()
+
+
+def _on_cut(value: object, source: str) -> OnCut:
+    """``value`` if it is one of ``on_cut``'s choices; else ``llm.not_configured``."""
+    from fluid_build.copilot.agents.errors import ProviderError
+
+    if value == "raise" or value == "restart":
+        return value
+    raise ProviderError(
+        f"{source} takes 'raise' (the default: a cut stream raises its typed error) or "
+        f"'restart' (it starts again from scratch, once), not {str(value)[:40]!r}",
+        code="llm.not_configured",
+        retryable=False,
+        details={"argument": source, "choices": ["raise", "restart"]},
+    )
+
 
 T = TypeVar("T")
 
@@ -81,6 +97,7 @@ def _load() -> None:
     globals().update(
         Entry=core.Entry,
         completing=core.completing,
+        streaming=core.streaming,
         Pools=drive.Pools,
         run=drive.run,
         arun=drive.arun,
@@ -152,7 +169,9 @@ class LLMClient:
     ``FLUID_BUDGETS`` every attempt reserves from (docs/budgets.md).
     ``max_connections`` (or ``FLUID_LLM_MAX_CONNECTIONS``) caps each of the client's
     pools; by default a pool opens as many connections as there are calls in flight
-    (docs/llm-providers.md, "Connection pools").
+    (docs/llm-providers.md, "Connection pools"). ``on_cut`` is what a stream cut after
+    text reached the caller does: ``"raise"`` its typed error (the default) or
+    ``"restart"`` from scratch, once (docs/fallbacks-and-breakers.md).
     """
 
     def __init__(
@@ -178,8 +197,11 @@ class LLMClient:
         budget: str | None = None,
         max_connections: int | None = None,
         headers: Mapping[str, str] | None = None,
+        on_cut: OnCut = "raise",
     ) -> None:
         _load()
+        #: What a stream cut after text reached the caller does: "raise" or "restart".
+        self.on_cut: OnCut = _on_cut(on_cut, "on_cut=")
         config = resolve_provider_config(
             provider, model, api_key, base_url, timeout=timeout, env=env
         )
@@ -463,26 +485,51 @@ class LLMClient:
         """:meth:`complete`, awaited."""
         return await arun(self._completing(messages, options))
 
-    def stream(self, messages: Messages, **options: Unpack[CallOptions]) -> Iterator[StreamEvent]:
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        on_cut: OnCut | None = None,
+        **options: Unpack[CallOptions],
+    ) -> Iterator[StreamEvent]:
         """Text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
         ``done`` comes only after the provider's end marker; a stream that stops
         short of it was cut. A failure (or cut) before anything was yielded is
-        retried by the envelope; one after raises the typed error with
-        ``details["partial_text"]`` and the tool calls that completed.
+        retried by the envelope, then walks the fallback chain as
+        :meth:`complete` does. One after raises the typed error with
+        ``details["partial_text"]`` and the tool calls that completed; with
+        ``on_cut="restart"`` (here or on the client) the call starts again from
+        scratch once, after a ``restart`` event (docs/fallbacks-and-breakers.md).
         """
-        return stream(self._streaming(messages, options))
+        return stream(self._streaming(messages, options, on_cut))
 
     def astream(
-        self, messages: Messages, **options: Unpack[CallOptions]
+        self,
+        messages: Messages,
+        *,
+        on_cut: OnCut | None = None,
+        **options: Unpack[CallOptions],
     ) -> AsyncIterator[StreamEvent]:
         """:meth:`stream`, as an async iterator."""
-        return astream(self._streaming(messages, options))
+        return astream(self._streaming(messages, options, on_cut))
 
-    def _streaming(self, messages: Messages, options: CallOptions) -> Plan[None]:
+    def _streaming(
+        self, messages: Messages, options: CallOptions, on_cut: OnCut | None = None
+    ) -> Plan[None]:
         """A stream's plan; with telemetry, inside its call span (see docs/telemetry.md)."""
-        trace = self._trace(messages, options, [self._entry])
-        plan = self._entry.stream(messages, options, self._deadline, trace)
+        cut = self.on_cut if on_cut is None else _on_cut(on_cut, "stream(on_cut=)")
+        entries = self._entries()
+        trace = self._trace(messages, options, entries)
+        plan = streaming(
+            entries,
+            messages,
+            options,
+            self._deadline,
+            fallback_on_auth=self.fallback_on_auth,
+            on_cut=cut,
+            trace=trace,
+        )
         return plan if trace is None else trace.stream(plan)
 
     def _trace(

@@ -301,6 +301,14 @@ class CallTrace:
                         self.telemetry.first_chunk.record(waited, self._common())
                     if step.item.type == "done":
                         done = step.item.completion
+                    elif step.item.type == "restart":  # on_cut="restart": the text so far is void
+                        span.add_event(
+                            "fluid.stream.restart",
+                            {
+                                "fluid.error.code": step.item.code or "",
+                                "fluid.restart.entry": step.item.entry or "",
+                            },
+                        )
                 try:
                     value = yield step
                     send = plan.send
@@ -416,6 +424,13 @@ class CallTrace:
         else:
             span.end()
         return result
+
+    def cut(self, error: BaseException) -> None:
+        """The held attempt's stream was cut and the call starts again: end its span, failed."""
+        held, self.held = self.held, None
+        if held is not None:
+            self._attempt_failed(held, *self._typed(error, self.provider, self.model))
+            held.end()
 
     def _attempt_failed(
         self, span: Span, error_type: str, code: str | None, typed: AgentExecutionError | None

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict, cast
 
 import httpx
 from pydantic import BaseModel
@@ -52,7 +52,7 @@ from fluid_build.copilot.call.drive import (
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
-from fluid_build.copilot.call.prices import MOST_TOKENS, Prices
+from fluid_build.copilot.call.prices import MOST_TOKENS, Prices, price_call
 from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
@@ -66,7 +66,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "Tally", "completing"]
+__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "OnCut", "Tally", "completing", "streaming"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -443,21 +443,22 @@ class Entry:
         self,
         messages: Messages,
         options: CallOptions,
-        start: Callable[[], Deadline],
+        deadline: Deadline,
+        fallback_errors: list[dict[str, Any]] | None = None,
         trace: AttemptTrace | None = None,
+        states: list[StreamState] | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
-        The deadline ``start()`` s when the caller first asks for an event. A
-        failure before anything was emitted is retried by the envelope; a
+        A failure before anything was emitted is retried by the envelope; a
         failure after raises the typed error with ``details["partial_text"]``
         and the tool calls that completed. A stream that ends without its
         provider's end marker (``state.done``: see each adapter's
         ``stream_end``) was cut: ``llm.network_error``, never ``done``. With a
         ``trace``, as in :meth:`complete`; the answering attempt's span lasts
-        until the stream ends.
+        until the stream ends. The chain around it is :func:`streaming`, which
+        reads what the answering attempt received from ``states`` (its cost).
         """
-        deadline = start()
         prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
         spec = prepared.spec
@@ -528,6 +529,8 @@ class Entry:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
+        if states is not None:
+            states.append(state)
         try:
             try:
                 for item in first:
@@ -562,7 +565,14 @@ class Entry:
             if spend is not None:
                 # Whole or broken, the stream settles what its usage said, else its whole hold.
                 spend.finish(state.usage, state.model)
-        completion = decoder.completion(state.parsed(), prepared, attempts, request_id(response))
+        completion = decoder.completion(
+            state.parsed(),
+            prepared,
+            attempts,
+            request_id(response),
+            answered_by=self.label,
+            fallback_errors=fallback_errors,
+        )
         yield Emit(StreamEvent(type="done", completion=completion))
 
 
@@ -727,6 +737,157 @@ def completing(
             if tally is not None:
                 failed = [*(failed or ()), *tally.records(entry, error)]
     raise _final_error(history)
+
+
+#: What a stream does when it is cut after text reached the caller (``on_cut=``).
+OnCut = Literal["raise", "restart"]
+
+
+def streaming(
+    entries: Sequence[Entry],
+    messages: Messages,
+    options: CallOptions,
+    start: Callable[[], Deadline],
+    *,
+    fallback_on_auth: bool = False,
+    on_cut: OnCut = "raise",
+    trace: AttemptTrace | None = None,
+) -> Plan[None]:
+    """A stream from the first entry that gives one: :func:`completing`'s chain for streams.
+
+    The deadline ``start()`` s when the caller first asks for an event. Every
+    failure before an event reached the caller moves on as in
+    :func:`completing`. After one, the typed error with what arrived is raised
+    (``on_cut="raise"``); with ``on_cut="restart"`` a cut the provider may not
+    repeat (a retryable error) starts the call again from scratch, once: on the
+    next entry, or on the same one when it is the last, after a ``restart``
+    event saying the text so far is void. The restart walks the rest of the
+    chain as a new stream would; if it fails, the cut's error is raised with
+    the restart's failures in ``details["fallback_attempts"]``.
+
+    Each entry's plan is stepped by hand, not with ``yield from``: that would turn
+    the caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup yields
+    effects (closing the response); see :meth:`CallTrace.stream`.
+    """
+    deadline = start()
+    history: History = []
+    costs: list[float | None] = []  # what each failed entry cost, beside ``history``
+    cut: AgentExecutionError | None = None  # the cut that was restarted, once
+    index = 0
+    while True:
+        entry = entries[index]
+        if deadline.provider != entry.provider or deadline.model != entry.model:
+            deadline = deadline.of(entry.provider, entry.model)
+        states: list[StreamState] = []
+        plan = entry.stream(messages, options, deadline, _failed(history, costs), trace, states)
+        send: Callable[[Any], Any] = plan.send
+        value: Any = None
+        emitted = False
+        try:
+            while True:
+                try:
+                    step = send(value)
+                except StopIteration:
+                    return
+                if isinstance(step, Emit):
+                    emitted = True
+                try:
+                    value = yield step
+                    send = plan.send
+                except BaseException as exc:  # noqa: BLE001 - the plan decides, as in the shells
+                    value, send = exc, plan.throw
+        except AgentExecutionError as failed:
+            error = failed
+        # Decided outside the handler: the error raised keeps its own cause.
+        costs.append(_cost(entry, states, emitted))
+        if emitted:
+            if cut is None and on_cut == "restart" and _restartable(error, deadline):
+                entry.remember(error)
+                history.append((entry, error))
+                cut = error
+                if trace is not None:
+                    trace.cut(error)
+                index = min(index + 1, len(entries) - 1)
+                LOG.warning(
+                    "the stream from %s was cut [%s]; starting again on %s (on_cut=restart)",
+                    entry.label,
+                    error.code,
+                    entries[index].label,
+                )
+                yield Emit(
+                    StreamEvent(
+                        type="restart",
+                        code=error.code,
+                        reason=error.message,
+                        entry=entries[index].label,
+                    )
+                )
+                continue
+            entry.remember(error)
+            history.append((entry, error))
+            raise _with_history(error, history) if cut is None else _restart_failed(cut, history)
+        if cut is None:
+            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
+        elif not _moves_on(entry, error, history, index + 1 < len(entries), fallback_on_auth):
+            raise _restart_failed(cut, history)
+        index += 1
+        if index == len(entries):
+            raise _final_error(history)
+
+
+def _moves_on(
+    entry: Entry,
+    error: AgentExecutionError,
+    history: History,
+    chained: bool,
+    fallback_on_auth: bool,
+) -> bool:
+    """:func:`_next_or_raise` as a decision: whether the call moves to the next entry."""
+    try:
+        _next_or_raise(entry, error, history, chained, fallback_on_auth)
+    except AgentExecutionError:
+        return False
+    return True
+
+
+def _restartable(error: AgentExecutionError, deadline: Deadline) -> bool:
+    """Whether a stream cut by ``error`` may start again: the provider may answer whole
+    next time (a cut, a stall, a server error mid-stream), and there is time left."""
+    return error.retryable and error.code not in _CALLER_SIDE and deadline.left() > 0
+
+
+def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutionError:
+    """The cut's own error (never masked by a later one), listing every attempt after it."""
+    attempts = [
+        {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
+        for entry, e in history
+    ]
+    last, error = history[-1]
+    note = f"restarted (on_cut=restart), and {last.label} failed too [{error.code}]"
+    return cut.with_details(fallback_attempts=attempts, note=note)
+
+
+def _cost(entry: Entry, states: list[StreamState], emitted: bool) -> float | None:
+    """What a failed stream attempt cost: 0.0 for an error answer; once text flowed, its
+    usage priced (None when the provider had not said it, as a cut stream rarely has)."""
+    if not emitted or not states:
+        return 0.0
+    state = states[-1]
+    if not state.usage.total_tokens:
+        return None
+    return price_call(
+        entry.provider, entry.model, state.usage, answered_model=state.model, overrides=entry.prices
+    )
+
+
+def _failed(history: History, costs: list[float | None]) -> list[dict[str, Any]] | None:
+    """The ``fallback_errors`` of an answer after ``history``'s failures (None: none)."""
+    if not history:
+        return None
+    return [
+        {"entry": e.label, "error": type(err).__name__, "code": err.code, "cost_usd": cost}
+        for (e, err), cost in zip(history, costs, strict=True)
+    ]
 
 
 def _next_or_raise(

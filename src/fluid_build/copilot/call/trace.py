@@ -36,3 +36,8 @@ class AttemptTrace(Protocol):
     def waited(self, event: RetryEvent) -> None:
         """The envelope's retry hook: one wait before the next attempt."""
         ...
+
+    def cut(self, error: BaseException) -> None:
+        """The held attempt's stream was cut by ``error`` and the call goes on (a restart):
+        its trace ends, failed, before the next attempt holds one."""
+        ...

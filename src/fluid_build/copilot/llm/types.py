@@ -84,18 +84,27 @@ class StreamEvent(BaseModel):
 
     ``text``: a text delta. ``tool_call``: a fragment of a tool call's
     arguments (``index``, ``id`` and ``name`` once known, ``arguments_delta``).
-    ``done``: the end, with the assembled :class:`Completion`.
+    ``restart``: the stream was cut after text reached the caller and, with
+    ``on_cut="restart"``, the call starts again from scratch: every text and
+    tool-call event before this one is void; the whole new answer follows.
+    ``code`` is the cut's reason code, ``reason`` its message, ``entry`` the
+    ``provider:model`` that answers again (docs/fallbacks-and-breakers.md).
+    ``done``: the end, with the assembled :class:`Completion` (its
+    ``answered_by`` and ``fallback_errors`` name the chain's entries).
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, defer_build=True)
 
-    type: Literal["text", "tool_call", "done"]
+    type: Literal["text", "tool_call", "restart", "done"]
     text: str = ""
     index: int | None = None
     id: str | None = None
     name: str | None = None
     arguments_delta: str = ""
     completion: Completion | None = None
+    code: str | None = None
+    reason: str = ""
+    entry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
