@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
+    from fluid_build.copilot.call.phases import PhaseLimits
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
     from fluid_build.copilot.call.prices import ModelPrice, parse_prices, prices_from_env
     from fluid_build.copilot.call.spend import BudgetGuard
@@ -189,7 +190,10 @@ class LLMClient:
     ``FLUID_BUDGETS`` every attempt reserves from (docs/budgets.md).
     ``max_connections`` (or ``FLUID_LLM_MAX_CONNECTIONS``) caps each of the client's
     pools; by default a pool opens as many connections as there are calls in flight
-    (docs/llm-providers.md, "Connection pools").
+    (docs/llm-providers.md, "Connection pools"). ``connect_timeout``,
+    ``first_token_timeout`` and ``idle_timeout`` (or ``FLUID_LLM_CONNECT_TIMEOUT_SECONDS``,
+    ``..._FIRST_TOKEN_...``, ``..._IDLE_...``) limit each attempt's phases: connecting, the
+    wait for the first token, the gaps between bytes of the answer (docs/limits.md, "Phases").
     """
 
     def __init__(
@@ -214,6 +218,9 @@ class LLMClient:
         prices: Mapping[str, Any] | None = None,
         budget: str | None = None,
         max_connections: int | None = None,
+        connect_timeout: float | None = None,
+        first_token_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
@@ -266,6 +273,17 @@ class LLMClient:
             limits=limits,
             prices=self.prices,
         )
+        # Each attempt's phase limits (docs/limits.md, "Phases").
+        from fluid_build.copilot.call.phases import PhaseLimits
+
+        self._entry.phases = PhaseLimits.choose(
+            source,
+            self.config.timeout,
+            connect=connect_timeout,
+            first_token=first_token_timeout,
+            idle=idle_timeout,
+            provider=config.provider,
+        )
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
         self.fallbacks: list[LLMClient] = []
@@ -299,6 +317,8 @@ class LLMClient:
     adapter: _Held[Adapter] = _Held()
     limits: _Held[Limits] = _Held()
     strict_schema: _Held[bool] = _Held()
+    #: The limits of each attempt's connect, first-token and idle phases (docs/limits.md).
+    phases: _Held[PhaseLimits | None] = _Held()
     provider: _Held[str] = _Held()
     model: _Held[str] = _Held()
     label: _Held[str] = _Held()

@@ -51,6 +51,7 @@ from fluid_build.copilot.call.drive import (
     run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
+from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
 from fluid_build.copilot.call.prices import MOST_TOKENS, Prices
 from fluid_build.copilot.call.trace import AttemptTrace
@@ -143,6 +144,9 @@ class Entry:
         self.window_lock = threading.Lock()
         #: The shared USD budget this entry's calls spend from (None: none); see call/spend.py.
         self.budget: BudgetGuard | None = None
+        #: The limits of each attempt's phases (None: the deadline and timeout only); the
+        #: client sets them (call/phases.py).
+        self.phases: PhaseLimits | None = None
         #: The credential lookup an adapter needs before its next request, if any (Vertex's
         #: token, Bedrock's AWS credentials): asked each attempt, run by the shell in a
         #: thread of its own, within the call's deadline (llm/credentials.py).
@@ -459,15 +463,17 @@ class Entry:
             if self.pending is not None and (refresh := self.pending()) is not None:
                 yield Blocking(refresh, deadline)
             wire = self.adapter.request(spec, stream=True)
-            request = http_request(pool, wire, deadline, self.config.timeout)
+            timeout, phases = self.config.timeout, self.phases
+            request = http_request(pool, wire, deadline, timeout, phases, stream=True)
             _, waited = yield from self.reserved(request, spec, deadline)
             if waited:  # its timeouts are cut to what the deadline leaves now
                 deadline.check("the next attempt")
-                request = http_request(pool, wire, deadline, self.config.timeout)
+                request = http_request(pool, wire, deadline, timeout, phases, stream=True)
+            phase = request.extensions.get(PHASE_EXTENSION)
             try:
                 response: httpx.Response = yield Send(pool, request)
             except httpx.TimeoutException as exc:
-                raise timed_out(exc, deadline, "the response headers") or exc from exc
+                raise timed_out(exc, deadline, "the response headers", phase) or exc from exc
             self.observed(response)
             reader = StreamReader(response, deadline, self.limits)
             try:
@@ -484,7 +490,7 @@ class Entry:
                 return response, chunks, [], reader, state
             except httpx.TimeoutException as exc:
                 yield Close(response)
-                raise timed_out(exc, deadline, reader.reader.where) or exc from exc
+                raise timed_out(exc, deadline, reader.reader.where, phase) or exc from exc
             except (httpx.TransportError, OSError) as exc:
                 yield Close(response)
                 if response.is_error:
@@ -568,13 +574,13 @@ class _Attempt:
         if entry.pending is not None and (refresh := entry.pending()) is not None:
             yield Blocking(refresh, deadline)
         spec = entry.adapter.request(prepared.spec, stream=False)
-        request = http_request(pool, spec, deadline, entry.config.timeout)
+        request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         tokens, waited = 0, False
         if entry.envelope.limiter is not None:  # no generator without a limiter
             tokens, waited = yield from entry.reserved(request, prepared.spec, deadline)
         if waited:  # its timeouts are cut to what the deadline leaves now
             deadline.check("the next attempt")
-            request = http_request(pool, spec, deadline, entry.config.timeout)
+            request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         del spec  # its payload is the request's body now: not held while the answer comes
         exchange = Exchange(pool, request, deadline, entry.limits)
         try:
@@ -583,7 +589,8 @@ class _Attempt:
             if pool.is_closed:  # its own client closed the pool under it: no provider failure
                 raise entry.decoder.closed() from exc
             if isinstance(exc, httpx.TimeoutException):
-                raise timed_out(exc, deadline, exchange.where) or exc from exc
+                phase = request.extensions.get(PHASE_EXTENSION)
+                raise timed_out(exc, deadline, exchange.where, phase) or exc from exc
             if isinstance(exc, httpx.HTTPStatusError):
                 entry.observed(exc.response)
             raise
