@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.capabilities import ModelCapabilities
     from fluid_build.copilot.call.core import CallOptions, Entry, completing
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
-    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.envelope import MoveOn, RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
     from fluid_build.copilot.call.phases import PhaseLimits
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
@@ -125,6 +125,7 @@ def _load() -> None:
         stream=drive.stream,
         astream=drive.astream,
         RetryEnvelope=envelope.RetryEnvelope,
+        MoveOn=envelope.MoveOn,
         prepare=prepare.prepare,
         parse_prices=prices.parse_prices,
         prices_from_env=prices.prices_from_env,
@@ -194,6 +195,10 @@ class LLMClient:
     ``first_token_timeout`` and ``idle_timeout`` (or ``FLUID_LLM_CONNECT_TIMEOUT_SECONDS``,
     ``..._FIRST_TOKEN_...``, ``..._IDLE_...``) limit each attempt's phases: connecting, the
     wait for the first token, the gaps between bytes of the answer (docs/limits.md, "Phases").
+    With fallbacks, an entry that said nothing within a phase limit (``move_on_silence``)
+    or asks for a Retry-After over ``move_on_retry_after`` seconds (or
+    ``FLUID_LLM_MOVE_ON_RETRY_AFTER_SECONDS``, default 10) hands the call to the next entry
+    at once (docs/retry-envelope.md, "Moving on to the next entry").
     """
 
     def __init__(
@@ -221,6 +226,8 @@ class LLMClient:
         connect_timeout: float | None = None,
         first_token_timeout: float | None = None,
         idle_timeout: float | None = None,
+        move_on_silence: bool = True,
+        move_on_retry_after: float | None = None,
     ) -> None:
         _load()
         config = resolve_provider_config(
@@ -273,8 +280,9 @@ class LLMClient:
             limits=limits,
             prices=self.prices,
         )
-        # Each attempt's phase limits (docs/limits.md, "Phases").
-        from fluid_build.copilot.call.phases import PhaseLimits
+        # Each attempt's phase limits (docs/limits.md, "Phases"), and when the chain moves
+        # on without retrying (docs/retry-envelope.md, "Moving on").
+        from fluid_build.copilot.call.phases import PhaseLimits, move_on_retry_after_choice
 
         self._entry.phases = PhaseLimits.choose(
             source,
@@ -283,6 +291,10 @@ class LLMClient:
             first_token=first_token_timeout,
             idle=idle_timeout,
             provider=config.provider,
+        )
+        self.move_on_silence = bool(move_on_silence)
+        self.move_on_retry_after: float = move_on_retry_after_choice(
+            source, move_on_retry_after, provider=config.provider
         )
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
@@ -558,8 +570,13 @@ class LLMClient:
             self._deadline(),
             fallback_on_auth=self.fallback_on_auth,
             trace=trace,
+            move_on=self._move_on(),
         )
         return plan if trace is None else trace.run(plan)
+
+    def _move_on(self) -> MoveOn:
+        """When the chain leaves an entry without retrying it (docs/retry-envelope.md)."""
+        return MoveOn(silence=self.move_on_silence, retry_after=self.move_on_retry_after)
 
     def _prepare(self, messages: Messages, **options: Any) -> Prepared:
         """The pre-flight and the prepared call, without asking a server for its window."""

@@ -50,7 +50,7 @@ from fluid_build.copilot.call.drive import (
     Sleep,
     run,
 )
-from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
+from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
 from fluid_build.copilot.call.prices import MOST_TOKENS, Prices
@@ -389,11 +389,13 @@ class Entry:
         deadline: Deadline,
         fallback_errors: list[dict[str, Any]] | None,
         trace: AttemptTrace | None = None,
+        move_on: MoveOn | None = None,
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures.
 
         With a ``trace`` (telemetry on), each attempt runs in its own span and
-        the envelope reports this call's waits to it.
+        the envelope reports this call's waits to it. ``move_on``: a later entry can
+        answer, and when to leave this one for it without retrying (envelope.py).
         """
         if self.window_asked:  # the common case, without a generator for the window
             prepared = self.prepared(messages, options, deadline, self.server_window)
@@ -406,6 +408,8 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
             bounds["hook"] = trace.waited
+        if move_on is not None:
+            bounds["move_on"] = move_on
         plan = self.envelope.plan(attempting, **bounds)
         del bounds  # the plan has its own: not held while the answer comes
         parsed, response = yield from plan
@@ -424,6 +428,7 @@ class Entry:
         options: CallOptions,
         start: Callable[[], Deadline],
         trace: AttemptTrace | None = None,
+        move_on: MoveOn | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
@@ -508,6 +513,8 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
+        if move_on is not None:  # a later entry can answer (the chain's): see envelope.py
+            bounds["move_on"] = move_on
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
         try:
             try:
@@ -623,9 +630,15 @@ def completing(
     *,
     fallback_on_auth: bool = False,
     trace: AttemptTrace | None = None,
+    move_on: MoveOn | None = None,
 ) -> Plan[Completion]:
-    """One answer from the first entry that gives one; else the most actionable error."""
+    """One answer from the first entry that gives one; else the most actionable error.
+
+    ``move_on`` applies to every entry but the last: one that said nothing, or asked
+    for a long wait, hands the call on without being retried (envelope.py ``moving_on``).
+    """
     history: History = []
+    last = entries[-1] if entries else None
     for entry in entries:
         failed = (  # none yet: no list held while the first entry's answer comes
             [
@@ -638,7 +651,8 @@ def completing(
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
         try:
-            return (yield from entry.complete(messages, options, deadline, failed, trace))
+            onward = move_on if entry is not last else None
+            return (yield from entry.complete(messages, options, deadline, failed, trace, onward))
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
     raise _final_error(history)
