@@ -105,8 +105,12 @@ def _client(env: dict[str, str], **kwargs: Any) -> LLMClient:
 
 def test_the_defaults_follow_the_attempt_timeout() -> None:
     assert _client({}).phases == PhaseLimits(DEFAULT_CONNECT, DEFAULT_FIRST_TOKEN, 120.0)
-    assert _client({}, timeout=5.0).phases == PhaseLimits(5.0, DEFAULT_FIRST_TOKEN, 5.0)
+    # A timeout set by hand bounds the wait for the first token too, as it always did.
+    assert _client({}, timeout=5.0).phases == PhaseLimits(5.0, 5.0, 5.0)
+    assert _client({"FLUID_LLM_TIMEOUT_SECONDS": "60"}).phases == PhaseLimits(10.0, 60.0, 60.0)
     assert _client({}, timeout=900.0).phases == PhaseLimits(DEFAULT_CONNECT, 900.0, 900.0)
+    assert PhaseLimits.choose({}, 900.0).first_token == 900.0
+    assert PhaseLimits.choose({}, 5.0).first_token == DEFAULT_FIRST_TOKEN
     assert _client({}).move_on_retry_after == DEFAULT_MOVE_ON_RETRY_AFTER
     assert _client({}).move_on_silence is True
 

@@ -521,7 +521,7 @@ def _timeout_source(env: Mapping[str, str], applied: float | None) -> tuple[str,
     return name, None
 
 
-def _phases(env: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
+def _phases(env: Mapping[str, str], timeout: float | None, timeout_set: bool) -> dict[str, Any]:
     """Each attempt's phase limits and the move-on threshold, as a run decides them, and
     which variable (or default) set each; a bad value is the run's own typed error."""
     from fluid_build.copilot.call.phases import (
@@ -534,7 +534,7 @@ def _phases(env: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
     )
     from fluid_build.copilot.llm.settings import DEFAULT_TIMEOUT
 
-    limits = PhaseLimits.choose(env, timeout or DEFAULT_TIMEOUT)
+    limits = PhaseLimits.choose(env, timeout or DEFAULT_TIMEOUT, timeout_set=timeout_set)
     move_on = move_on_retry_after_choice(env, None)
     rows = (
         ("connect", limits.connect, CONNECT_ENV),
@@ -650,7 +650,11 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
         "timeout_source": timeout_source,
         "timeout_note": timeout_note,
         "phases": _guarded(
-            "phases", lambda: _phases(effective, timeout), lambda f: {"error": f["message"]}
+            "phases",
+            lambda: _phases(
+                effective, timeout, _set(effective, "FLUID_LLM_TIMEOUT_SECONDS") is not None
+            ),
+            lambda f: {"error": f["message"]},
         ),
         "stored_config": {
             "path": stored.path,

@@ -287,6 +287,7 @@ class LLMClient:
         self._entry.phases = PhaseLimits.choose(
             source,
             self.config.timeout,
+            timeout_set=timeout is not None or bool(source.get("FLUID_LLM_TIMEOUT_SECONDS")),
             connect=connect_timeout,
             first_token=first_token_timeout,
             idle=idle_timeout,

@@ -166,8 +166,10 @@ def _bound(deadline: Deadline, phase: Phase | None) -> float:
 def _watched(phase: Phase | None, timer: Any, deadline: Deadline) -> None:
     """Let ``phase`` move ``timer`` on as bytes arrive (never past the deadline)."""
     if phase is not None:
+        now = time.monotonic()
         phase.timer = timer
-        phase.ceiling = time.monotonic() + max(deadline.left(), 0.0) + _GRACE
+        phase.skew = asyncio.get_running_loop().time() - now
+        phase.ceiling = now + max(deadline.left(), 0.0) + _GRACE
 
 
 async def _within(

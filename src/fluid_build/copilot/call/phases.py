@@ -148,21 +148,28 @@ class PhaseLimits:
         env: Mapping[str, str],
         timeout: float,
         *,
+        timeout_set: bool = False,
         connect: float | None = None,
         first_token: float | None = None,
         idle: float | None = None,
         provider: str | None = None,
     ) -> PhaseLimits:
         """The arguments, else ``FLUID_LLM_*_TIMEOUT_SECONDS``, else the defaults, which follow
-        the attempt's ``timeout``: connect at most 10 s and never past it; the first token
-        at least 300 s (more if the timeout is longer); idle exactly the timeout, which is
-        what each read waited before phases had limits of their own."""
+        the attempt's ``timeout``: connect at most 10 s and never past it; idle exactly the
+        timeout, which is what each read waited before phases had limits of their own; the
+        first token 300 s, so that a model may think for minutes, or the timeout when that
+        is longer or was set by hand (``timeout_set``: the argument or
+        ``FLUID_LLM_TIMEOUT_SECONDS``), since a timeout set by hand bounded that wait too."""
         chosen_connect = seconds_choice(env, CONNECT_ENV, connect, provider=provider)
         chosen_first = seconds_choice(env, FIRST_TOKEN_ENV, first_token, provider=provider)
         chosen_idle = seconds_choice(env, IDLE_ENV, idle, provider=provider)
         return cls(
             connect=min(DEFAULT_CONNECT, timeout) if chosen_connect is None else chosen_connect,
-            first_token=max(DEFAULT_FIRST_TOKEN, timeout) if chosen_first is None else chosen_first,
+            first_token=chosen_first
+            if chosen_first is not None
+            else timeout
+            if timeout_set
+            else max(DEFAULT_FIRST_TOKEN, timeout),
             idle=timeout if chosen_idle is None else chosen_idle,
         )
 
@@ -196,6 +203,7 @@ class Phase:
         "last",
         "limits",
         "sent",
+        "skew",
         "slack",
         "stream",
         "timer",
@@ -215,6 +223,7 @@ class Phase:
         #: on as bytes arrive, never past ``ceiling`` (the call's deadline, monotonic).
         self.timer: Any = None
         self.ceiling = math.inf
+        self.skew = 0.0  # the timer's loop's clock less ``time.monotonic``
 
     def start(self) -> None:
         self.sent = time.monotonic()
@@ -233,8 +242,12 @@ class Phase:
         if size:
             self.body += size
             self.last = now = time.monotonic()
-            if self.timer is not None:
-                _moved(self.timer, min(now + self.limits.idle, self.ceiling))
+            timer = self.timer
+            if timer is not None:
+                try:
+                    timer.reschedule(min(now + self.limits.idle, self.ceiling) + self.skew)
+                except RuntimeError:  # the timer is already expiring, or done
+                    self.timer = None
 
     def current(self) -> PhaseName:
         """The phase now: the first token until the answer said something, then idle."""
@@ -290,14 +303,3 @@ class Phase:
                 "head_received": self.head_at is not None,
             },
         )
-
-
-def _moved(timer: Any, when: float) -> None:
-    """Move an entered ``asyncio.Timeout`` to ``when`` (on ``time.monotonic``)."""
-    import asyncio
-
-    try:
-        loop = asyncio.get_running_loop()
-        timer.reschedule(loop.time() + (when - time.monotonic()))
-    except RuntimeError:  # no loop, or the timer is already expiring or done
-        return
