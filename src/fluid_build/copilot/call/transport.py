@@ -1068,8 +1068,10 @@ class _Direct:
             fields.insert(0, target.host)
         if "content-length" not in merged and "transfer-encoding" not in merged:
             fields.append(("Content-Length", str(len(body))))
-        timeouts = (
-            {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        timeouts = (  # a mapping: the phases' own, made for this request (call/phases.py)
+            timeout
+            if isinstance(timeout, dict)
+            else {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
             if isinstance(timeout, float | int)
             else dict(timeout)
         )
