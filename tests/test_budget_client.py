@@ -266,9 +266,11 @@ CLAUDE_ANSWER = {
 @respx.mock
 def test_a_fallbacks_answer_lists_each_failed_attempt_and_what_it_cost(mode: str) -> None:
     """A 503 spends nothing; a timeout after the request went out may have been billed, so
-    its whole hold is spent; the budget is charged for that and the fallback's answer."""
+    its whole hold is spent; the budget is charged for that and the fallback's answer.
+    The timeout comes last: one with no byte of an answer hands the call on at once
+    (move_on_silence, docs/retry-envelope.md), which would leave no third attempt."""
     down = httpx.Response(503, json={"error": {"message": "down"}})
-    primary = respx.post(OPENAI).mock(side_effect=[down, httpx.ReadTimeout("slow"), down])
+    primary = respx.post(OPENAI).mock(side_effect=[down, down, httpx.ReadTimeout("slow")])
     respx.post(ANTHROPIC).mock(return_value=httpx.Response(200, json=CLAUDE_ANSWER))
     llm, spy = client(1.0, "anthropic:claude-sonnet-4-6")
     done = call(llm, mode, max_output_tokens=500)
@@ -286,8 +288,8 @@ def test_a_fallbacks_answer_lists_each_failed_attempt_and_what_it_cost(mode: str
         for e in done.fallback_errors
     ] == [
         ("openai:gpt-4o-mini", 1, "ProviderServerError", "llm.server_error", True, 0.0),
-        ("openai:gpt-4o-mini", 2, "ProviderTimeoutError", "llm.timeout", True, openai_hold / 1e6),
-        ("openai:gpt-4o-mini", 3, "ProviderServerError", "llm.server_error", True, 0.0),
+        ("openai:gpt-4o-mini", 2, "ProviderServerError", "llm.server_error", True, 0.0),
+        ("openai:gpt-4o-mini", 3, "ProviderTimeoutError", "llm.timeout", True, openai_hold / 1e6),
     ]
     assert spy.state().spent == claude_cost + openai_hold
     assert spy.state().reserved == 0
