@@ -237,6 +237,8 @@ def test_a_stream_is_one_call_span_with_its_attempt_and_usage(
         "gen_ai.usage.output_tokens": 2,
         "gen_ai.response.finish_reasons": ("stop",),
         "fluid.attempts": 1,
+        # A stream walks the chain as a call does: its span names the entry that answered.
+        "fluid.answered_by": "openai:gpt-4o",
         # 5 input tokens at 2.50 USD and 2 output at 10 USD per million (genai-prices).
         "fluid.cost_usd": pytest.approx(3.25e-05),
     }
