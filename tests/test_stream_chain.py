@@ -209,8 +209,19 @@ def test_a_stream_moves_on_before_its_first_delta(fault: str, transport: str) ->
     assert answer.answered_by == HEALTHY
     assert answer.model == "healthy"
     assert answer.usage == Usage(input_tokens=12, output_tokens=8)
+    # One record per attempt, as complete() lists them: an error answer cost nothing; a
+    # reset after the request went out may have been billed (unknown without a budget).
+    cost = None if fault == "reset_before_response" else 0.0
     assert answer.fallback_errors == [
-        {"entry": PRIMARY, "error": cls.__name__, "code": code, "cost_usd": 0.0}
+        {
+            "entry": PRIMARY,
+            "attempt": attempt,
+            "error": cls.__name__,
+            "code": code,
+            "sent": True,
+            "cost_usd": cost,
+        }
+        for attempt in range(1, sent + 1)
     ]
     assert requests(server) == {"primary": sent, "healthy": 1}
 
@@ -328,7 +339,14 @@ def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
     assert answer.answered_by == HEALTHY
     assert answer.text == stream_text("healthy")
     assert answer.fallback_errors == [
-        {"entry": PRIMARY, "error": "ProviderError", "code": "llm.network_error", "cost_usd": None}
+        {
+            "entry": PRIMARY,
+            "attempt": 1,
+            "error": "ProviderError",
+            "code": "llm.network_error",
+            "sent": True,
+            "cost_usd": None,
+        }
     ]
     assert requests(server) == {"primary": 1, "healthy": 1}
     assert [(r.stream, r.last_role) for r in server.snapshot()] == [(True, "user")] * 2
