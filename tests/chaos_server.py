@@ -92,6 +92,7 @@ MODEL_FAULTS: Final = (
     "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
     "malformed_mid_stream",  # a stream's first deltas, then an event of the wrong shape
     "429_no_retry_after",  # 429 rate_limit_exceeded with no retry-after of any kind
+    "429_retry_after_long",  # 429, retry-after: 120 (past the client's move-on threshold)
     "slow_first_token",  # a correct answer, ``slow`` s late (a stream: its head at once)
     "no_end_marker",  # a stream's deltas, whole and framed, with no finish_reason or [DONE]
     "content_filter",  # 400, OpenAI's content_policy_violation (the safety system)
@@ -605,8 +606,11 @@ class ChaosServer:
                 "requests",
                 "rate_limit_exceeded",
             )
-        elif fault == "429_no_retry_after":
+        elif fault in {"429_no_retry_after", "429_retry_after_long"}:
             status = 429
+            if fault == "429_retry_after_long":
+                status, record.window = 429, 120.0
+                headers["retry-after"] = "120"
             body = _json_error(
                 "Rate limit reached for requests per min. Please slow down.",
                 "requests",

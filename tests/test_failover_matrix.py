@@ -61,6 +61,7 @@ FAULTS: Final[dict[str, Fault]] = {
     "429 with Retry-After, every time": Fault("429_retry_after"),
     "429 without Retry-After, once": Fault(("429_no_retry_after", "ok")),
     "429 without Retry-After, every time": Fault("429_no_retry_after"),
+    "429 with Retry-After: 120, every time": Fault("429_retry_after_long"),
     "429 quota exhausted": Fault("429_quota"),
     "500 once": Fault(("500", "ok")),
     "503, every time": Fault("503"),
