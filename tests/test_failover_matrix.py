@@ -27,8 +27,9 @@ from typing import Any, Final
 import pytest
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderServerError
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
+from fluid_build.copilot.health.breaker import CircuitBreaker
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.types import Completion, StreamEvent
 from tests.chaos_server import chaos_server, stream_text
@@ -53,6 +54,7 @@ class Fault:
     primary: str | tuple[str, ...]  # a persistent fault, or faults met in turn
     healthy: str = "ok"
     on_cut: str = "raise"
+    opened: bool = False  # the primary's breaker is open before the call (earlier calls')
 
 
 #: The docs table's first cell -> the fault it names.
@@ -63,6 +65,7 @@ FAULTS: Final[dict[str, Fault]] = {
     "429 without Retry-After, every time": Fault("429_no_retry_after"),
     "429 with Retry-After: 120, every time": Fault("429_retry_after_long"),
     "429 quota exhausted": Fault("429_quota"),
+    "breaker open (opened by earlier calls), 503": Fault("503", opened=True),
     "500 once": Fault(("500", "ok")),
     "503, every time": Fault("503"),
     "connection reset before the answer": Fault("reset_before_response"),
@@ -102,8 +105,14 @@ class Outcome:
     last_roles: list[str | None] = field(default_factory=list)
 
 
-def _client(base_url: str, fallback: bool, on_cut: str, waits: list[float]) -> LLMClient:
+def _client(base_url: str, fallback: bool, fault: Fault, waits: list[float]) -> LLMClient:
     clock = FakeClock()
+    store = MemoryCooldownStore()
+    # Only for the row that needs one open: elsewhere no breaker, so that each row shows
+    # its own fault's handling, not a threshold's.
+    breaker = (
+        CircuitBreaker(store, threshold=1, cool_off=30.0, clock=clock) if fault.opened else None
+    )
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
@@ -114,7 +123,8 @@ def _client(base_url: str, fallback: bool, on_cut: str, waits: list[float]) -> L
 
     envelope = RetryEnvelope(
         RetryPolicy(attempts=ATTEMPTS, jitter=0.0),
-        cooldown=MemoryCooldownStore(),
+        cooldown=store,
+        breaker=breaker,
         clock=clock,
         sleep=sleep,
         asleep=asleep,
@@ -122,14 +132,19 @@ def _client(base_url: str, fallback: bool, on_cut: str, waits: list[float]) -> L
         hook=lambda event: None,
     )
     env = {"OPENAI_API_KEY": "sk-matrix-test", "OPENAI_BASE_URL": base_url, **LIMITS}
-    return LLMClient(
+    client = LLMClient(
         "openai",
         "primary",
         envelope=envelope,
         env=env,
         fallbacks=[("openai", "healthy")] if fallback else [],
-        on_cut=on_cut,  # type: ignore[arg-type]
+        on_cut=fault.on_cut,  # type: ignore[arg-type]
     )
+    if fault.opened:  # as earlier calls' 503s leave it: open, its cool-off ahead
+        down = ProviderServerError("503", code="llm.server_error", status_code=503)
+        assert breaker is not None
+        assert breaker.record_failure(client.health()[0]["key"], down)
+    return client
 
 
 def _call(client: LLMClient, kind: str, outcome: Outcome) -> None:
@@ -185,7 +200,7 @@ def _run(row: str, kind: str, fallback: bool) -> Outcome:
     models: dict[str, Any] = {"primary": primary, "healthy": fault.healthy}
     outcome = Outcome()
     with chaos_server(weights={"ok": 1}, models=models, stall=1.0, slow=0.1) as server:
-        client = _client(server.base_url, fallback, fault.on_cut, outcome.waits)
+        client = _client(server.base_url, fallback, fault, outcome.waits)
         started = time.monotonic()
         try:
             _call(client, kind, outcome)
@@ -395,15 +410,20 @@ def test_the_answer_lists_every_failed_attempt_of_the_primary() -> None:
         answer = run(row, kind, True).answer
         assert answer is not None
         assert answer.answered_by == HEALTHY
-        records = answer.fallback_errors or []
-        failed = run(row, kind, True).requests["primary"]
-        assert [r["entry"] for r in records] == [PRIMARY] * failed, (row, kind)
-        assert [r["attempt"] for r in records] == list(range(1, failed + 1)), (row, kind)
-        for record in records:
+        listed = answer.fallback_errors or []
+        assert listed, (row, kind)
+        assert all(r["entry"] == PRIMARY for r in listed)
+        for record in listed:
             assert set(record) == {"entry", "attempt", "error", "code", "sent", "cost_usd"}
-            assert record["sent"] is True
             if record["code"] in _ERROR_ANSWERS:
                 assert record["cost_usd"] == 0.0
+        sent = [r for r in listed if r["sent"]]
+        failed = run(row, kind, True).requests.get("primary", 0)
+        assert [r["attempt"] for r in sent] == list(range(1, failed + 1)), (row, kind)
+        # An entry refused before any attempt (an open breaker): one record, nothing sent.
+        refused = [r for r in listed if not r["sent"]]
+        assert [(r["attempt"], r["cost_usd"]) for r in refused] == [(None, 0.0)] * len(refused)
+        assert len(refused) == (failed == 0)
         checked += 1
     assert checked >= 30
 
