@@ -55,6 +55,7 @@ class Fault:
     healthy: str = "ok"
     on_cut: str = "raise"
     opened: bool = False  # the primary's breaker is open before the call (earlier calls')
+    fallback_on_auth: bool = False
 
 
 #: The docs table's first cell -> the fault it names.
@@ -74,6 +75,7 @@ FAULTS: Final[dict[str, Fault]] = {
     "context overflow (the server's 400)": Fault("context_overflow"),
     "content filter refusal (400)": Fault("content_filter"),
     "401 (bad key)": Fault("401"),
+    "401 (bad key), `fallback_on_auth=True`": Fault("401", fallback_on_auth=True),
     "cut mid-answer": Fault("cut_mid_stream"),
     'cut mid-answer, `on_cut="restart"`': Fault("cut_mid_stream", on_cut="restart"),
     'cut mid-answer, `on_cut="restart"`, the fallback rejects a prefill': Fault(
@@ -139,6 +141,7 @@ def _client(base_url: str, fallback: bool, fault: Fault, waits: list[float]) -> 
         env=env,
         fallbacks=[("openai", "healthy")] if fallback else [],
         on_cut=fault.on_cut,  # type: ignore[arg-type]
+        fallback_on_auth=fault.fallback_on_auth,
     )
     if fault.opened:  # as earlier calls' 503s leave it: open, its cool-off ahead
         down = ProviderServerError("503", code="llm.server_error", status_code=503)
@@ -366,7 +369,8 @@ def test_at_most_max_attempts_requests_per_entry_per_call(
         assert count <= ATTEMPTS * (1 + again), (model, count)
 
 
-#: Faults of the request, not of the route: no entry can answer them (raised at once).
+#: Faults of the request, not of the route: no entry can answer them (raised at once;
+#: a 401 moves on with fallback_on_auth=True).
 _NOT_THE_ROUTES: Final = {"content_filter", "401"}
 
 
@@ -380,7 +384,8 @@ def test_with_a_healthy_fallback_every_call_ends_in_the_whole_answer(row: str, k
         and outcome.error is not None
         and bool(outcome.error.details.get("interrupted"))
     )
-    if fault.primary in _NOT_THE_ROUTES or (cut_after_text and fault.on_cut == "raise"):
+    refused = fault.primary in _NOT_THE_ROUTES and not fault.fallback_on_auth
+    if refused or (cut_after_text and fault.on_cut == "raise"):
         assert outcome.answer is None
         return
     assert outcome.answer is not None, outcome.error
