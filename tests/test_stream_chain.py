@@ -678,6 +678,9 @@ def test_a_breaker_opened_in_one_process_sends_another_processes_streams_on(
             env, provider="openai", model="primary", fallbacks=[("openai", "healthy")]
         ) as client:
             answer = done(list(client.stream("hi")))
+        # The store from FLUID_COOLDOWN_URL is the envelope's, which outlives the client.
+        assert client.envelope.cooldown is not None
+        client.envelope.cooldown.close()
         assert answer.answered_by == HEALTHY
         assert [e["code"] for e in answer.fallback_errors] == ["llm.circuit_open"]
         assert requests(server) == {"primary": 1, "healthy": 3}
