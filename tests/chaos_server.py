@@ -30,7 +30,11 @@ in turn (its last one for good), whatever the draw says, which it does not
 advance; the map can change while the server runs (a model down for a while,
 then healthy). A request with ``"stream": true`` is answered
 as an OpenAI chat-completions event stream (a few text deltas, a usage chunk,
-``[DONE]``) where an answer would be; ``cut_mid_stream`` sends half of it.
+``[DONE]``) where an answer would be; ``cut_mid_stream`` sends half of it. The
+stream faults meet a request for a whole answer as its own kind of the same
+break: ``cut_mid_stream`` sends half the body then FIN, ``stall_mid_stream``
+half the body then silence, ``malformed_mid_stream`` a 200 of the wrong shape;
+``no_end_marker`` answers it whole.
 
 The sequence of faults is fixed by the seed; which call meets which fault
 depends on the order requests arrive in, which concurrency does not fix.
@@ -87,6 +91,11 @@ MODEL_FAULTS: Final = (
     "stall_mid_stream",  # a stream's first deltas, then silence until the client hangs up
     "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
     "malformed_mid_stream",  # a stream's first deltas, then an event of the wrong shape
+    "429_no_retry_after",  # 429 rate_limit_exceeded with no retry-after of any kind
+    "429_retry_after_long",  # 429, retry-after: 120 (past the client's move-on threshold)
+    "slow_first_token",  # a correct answer, ``slow`` s late (a stream: its head at once)
+    "no_end_marker",  # a stream's deltas, whole and framed, with no finish_reason or [DONE]
+    "content_filter",  # 400, OpenAI's content_policy_violation (the safety system)
 )
 
 #: The suite's mix: half the requests are answered, the rest fail one way or another.
@@ -171,8 +180,9 @@ def stream_text(model: str) -> str:
     return f"Hello from {model}, in four parts."
 
 
-def _stream_body(index: int, model: str | None) -> bytes:
-    """A whole OpenAI chat-completions event stream: deltas, finish, usage, [DONE]."""
+def _stream_body(index: int, model: str | None, *, end: bool = True) -> bytes:
+    """A whole OpenAI chat-completions event stream: deltas, finish, usage, [DONE]; without
+    ``end``, the deltas and usage only (no finish_reason, no [DONE])."""
     name = model or "chaos-model"
     text = stream_text(name)
     quarter = -(-len(text) // 4)
@@ -181,7 +191,8 @@ def _stream_body(index: int, model: str | None) -> bytes:
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": delta}}]}
         for delta in deltas
     ]
-    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if end:
+        chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     chunks.append({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 8}})
     lines = [
         "data: "
@@ -192,7 +203,7 @@ def _stream_body(index: int, model: str | None) -> bytes:
         + "\n\n"
         for chunk in chunks
     ]
-    return ("".join(lines) + "data: [DONE]\n\n").encode()
+    return ("".join(lines) + ("data: [DONE]\n\n" if end else "")).encode()
 
 
 def _json_error(message: str, kind: str, code: str | None = None) -> bytes:
@@ -229,7 +240,7 @@ class ChaosServer:
     connection whose client has not hung up: set it above the client's read
     timeout. ``latency`` delays every answer (and every fault) by that many
     seconds, as a slow model would. ``name`` labels the requests
-    (``Request.server``).
+    (``Request.server``). ``slow`` is how late ``slow_first_token`` answers.
     """
 
     def __init__(
@@ -243,6 +254,7 @@ class ChaosServer:
         latency: float = 0.0,
         name: str = "",
         models: Mapping[str, str | Sequence[str]] | None = None,
+        slow: float = 0.1,
     ) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         self.models: dict[str, str | list[str]] = {
@@ -266,6 +278,7 @@ class ChaosServer:
         self._rng = random.Random(seed)  # noqa: S311 - a test schedule, not cryptography
         self.stall = stall
         self.latency = latency
+        self.slow = slow
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []  # the server's own failures: a test asserts none
         self._lock = threading.Lock()
@@ -484,19 +497,38 @@ class ChaosServer:
             return False
         if fault == "no_prefill":
             fault = "ok" if record.last_role != "assistant" else "no_prefill"
+        if fault == "slow_first_token" and not record.stream:
+            # A whole answer's head comes once the model has written all of it.
+            await asyncio.sleep(self.slow)  # noqa: real-sleep - a model thinking
+            fault = "ok"
+        if fault == "no_end_marker" and not record.stream:
+            fault = "ok"
         if record.stream and fault in {
             "ok",
             "cut_mid_stream",
             "stall_mid_stream",
             "malformed_mid_stream",
+            "slow_first_token",
+            "no_end_marker",
         }:
-            body = _stream_body(record.index, record.model)
+            body = _stream_body(record.index, record.model, end=fault != "no_end_marker")
             sse = {"content-type": "text/event-stream"}
             record.sent_at = time.time()
             if fault == "ok":
                 writer.write(_head(200, sse, len(body), keep_alive) + body)
                 await writer.drain()
                 return keep_alive
+            if fault == "slow_first_token":  # the head at once, the first event late
+                writer.write(_head(200, sse, len(body), keep_alive))
+                await writer.drain()
+                await asyncio.sleep(self.slow)  # noqa: real-sleep - a model thinking
+                writer.write(body)
+                await writer.drain()
+                return keep_alive
+            if fault == "no_end_marker":  # every delta, framed whole, then FIN
+                writer.write(_head(200, sse, len(body), keep_alive=False) + body)
+                await writer.drain()
+                return False
             # Half the events (past the first delta), then FIN (the client reads them, then
             # EOF), or silence until the client hangs up (or ``stall`` s).
             cut = body.index(b"\n\n", len(body) // 2) + 2
@@ -513,12 +545,16 @@ class ChaosServer:
                     await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - a stall
             writer.close()
             return False
-        if fault in {"reset_during_body", "truncated_json"}:
-            body = _answer(record.index)
+        if fault in {"reset_during_body", "truncated_json", "cut_mid_stream", "stall_mid_stream"}:
+            body = _answer(record.index, record.model if fault.endswith("_stream") else None)
             record.sent_at = time.time()
             writer.write(_head(200, json_type, len(body), keep_alive=True) + body[: len(body) // 2])
             await writer.drain()
-            if fault == "reset_during_body":
+            if fault == "stall_mid_stream":  # half the answer, then silence
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - a stall
+                writer.close()
+            elif fault == "reset_during_body":
                 # Let the client start reading the body, so the RST cuts it mid-way.
                 await asyncio.sleep(0.005)  # noqa: real-sleep - the client reads the headers
                 _linger_zero(writer)
@@ -528,8 +564,10 @@ class ChaosServer:
             return False
 
         status, headers, body = 200, dict(json_type), b""
-        if fault in {"ok", "cut_mid_stream"}:  # a cut of an answer that is not a stream: whole
+        if fault == "ok":
             body = _answer(record.index, record.model)
+        elif fault == "malformed_mid_stream":  # a whole answer of the wrong shape
+            body = json.dumps({"id": f"chatcmpl-chaos-{record.index}", "choices": "no"}).encode()
         elif fault == "429_quota":
             status = 429
             body = _json_error(
@@ -567,6 +605,24 @@ class ChaosServer:
                 "Rate limit reached for requests per min. Please slow down.",
                 "requests",
                 "rate_limit_exceeded",
+            )
+        elif fault in {"429_no_retry_after", "429_retry_after_long"}:
+            status = 429
+            if fault == "429_retry_after_long":
+                status, record.window = 429, 120.0
+                headers["retry-after"] = "120"
+            body = _json_error(
+                "Rate limit reached for requests per min. Please slow down.",
+                "requests",
+                "rate_limit_exceeded",
+            )
+        elif fault == "content_filter":
+            status = 400
+            body = _json_error(
+                "Your request was rejected as a result of our safety system. Your prompt may "
+                "contain text that is not allowed by our safety system.",
+                "invalid_request_error",
+                "content_policy_violation",
             )
         elif fault == "429_retry_after_ms":
             status, record.window = 429, window
@@ -626,6 +682,7 @@ def chaos_server(
     latency: float = 0.0,
     name: str = "",
     models: Mapping[str, str | Sequence[str]] | None = None,
+    slow: float = 0.1,
 ) -> Iterator[ChaosServer]:
     """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
     server = ChaosServer(
@@ -637,6 +694,7 @@ def chaos_server(
         latency=latency,
         name=name,
         models=models,
+        slow=slow,
     )
     server.start()
     try:

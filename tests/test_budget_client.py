@@ -494,6 +494,31 @@ def test_a_restarted_stream_settles_the_cut_attempts_hold_and_the_answers_usage(
     assert (spy.state().spent, spy.state().reserved) == (cut_hold + cost, 0)
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@respx.mock
+def test_a_restarted_streams_answer_lists_each_failed_attempt_at_what_the_budget_settled(
+    mode: str,
+) -> None:
+    # Issue 33 item 7: a stream's fallback_errors are complete()'s records: the 503 cost
+    # nothing, the cut attempt its whole hold (no usage came); with the answer's cost,
+    # what the budget was charged.
+    down = httpx.Response(503, json={"error": {"message": "down"}})
+    respx.post(OPENAI).mock(side_effect=[down, streamed(CUT_STREAM), streamed(WHOLE_STREAM)])
+    llm, spy = client()
+    llm.on_cut = "restart"
+    done = stream(llm, mode)[-1].completion
+    _, cut_hold, _ = spy.asked
+    assert [
+        (e["entry"], e["attempt"], e["error"], e["code"], e["sent"], e["cost_usd"])
+        for e in done.fallback_errors
+    ] == [
+        ("openai:gpt-4o-mini", 1, "ProviderServerError", "llm.server_error", True, 0.0),
+        ("openai:gpt-4o-mini", 2, "ProviderError", "llm.network_error", True, cut_hold / 1e6),
+    ]
+    listed = sum(e["cost_usd"] for e in done.fallback_errors) + done.cost_usd
+    assert micro_usd(listed) == spy.state().spent
+
+
 @respx.mock
 def test_a_stream_left_unread_still_settles_when_closed() -> None:
     respx.post(OPENAI).mock(return_value=streamed(WHOLE_STREAM))

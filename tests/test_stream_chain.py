@@ -181,19 +181,18 @@ DOCUMENTED = {
 
 
 def test_the_docs_table_says_what_these_tests_assert() -> None:
-    page = Path(__file__).parents[1] / "docs" / "fallbacks-and-breakers.md"
-    rows = {}
-    for line in page.read_text(encoding="utf-8").splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 5:
-            rows[cells[0]] = cells[1:]
+    # The one table of docs/fallbacks-and-breakers.md ("What the caller gets, fault by
+    # fault"), which tests/test_failover_matrix.py asserts for every kind of call.
+    from tests.test_failover_matrix import documented
+
+    rows = documented()
     for fault, (_, code, sent) in BEFORE_THE_FIRST_DELTA.items():
-        assert rows[DOCUMENTED[fault]] == [
-            str(sent),
-            "1",
+        chained, requests_, _, alone, *_ = rows[(DOCUMENTED[fault], "stream, astream")]
+        assert (chained, requests_, alone) == (
             "the fallback's whole answer",
+            f"{sent}, 1",
             f"`{code}`",
-        ]
+        )
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -209,8 +208,19 @@ def test_a_stream_moves_on_before_its_first_delta(fault: str, transport: str) ->
     assert answer.answered_by == HEALTHY
     assert answer.model == "healthy"
     assert answer.usage == Usage(input_tokens=12, output_tokens=8)
+    # One record per attempt, as complete() lists them: an error answer cost nothing; a
+    # reset after the request went out may have been billed (unknown without a budget).
+    cost = None if fault == "reset_before_response" else 0.0
     assert answer.fallback_errors == [
-        {"entry": PRIMARY, "error": cls.__name__, "code": code, "cost_usd": 0.0}
+        {
+            "entry": PRIMARY,
+            "attempt": attempt,
+            "error": cls.__name__,
+            "code": code,
+            "sent": True,
+            "cost_usd": cost,
+        }
+        for attempt in range(1, sent + 1)
     ]
     assert requests(server) == {"primary": sent, "healthy": 1}
 
@@ -328,7 +338,14 @@ def test_a_cut_stream_restarts_on_the_next_entry(transport: str) -> None:
     assert answer.answered_by == HEALTHY
     assert answer.text == stream_text("healthy")
     assert answer.fallback_errors == [
-        {"entry": PRIMARY, "error": "ProviderError", "code": "llm.network_error", "cost_usd": None}
+        {
+            "entry": PRIMARY,
+            "attempt": 1,
+            "error": "ProviderError",
+            "code": "llm.network_error",
+            "sent": True,
+            "cost_usd": None,
+        }
     ]
     assert requests(server) == {"primary": 1, "healthy": 1}
     assert [(r.stream, r.last_role) for r in server.snapshot()] == [(True, "user")] * 2
@@ -661,6 +678,9 @@ def test_a_breaker_opened_in_one_process_sends_another_processes_streams_on(
             env, provider="openai", model="primary", fallbacks=[("openai", "healthy")]
         ) as client:
             answer = done(list(client.stream("hi")))
+        # The store from FLUID_COOLDOWN_URL is the envelope's, which outlives the client.
+        assert client.envelope.cooldown is not None
+        client.envelope.cooldown.close()
         assert answer.answered_by == HEALTHY
         assert [e["code"] for e in answer.fallback_errors] == ["llm.circuit_open"]
         assert requests(server) == {"primary": 1, "healthy": 3}

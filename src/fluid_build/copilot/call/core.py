@@ -455,7 +455,7 @@ class Entry:
         deadline: Deadline,
         fallback_errors: list[dict[str, Any]] | None = None,
         trace: AttemptTrace | None = None,
-        states: list[StreamState] | None = None,
+        tally: Tally | None = None,
         move_on: MoveOn | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
@@ -466,8 +466,9 @@ class Entry:
         provider's end marker (``state.done``: see each adapter's
         ``stream_end``) was cut: ``llm.network_error``, never ``done``. With a
         ``trace``, as in :meth:`complete`; the answering attempt's span lasts
-        until the stream ends. The chain around it is :func:`streaming`, which
-        reads what the answering attempt received from ``states`` (its cost).
+        until the stream ends. The chain around it is :func:`streaming`; with a
+        ``tally``, each failed attempt is kept with what it cost as in :meth:`complete`,
+        the attempt cut after text among them.
         """
         prepared = yield from self.ready(messages, options, deadline)
         pool = yield Pool(self.pools)
@@ -536,6 +537,9 @@ class Entry:
                 raise
 
         bounds, spend = self.bounded(deadline, prepared)
+        if tally is not None:  # as in complete(): it wraps the budget's spending
+            tally.spend = spend
+            bounds["spend"] = tally
         attempting = opening
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
@@ -543,8 +547,7 @@ class Entry:
         if move_on is not None:  # a later entry can answer (the chain's): see envelope.py
             bounds["move_on"] = move_on
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
-        if states is not None:
-            states.append(state)
+        failure: Exception | None = None
         try:
             try:
                 for item in first:
@@ -575,10 +578,26 @@ class Entry:
                     raise decoder.cut(state, reader, emitted=True, response=response)
             finally:
                 yield Close(response)
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
+            cost = None
             if spend is not None:
                 # Whole or broken, the stream settles what its usage said, else its whole hold.
-                spend.finish(state.usage, state.model)
+                cost = spend.finish(state.usage, state.model)
+            if tally is not None and failure is not None:
+                # The answering attempt broke after text: a failed attempt too, sent, and
+                # billed for what its usage said (unknown without a usage or a budget).
+                if spend is None and state.usage.total_tokens:
+                    cost = price_call(
+                        self.provider,
+                        self.model,
+                        state.usage,
+                        answered_model=state.model,
+                        overrides=self.prices,
+                    )
+                tally.failures.append((failure, cost, True))
         completion = decoder.completion(
             state.parsed(),
             prepared,
@@ -794,18 +813,19 @@ def streaming(
     """
     deadline = start()
     history: History = []
-    costs: list[float | None] = []  # what each failed entry cost, beside ``history``
+    failed: list[dict[str, Any]] | None = None  # as in completing(): one record per attempt
     cut: AgentExecutionError | None = None  # the cut that was restarted, once
     index = 0
+    last = len(entries) - 1
     while True:
         entry = entries[index]
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
-        states: list[StreamState] = []
-        onward = move_on if index + 1 < len(entries) else None
-        plan = entry.stream(
-            messages, options, deadline, _failed(history, costs), trace, states, onward
-        )
+        # None when no answer can follow this entry's failure (completing()'s rule); a
+        # restart may follow a cut on the last entry too, on that entry.
+        tally = Tally() if index < last or (on_cut == "restart" and cut is None) else None
+        onward = move_on if index < last else None
+        plan = entry.stream(messages, options, deadline, failed, trace, tally, onward)
         send: Callable[[Any], Any] = plan.send
         value: Any = None
         emitted = False
@@ -822,10 +842,11 @@ def streaming(
                     send = plan.send
                 except BaseException as exc:  # noqa: BLE001 - the plan decides, as in the shells
                     value, send = exc, plan.throw
-        except AgentExecutionError as failed:
-            error = failed
+        except AgentExecutionError as broke:
+            error = broke
         # Decided outside the handler: the error raised keeps its own cause.
-        costs.append(_cost(entry, states, emitted))
+        if tally is not None:
+            failed = [*(failed or ()), *tally.records(entry, error)]
         if emitted:
             if cut is None and on_cut == "restart" and _restartable(error, deadline):
                 entry.remember(error)
@@ -891,29 +912,6 @@ def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutio
     last, error = history[-1]
     note = f"restarted (on_cut=restart), and {last.label} failed too [{error.code}]"
     return cut.with_details(fallback_attempts=attempts, note=note)
-
-
-def _cost(entry: Entry, states: list[StreamState], emitted: bool) -> float | None:
-    """What a failed stream attempt cost: 0.0 for an error answer; once text flowed, its
-    usage priced (None when the provider had not said it, as a cut stream rarely has)."""
-    if not emitted or not states:
-        return 0.0
-    state = states[-1]
-    if not state.usage.total_tokens:
-        return None
-    return price_call(
-        entry.provider, entry.model, state.usage, answered_model=state.model, overrides=entry.prices
-    )
-
-
-def _failed(history: History, costs: list[float | None]) -> list[dict[str, Any]] | None:
-    """The ``fallback_errors`` of an answer after ``history``'s failures (None: none)."""
-    if not history:
-        return None
-    return [
-        {"entry": e.label, "error": type(err).__name__, "code": err.code, "cost_usd": cost}
-        for (e, err), cost in zip(history, costs, strict=True)
-    ]
 
 
 def _next_or_raise(

@@ -374,10 +374,11 @@ class BudgetSpend:
         so its hold is spent. Returns the USD counted (None: unmetered)."""
         return self.settle(hold, 0.0 if not sent or nothing_billed(exc) else None)
 
-    def finish(self, usage: Usage | None, answered_model: str | None = None) -> None:
-        """A stream ended (whole or broken): settle what its usage said, else its whole hold."""
+    def finish(self, usage: Usage | None, answered_model: str | None = None) -> float | None:
+        """A stream ended (whole or broken): settle what its usage said, else its whole hold.
+        Returns the USD counted, as :meth:`settle` does."""
         hold, self.open = self.open, None
-        self.settle(hold, self.priced(usage, answered_model))
+        return self.settle(hold, self.priced(usage, answered_model))
 
 
 def _count_text(count: object) -> str:

@@ -200,6 +200,7 @@ class RedisCooldownStore:
         prefix: str = "fluid:health:",
         timeout: float = 0.5,
     ) -> None:
+        owned = client is None  # a client it made is its own to close; a given one is not
         if client is None:
             import redis as redis_lib  # only a Redis store needs it
 
@@ -209,6 +210,7 @@ class RedisCooldownStore:
                 url, socket_timeout=timeout, socket_connect_timeout=timeout
             )
         self._client = client
+        self._owned = owned
         self._prefix = prefix
         scripts = (
             _REDIS_EXTEND,
@@ -235,6 +237,12 @@ class RedisCooldownStore:
 
     def remaining(self, key: str, now: float) -> float:
         return self.peek([key], now)[0][0]
+
+    def close(self) -> None:
+        """Close the connections of the Redis client this store made from its URL (a
+        later operation opens new ones); a client passed in is left to its owner."""
+        if self._owned:
+            self._client.close()
 
     def peek(self, keys: Sequence[str], now: float) -> list[tuple[float, int]]:
         import redis as redis_lib
