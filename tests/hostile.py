@@ -514,6 +514,54 @@ def stream_cut(chunked: bool) -> Handler:
     return handler
 
 
+def slow_first_byte(conn: Conn, request: Request) -> bool:
+    """A whole answer, but only after 1 s of silence."""
+    if conn.wait(1.0):
+        conn.send(head(200, (*JSON, ("content-length", str(len(ANSWER))))) + ANSWER)
+    return False
+
+
+def stall_mid_body(conn: Conn, request: Request) -> bool:
+    """The head and half the body at once, then silence with the connection open."""
+    if conn.send(head(200, (*JSON, ("content-length", str(len(ANSWER))))) + ANSWER[:40]):
+        conn.hold()
+    return False
+
+
+def stall_before_events(conn: Conn, request: Request) -> bool:
+    """A stream's head at once, then no event at all, the connection open."""
+    if conn.send(head(200, (*SSE, ("connection", "close")))):
+        conn.hold()
+    return False
+
+
+def stall_mid_stream(conn: Conn, request: Request) -> bool:
+    """A stream's head and one delta, then silence with the connection open."""
+    if conn.send(head(200, (*SSE, ("connection", "close"))) + sse_delta("Hel")):
+        conn.hold()
+    return False
+
+
+def keepalive_thinking(conn: Conn, request: Request) -> bool:
+    """A stream that "thinks" for 0.6 s, a keep-alive comment every 0.1 s, then answers."""
+    if not conn.send(head(200, (*SSE, ("connection", "close")))):
+        return False
+    for _ in range(6):
+        if not (conn.wait(0.1) and conn.send(b": keep-alive\n\n")):
+            return False
+    done = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+    conn.send(sse_delta("ok") + done + b"data: [DONE]\n\n")
+    return False
+
+
+def thinking_stream(conn: Conn, request: Request) -> bool:
+    """A stream's head at once, 0.5 s of silence (a model reasoning), then the answer."""
+    if conn.send(head(200, (*SSE, ("connection", "close")))) and conn.wait(0.5):
+        done = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+        conn.send(sse_delta("ok") + done + b"data: [DONE]\n\n")
+    return False
+
+
 # -- a forward proxy ------------------------------------------------------------------------
 
 _HOP: Final = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te"}
@@ -705,6 +753,7 @@ class Caller:
         deadline: float = DEADLINE,
         timeout: float = TIMEOUT,
         env: Mapping[str, str] | None = None,
+        phases: Mapping[str, float] | None = None,
     ) -> None:
         self.transport = transport
         self.is_async = transport.startswith(("async-", "caller-async"))
@@ -744,6 +793,7 @@ class Caller:
             envelope=envelope,
             env=fluid_env,
             **pools,
+            **(phases or {}),
         )
 
     def _loop(self) -> asyncio.Runner:
@@ -1074,12 +1124,14 @@ def one_call(
     provider: str = "openai",
     tls: bool = False,
     env: Mapping[str, str] | None = None,
+    phases: Mapping[str, float] | None = None,
 ) -> Callable[[Scenario, str], Outcome]:
-    """A scenario that is one call (or stream) against one hostile server."""
+    """A scenario that is one call (or stream) against one hostile server (``phases``: the
+    client's ``connect_timeout``, ``first_token_timeout``, ``idle_timeout``)."""
 
     def play(scenario: Scenario, transport: str) -> Outcome:
         with environ(**(env or {})), serve(handler, tls=tls) as server:
-            caller = Caller(transport, server.url, provider=provider)
+            caller = Caller(transport, server.url, provider=provider, phases=phases)
             try:
                 measured = measure(caller.stream if stream else caller.call)
             finally:
@@ -1453,7 +1505,7 @@ TOO_LARGE: Final = "llm.response_too_large"
 MALFORMED: Final = "llm.malformed_response"
 
 
-SCENARIOS: Final[tuple[Scenario, ...]] = (
+_BASE_SCENARIOS: Final[tuple[Scenario, ...]] = (
     Scenario("ok", "ok", None, 1, one_call(ok), about="a normal chat completion"),
     Scenario(
         "drip-body", DEADLINE_CODE, False, 1, one_call(drip_body), about="body 1 byte / 0.5 s"
@@ -1743,6 +1795,150 @@ SCENARIOS: Final[tuple[Scenario, ...]] = (
         about="4 threads, one client (async: asyncio.run in each)",
     ),
 )
+
+#: The phase limits of the phase scenarios (issue 33 item 2): tight, so that loopback
+#: silence, the only real waiting, stays short.
+PHASES: Final = {"connect_timeout": 0.2, "first_token_timeout": 0.2, "idle_timeout": 0.2}
+
+
+def _phase_check(phase: str, said: bool) -> Callable[[Outcome], list[str]]:
+    """The error names ``phase`` and whether any byte of the answer's body came (``said``)."""
+
+    def check(result: Outcome) -> list[str]:
+        details = getattr(result.error, "details", None) or {}
+        found = []
+        if details.get("phase") != phase:
+            found.append(f"details['phase'] is {details.get('phase')!r}, not {phase!r}")
+        received = details.get("bytes_received")
+        if not isinstance(received, int) or (received > 0) != said:
+            found.append(f"details['bytes_received'] is {received!r} (said anything: {said})")
+        return found
+
+    return check
+
+
+def _full_backlog(scenario: Scenario, transport: str) -> Outcome:
+    """A listener whose accept queue is full and never drained: the kernel drops the SYN,
+    so the connection never opens (a host that is down, on loopback)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    fillers: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for _ in range(3):
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        with environ():
+            caller = Caller(transport, f"http://127.0.0.1:{port}", phases=PHASES)
+            try:
+                measured = measure(caller.call)
+            finally:
+                caller.close()
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    return outcome(scenario.name, transport, measured, 0, close_errors=caller.close_errors)
+
+
+def _answered(result: Outcome) -> list[str]:
+    events = result.notes.get("events") or []
+    done = [e for e in events if getattr(e, "type", None) == "done"]
+    return [] if done else [f"no done event: {events}"]
+
+
+#: Each phase limit, on every transport (issue 33 item 2); 3 attempts of 0.2 s bound them.
+PHASE_SCENARIOS: Final[tuple[Scenario, ...]] = (
+    Scenario(
+        "phase-connect",
+        "llm.timeout",
+        True,
+        0,
+        _full_backlog,
+        check=_phase_check("connect", said=False),
+        about="a full accept queue: the connection never opens; the connect limit ends it",
+    ),
+    Scenario(
+        "phase-first-token-silent",
+        "llm.timeout",
+        True,
+        ATTEMPTS,
+        one_call(silent, phases=PHASES),
+        check=_phase_check("first_token", said=False),
+        about="accepts, reads the request, never answers: the first-token limit, not the deadline",
+    ),
+    Scenario(
+        "phase-slow-first-byte",
+        "llm.timeout",
+        True,
+        ATTEMPTS,
+        one_call(slow_first_byte, phases=PHASES),
+        check=_phase_check("first_token", said=False),
+        about="the whole answer after 1 s of silence: past the 0.2 s first-token limit",
+    ),
+    Scenario(
+        "phase-idle-mid-body",
+        "llm.timeout",
+        True,
+        ATTEMPTS,
+        one_call(stall_mid_body, phases=PHASES),
+        check=_phase_check("idle", said=True),
+        about="head and half the body, then silence: the idle limit",
+    ),
+    Scenario(
+        "phase-stream-no-event",
+        "llm.timeout",
+        True,
+        ATTEMPTS,
+        one_call(stall_before_events, stream=True, phases=PHASES),
+        check=_phase_check("first_token", said=False),
+        about="a stream's head, then nothing: still the first token's wait",
+    ),
+    Scenario(
+        "phase-idle-mid-stream",
+        "llm.timeout",
+        True,
+        1,
+        one_call(stall_mid_stream, stream=True, phases=PHASES),
+        check=_phase_check("idle", said=True),
+        about="a delta, then silence with the connection open: the idle limit (not retried: "
+        "the caller has text)",
+    ),
+    Scenario(
+        "phase-keepalive-thinking",
+        "ok",
+        None,
+        1,
+        one_call(
+            keepalive_thinking,
+            stream=True,
+            phases={**PHASES, "first_token_timeout": 2.0, "idle_timeout": 0.4},
+        ),
+        check=_answered,
+        about="0.6 s of keep-alives before the first delta: within the first-token limit, "
+        "each gap within the idle limit",
+    ),
+    Scenario(
+        "phase-stream-thinks",
+        "ok",
+        None,
+        1,
+        one_call(
+            thinking_stream,
+            stream=True,
+            phases={**PHASES, "first_token_timeout": 2.0},
+        ),
+        check=_answered,
+        about="a stream's head, 0.5 s of silence, then the answer: the first event is the "
+        "first token's (2 s), not the idle limit's (0.2 s)",
+    ),
+)
+
+SCENARIOS: Final = (*_BASE_SCENARIOS, *PHASE_SCENARIOS)
 
 BY_NAME: Final = {scenario.name: scenario for scenario in SCENARIOS}
 

@@ -779,3 +779,39 @@ def test_doctor_lists_each_budget_and_resets_one_with_budget(tmp_path: Path) -> 
     assert "cleared budget team" in cleared.stdout
     assert ledger.states(time.time()) == []
     assert "--budget" in fluid(tmp_path, "doctor", "--budget", "team", env=env).stderr
+
+
+# -- phase limits (issue 33 item 2) ----------------------------------------------------------
+
+
+def test_doctor_shows_each_phase_limit_and_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLUID_LLM_IDLE_TIMEOUT_SECONDS", "45")
+    monkeypatch.setenv("FLUID_LLM_MOVE_ON_RETRY_AFTER_SECONDS", "30")
+    data = report()
+    assert data["phases"] == {
+        "connect": {"seconds": 10.0, "source": "default"},
+        "first_token": {"seconds": 300.0, "source": "default"},
+        "idle": {"seconds": 45.0, "source": "FLUID_LLM_IDLE_TIMEOUT_SECONDS"},
+        "move_on_retry_after": {
+            "seconds": 30.0,
+            "source": "FLUID_LLM_MOVE_ON_RETRY_AFTER_SECONDS",
+        },
+    }
+    code, out = run()
+    assert code == 0
+    assert (
+        "phase limits: connect 10 s (default), first token 300 s (default), idle 45 s "
+        "(FLUID_LLM_IDLE_TIMEOUT_SECONDS); a Retry-After over 30 s "
+        "(FLUID_LLM_MOVE_ON_RETRY_AFTER_SECONDS) moves to the next fallback at once"
+    ) in " ".join(out.split())
+
+
+def test_doctor_names_a_bad_phase_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS", "soon")
+    code, out = run()
+    assert code == 0  # a finding in the report, not a crash
+    text = " ".join(out.split())
+    assert "phase limits: BROKEN (FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS 'soon'" in text
+    assert "FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS=300" in text  # a valid value

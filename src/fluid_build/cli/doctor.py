@@ -521,6 +521,48 @@ def _timeout_source(env: Mapping[str, str], applied: float | None) -> tuple[str,
     return name, None
 
 
+def _phases(env: Mapping[str, str], timeout: float | None, timeout_set: bool) -> dict[str, Any]:
+    """Each attempt's phase limits and the move-on threshold, as a run decides them, and
+    which variable (or default) set each; a bad value is the run's own typed error."""
+    from fluid_build.copilot.call.phases import (
+        CONNECT_ENV,
+        FIRST_TOKEN_ENV,
+        IDLE_ENV,
+        MOVE_ON_RETRY_AFTER_ENV,
+        PhaseLimits,
+        move_on_retry_after_choice,
+    )
+    from fluid_build.copilot.llm.settings import DEFAULT_TIMEOUT
+
+    limits = PhaseLimits.choose(env, timeout or DEFAULT_TIMEOUT, timeout_set=timeout_set)
+    move_on = move_on_retry_after_choice(env, None)
+    rows = (
+        ("connect", limits.connect, CONNECT_ENV),
+        ("first_token", limits.first_token, FIRST_TOKEN_ENV),
+        ("idle", limits.idle, IDLE_ENV),
+        ("move_on_retry_after", move_on, MOVE_ON_RETRY_AFTER_ENV),
+    )
+    return {
+        name: {"seconds": value, "source": variable if _set(env, variable) else "default"}
+        for name, value, variable in rows
+    }
+
+
+def _phases_line(phases: dict[str, Any]) -> str:
+    if phases.get("error"):
+        return f"phase limits: BROKEN ({phases['error']}): every client fails when it is made"
+
+    def shown(name: str) -> str:
+        row = phases[name]
+        return f"{row['seconds']:g} s ({row['source']})"
+
+    return (
+        f"phase limits: connect {shown('connect')}, first token {shown('first_token')}, "
+        f"idle {shown('idle')}; a Retry-After over {shown('move_on_retry_after')} moves to "
+        "the next fallback at once"
+    )
+
+
 def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     from fluid_build.aiconfig import AIConfig, apply_stored_config, load_ai_config
     from fluid_build.config import env_float
@@ -607,6 +649,13 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
         "timeout_seconds": timeout,
         "timeout_source": timeout_source,
         "timeout_note": timeout_note,
+        "phases": _guarded(
+            "phases",
+            lambda: _phases(
+                effective, timeout, _set(effective, "FLUID_LLM_TIMEOUT_SECONDS") is not None
+            ),
+            lambda f: {"error": f["message"]},
+        ),
         "stored_config": {
             "path": stored.path,
             "exists": stored.exists,
@@ -922,6 +971,7 @@ def _render(report: Mapping[str, Any]) -> None:
     lines = [
         line,
         timeout,
+        _phases_line(report.get("phases") or {}),
         stored,
         *problems,
         shared,

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from fluid_build.copilot.call.capabilities import ModelCapabilities
     from fluid_build.copilot.call.core import CallOptions, Entry, OnCut, completing, streaming
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
-    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.call.envelope import MoveOn, RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
+    from fluid_build.copilot.call.phases import PhaseLimits
     from fluid_build.copilot.call.prepare import Messages, Prepared, prepare
     from fluid_build.copilot.call.prices import ModelPrice, parse_prices, prices_from_env
     from fluid_build.copilot.call.spend import BudgetGuard
@@ -104,6 +105,7 @@ def _load() -> None:
         stream=drive.stream,
         astream=drive.astream,
         RetryEnvelope=envelope.RetryEnvelope,
+        MoveOn=envelope.MoveOn,
         prepare=prepare.prepare,
         parse_prices=prices.parse_prices,
         prices_from_env=prices.prices_from_env,
@@ -171,7 +173,14 @@ class LLMClient:
     pools; by default a pool opens as many connections as there are calls in flight
     (docs/llm-providers.md, "Connection pools"). ``on_cut`` is what a stream cut after
     text reached the caller does: ``"raise"`` its typed error (the default) or
-    ``"restart"`` from scratch, once (docs/fallbacks-and-breakers.md).
+    ``"restart"`` from scratch, once (docs/fallbacks-and-breakers.md). ``connect_timeout``,
+    ``first_token_timeout`` and ``idle_timeout`` (or ``FLUID_LLM_CONNECT_TIMEOUT_SECONDS``,
+    ``..._FIRST_TOKEN_...``, ``..._IDLE_...``) limit each attempt's phases: connecting, the
+    wait for the first token, the gaps between bytes of the answer (docs/limits.md, "Phases").
+    With fallbacks, an entry that said nothing within a phase limit (``move_on_silence``)
+    or asks for a Retry-After over ``move_on_retry_after`` seconds (or
+    ``FLUID_LLM_MOVE_ON_RETRY_AFTER_SECONDS``, default 10) hands the call to the next entry
+    at once (docs/retry-envelope.md, "Moving on to the next entry").
     """
 
     def __init__(
@@ -198,6 +207,11 @@ class LLMClient:
         max_connections: int | None = None,
         headers: Mapping[str, str] | None = None,
         on_cut: OnCut = "raise",
+        connect_timeout: float | None = None,
+        first_token_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        move_on_silence: bool = True,
+        move_on_retry_after: float | None = None,
     ) -> None:
         _load()
         #: What a stream cut after text reached the caller does: "raise" or "restart".
@@ -257,6 +271,23 @@ class LLMClient:
             strict_schema=strict_schema,
             limits=limits,
             prices=self.prices,
+        )
+        # Each attempt's phase limits (docs/limits.md, "Phases"), and when the chain moves
+        # on without retrying (docs/retry-envelope.md, "Moving on").
+        from fluid_build.copilot.call.phases import PhaseLimits, move_on_retry_after_choice
+
+        self._entry.phases = PhaseLimits.choose(
+            source,
+            self.config.timeout,
+            timeout_set=timeout is not None or bool(source.get("FLUID_LLM_TIMEOUT_SECONDS")),
+            connect=connect_timeout,
+            first_token=first_token_timeout,
+            idle=idle_timeout,
+            provider=config.provider,
+        )
+        self.move_on_silence = bool(move_on_silence)
+        self.move_on_retry_after: float = move_on_retry_after_choice(
+            source, move_on_retry_after, provider=config.provider
         )
         self.fallback_on_auth = fallback_on_auth
         self.telemetry = telemetry_from(telemetry, source)
@@ -348,6 +379,8 @@ class LLMClient:
     adapter: _Held[Adapter] = _Held()
     limits: _Held[Limits] = _Held()
     strict_schema: _Held[bool] = _Held()
+    #: The limits of each attempt's connect, first-token and idle phases (docs/limits.md).
+    phases: _Held[PhaseLimits | None] = _Held()
     provider: _Held[str] = _Held()
     model: _Held[str] = _Held()
     label: _Held[str] = _Held()
@@ -529,6 +562,7 @@ class LLMClient:
             fallback_on_auth=self.fallback_on_auth,
             on_cut=cut,
             trace=trace,
+            move_on=self._move_on(),
         )
         return plan if trace is None else trace.stream(plan)
 
@@ -612,8 +646,13 @@ class LLMClient:
             self._deadline(),
             fallback_on_auth=self.fallback_on_auth,
             trace=trace,
+            move_on=self._move_on(),
         )
         return plan if trace is None else trace.run(plan)
+
+    def _move_on(self) -> MoveOn:
+        """When the chain leaves an entry without retrying it (docs/retry-envelope.md)."""
+        return MoveOn(silence=self.move_on_silence, retry_after=self.move_on_retry_after)
 
     def _prepare(self, messages: Messages, **options: Any) -> Prepared:
         """The pre-flight and the prepared call, without asking a server for its window."""

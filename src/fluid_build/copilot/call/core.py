@@ -50,7 +50,8 @@ from fluid_build.copilot.call.drive import (
     Sleep,
     run,
 )
-from fluid_build.copilot.call.envelope import CallBounds, RetryEnvelope
+from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
+from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
 from fluid_build.copilot.call.prices import MOST_TOKENS, Prices, price_call
 from fluid_build.copilot.call.trace import AttemptTrace
@@ -159,6 +160,9 @@ class Entry:
         self.window_lock = threading.Lock()
         #: The shared USD budget this entry's calls spend from (None: none); see call/spend.py.
         self.budget: BudgetGuard | None = None
+        #: The limits of each attempt's phases (None: the deadline and timeout only); the
+        #: client sets them (call/phases.py).
+        self.phases: PhaseLimits | None = None
         #: The credential lookup an adapter needs before its next request, if any (Vertex's
         #: token, Bedrock's AWS credentials): asked each attempt, run by the shell in a
         #: thread of its own, within the call's deadline (llm/credentials.py).
@@ -406,12 +410,15 @@ class Entry:
         fallback_errors: list[dict[str, Any]] | None,
         trace: AttemptTrace | None = None,
         tally: Tally | None = None,
+        move_on: MoveOn | None = None,
     ) -> Plan[Completion]:
         """One answer from this entry, retried by the envelope, after the chain's failures.
 
         With a ``trace`` (telemetry on), each attempt runs in its own span and
         the envelope reports this call's waits to it. With a ``tally`` (an entry with
-        another after it), each failed attempt is kept with what it cost.
+        another after it), each failed attempt is kept with what it cost. ``move_on``: a
+        later entry can answer, and when to leave this one for it without retrying
+        (envelope.py).
         """
         if self.window_asked:  # the common case, without a generator for the window
             prepared = self.prepared(messages, options, deadline, self.server_window)
@@ -427,6 +434,8 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(attempt, self.provider, self.model)
             bounds["hook"] = trace.waited
+        if move_on is not None:
+            bounds["move_on"] = move_on
         plan = self.envelope.plan(attempting, **bounds)
         del bounds  # the plan has its own: not held while the answer comes
         parsed, response = yield from plan
@@ -447,6 +456,7 @@ class Entry:
         fallback_errors: list[dict[str, Any]] | None = None,
         trace: AttemptTrace | None = None,
         states: list[StreamState] | None = None,
+        move_on: MoveOn | None = None,
     ) -> Plan[None]:
         """Emits text deltas and tool-call fragments as they arrive, then a ``done`` event.
 
@@ -485,15 +495,17 @@ class Entry:
             if self.pending is not None and (refresh := self.pending()) is not None:
                 yield Blocking(refresh, deadline)
             wire = self.adapter.request(spec, stream=True)
-            request = http_request(pool, wire, deadline, self.config.timeout)
+            timeout, phases = self.config.timeout, self.phases
+            request = http_request(pool, wire, deadline, timeout, phases, stream=True)
             _, waited = yield from self.reserved(request, spec, deadline)
             if waited:  # its timeouts are cut to what the deadline leaves now
                 deadline.check("the next attempt")
-                request = http_request(pool, wire, deadline, self.config.timeout)
+                request = http_request(pool, wire, deadline, timeout, phases, stream=True)
+            phase = request.extensions.get(PHASE_EXTENSION)
             try:
                 response: httpx.Response = yield Send(pool, request)
             except httpx.TimeoutException as exc:
-                raise timed_out(exc, deadline, "the response headers") or exc from exc
+                raise timed_out(exc, deadline, "the response headers", phase) or exc from exc
             self.observed(response)
             reader = StreamReader(response, deadline, self.limits)
             try:
@@ -510,7 +522,7 @@ class Entry:
                 return response, chunks, [], reader, state
             except httpx.TimeoutException as exc:
                 yield Close(response)
-                raise timed_out(exc, deadline, reader.reader.where) or exc from exc
+                raise timed_out(exc, deadline, reader.reader.where, phase) or exc from exc
             except (httpx.TransportError, OSError) as exc:
                 yield Close(response)
                 if response.is_error:
@@ -528,6 +540,8 @@ class Entry:
         if trace is not None:
             attempting = trace.attempts(opening, self.provider, self.model, holds=True)
             bounds["hook"] = trace.waited
+        if move_on is not None:  # a later entry can answer (the chain's): see envelope.py
+            bounds["move_on"] = move_on
         response, chunks, first, reader, state = yield from self.envelope.plan(attempting, **bounds)
         if states is not None:
             states.append(state)
@@ -603,13 +617,13 @@ class _Attempt:
         if entry.pending is not None and (refresh := entry.pending()) is not None:
             yield Blocking(refresh, deadline)
         spec = entry.adapter.request(prepared.spec, stream=False)
-        request = http_request(pool, spec, deadline, entry.config.timeout)
+        request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         tokens, waited = 0, False
         if entry.envelope.limiter is not None:  # no generator without a limiter
             tokens, waited = yield from entry.reserved(request, prepared.spec, deadline)
         if waited:  # its timeouts are cut to what the deadline leaves now
             deadline.check("the next attempt")
-            request = http_request(pool, spec, deadline, entry.config.timeout)
+            request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         del spec  # its payload is the request's body now: not held while the answer comes
         exchange = Exchange(pool, request, deadline, entry.limits)
         try:
@@ -618,7 +632,8 @@ class _Attempt:
             if pool.is_closed:  # its own client closed the pool under it: no provider failure
                 raise entry.decoder.closed() from exc
             if isinstance(exc, httpx.TimeoutException):
-                raise timed_out(exc, deadline, exchange.where) or exc from exc
+                phase = request.extensions.get(PHASE_EXTENSION)
+                raise timed_out(exc, deadline, exchange.where, phase) or exc from exc
             if isinstance(exc, httpx.HTTPStatusError):
                 entry.observed(exc.response)
             raise
@@ -716,11 +731,14 @@ def completing(
     *,
     fallback_on_auth: bool = False,
     trace: AttemptTrace | None = None,
+    move_on: MoveOn | None = None,
 ) -> Plan[Completion]:
     """One answer from the first entry that gives one; else the most actionable error.
 
     The answer's ``fallback_errors`` lists every failed attempt on the entries before
-    it, each with its cost (see :class:`Tally`).
+    it, each with its cost (see :class:`Tally`). ``move_on`` applies to every entry but
+    the last: one that said nothing, or asked for a long wait, hands the call on without
+    being retried (envelope.py ``moving_on``).
     """
     history: History = []
     failed: list[dict[str, Any]] | None = None  # none yet: no list held for the first entry
@@ -731,7 +749,10 @@ def completing(
         # None for the last entry (and a client without fallbacks): nothing comes after it.
         tally = Tally() if index < last else None
         try:
-            return (yield from entry.complete(messages, options, deadline, failed, trace, tally))
+            onward = move_on if index < last else None
+            return (
+                yield from entry.complete(messages, options, deadline, failed, trace, tally, onward)
+            )
         except AgentExecutionError as error:
             _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
             if tally is not None:
@@ -752,6 +773,7 @@ def streaming(
     fallback_on_auth: bool = False,
     on_cut: OnCut = "raise",
     trace: AttemptTrace | None = None,
+    move_on: MoveOn | None = None,
 ) -> Plan[None]:
     """A stream from the first entry that gives one: :func:`completing`'s chain for streams.
 
@@ -764,6 +786,7 @@ def streaming(
     event saying the text so far is void. The restart walks the rest of the
     chain as a new stream would; if it fails, the cut's error is raised with
     the restart's failures in ``details["fallback_attempts"]``.
+    ``move_on`` applies to every entry but the last, as in :func:`completing`.
 
     Each entry's plan is stepped by hand, not with ``yield from``: that would turn
     the caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup yields
@@ -779,7 +802,9 @@ def streaming(
         if deadline.provider != entry.provider or deadline.model != entry.model:
             deadline = deadline.of(entry.provider, entry.model)
         states: list[StreamState] = []
-        plan = entry.stream(messages, options, deadline, _failed(history, costs), trace, states)
+        onward = move_on if index + 1 < len(entries) else None
+        failed = _failed(history, costs)
+        plan = entry.stream(messages, options, deadline, failed, trace, states, onward)
         send: Callable[[Any], Any] = plan.send
         value: Any = None
         emitted = False

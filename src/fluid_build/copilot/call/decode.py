@@ -22,6 +22,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderError,
     SchemaValidationError,
 )
+from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
 from fluid_build.copilot.call.prepare import Prepared, response_schema
 from fluid_build.copilot.call.prices import Prices, price_call
 from fluid_build.copilot.call.wire import Deadline, StreamReader, decode_json
@@ -35,10 +36,22 @@ __all__ = ["Decoder", "request_id", "timed_out"]
 
 
 def timed_out(
-    exc: httpx.TimeoutException, deadline: Deadline, where: str
+    exc: httpx.TimeoutException, deadline: Deadline, where: str, phase: Phase | None = None
 ) -> AgentExecutionError | None:
-    """The deadline's error when it, not the attempt's own timeout, cut ``exc`` short."""
+    """The deadline's error when it, not the attempt's own timeout, cut ``exc`` short; else
+    the phase's (call/phases.py) whose limit did; else None (the attempt's own timeout)."""
     if deadline.left() > 0.05:
+        if phase is None:
+            request = getattr(exc, "_request", None)  # httpx's own slot: reading never raises
+            found = request.extensions.get(PHASE_EXTENSION) if request is not None else None
+            phase = found if isinstance(found, Phase) else None
+        if phase is not None:
+            if isinstance(exc, httpx.ConnectTimeout):
+                return phase.error(deadline.provider, deadline.model, connect=True)
+            # Every read's wait is the phase's (or the deadline's, above): a read that timed
+            # out is the phase's limit, whichever layer noticed it first.
+            if not isinstance(exc, httpx.PoolTimeout | httpx.WriteTimeout):
+                return phase.error(deadline.provider, deadline.model)
         return None
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         where = "a connection"
@@ -214,7 +227,7 @@ class Decoder:
         """
         error: AgentExecutionError | None = None
         if isinstance(exc, httpx.TimeoutException):
-            error = timed_out(exc, deadline, reader.reader.where)
+            error = timed_out(exc, deadline, reader.reader.where, reader.reader.phase)
         if error is None:
             error = self.classified(exc)
         if error.code == "llm.network_error":

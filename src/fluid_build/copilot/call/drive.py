@@ -26,6 +26,7 @@ import httpx
 
 from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
 from fluid_build.copilot.llm.base import (
     StreamState,
@@ -40,6 +41,7 @@ from fluid_build.errors import FluidError
 
 __all__ = [
     "CALL_ENDS",
+    "CALL_PHASE",
     "DEADLINE_EXTENSION",
     "END",
     "Blocking",
@@ -95,6 +97,9 @@ DEADLINE_EXTENSION: Final = "fluid.deadline"
 #: calls. The sync shell sets it around each piece of I/O, and the sync pool's sockets
 #: wait no longer (call/transport.py). The async shell bounds its awaits instead.
 CALL_ENDS: Final[ContextVar[float | None]] = ContextVar("fluid_call_ends", default=None)
+#: The attempt's :class:`~fluid_build.copilot.call.phases.Phase` while the sync shell does its
+#: I/O: the sync pool's socket waits end when its next byte is due, too.
+CALL_PHASE: Final[ContextVar[Phase | None]] = ContextVar("fluid_call_phase", default=None)
 
 
 def _deadline(request: httpx.Request) -> Deadline | None:
@@ -102,24 +107,38 @@ def _deadline(request: httpx.Request) -> Deadline | None:
     return found if isinstance(found, Deadline) else None
 
 
+def _phase(request: httpx.Request | None) -> Phase | None:
+    if request is None:
+        return None
+    found = request.extensions.get(PHASE_EXTENSION)
+    return found if isinstance(found, Phase) else None
+
+
 class _until:
-    """Every socket wait of the sync pool inside here ends by ``deadline`` (None: no bound).
+    """Every socket wait of the sync pool inside here ends by ``deadline`` (None: no bound),
+    and by when the attempt's ``phase`` wants its next byte.
 
     A class rather than a generator context manager: it wraps each sync attempt."""
 
-    __slots__ = ("deadline", "token")
+    __slots__ = ("deadline", "phase", "token", "watch")
 
-    def __init__(self, deadline: Deadline | None) -> None:
+    def __init__(self, deadline: Deadline | None, phase: Phase | None = None) -> None:
         self.deadline = deadline
+        self.phase = phase
         self.token: Token[float | None] | None = None
+        self.watch: Token[Phase | None] | None = None
 
     def __enter__(self) -> None:
         if self.deadline is not None:
             self.token = CALL_ENDS.set(time.monotonic() + self.deadline.left())
+        if self.phase is not None:
+            self.watch = CALL_PHASE.set(self.phase)
 
     def __exit__(self, *exc: object) -> None:
         if self.token is not None:
             CALL_ENDS.reset(self.token)
+        if self.watch is not None:
+            CALL_PHASE.reset(self.watch)
 
 
 def _past(request: httpx.Request | None) -> httpx.ReadTimeout:
@@ -132,22 +151,48 @@ def _past(request: httpx.Request | None) -> httpx.ReadTimeout:
 _GRACE: Final = 0.05
 
 
-async def _within(deadline: Deadline | None, awaitable: Awaitable[T]) -> T:
-    """``await awaitable``, cancelled when ``deadline`` passes (then httpx's ReadTimeout,
-    which the plan names after the deadline). Whatever the transport, a server that
-    drips its head or its body cannot hold an async call past its deadline."""
+def _bound(deadline: Deadline, phase: Phase | None) -> float:
+    """Seconds the next wait may last: to the deadline (and a moment's grace: where the
+    transport's own timeouts, cut to it, end the wait, their error says what was being
+    waited for), or to when the phase wants its next byte, if sooner."""
+    left = max(deadline.left(), 0.0) + _GRACE
+    if phase is not None:
+        due = phase.due()
+        if due is not None:
+            left = min(left, max(due - time.monotonic(), 0.0))
+    return left
+
+
+def _watched(phase: Phase | None, timer: Any, deadline: Deadline) -> None:
+    """Let ``phase`` move ``timer`` on as bytes arrive (never past the deadline)."""
+    if phase is not None:
+        now = time.monotonic()
+        phase.timer = timer
+        phase.skew = asyncio.get_running_loop().time() - now
+        phase.ceiling = now + max(deadline.left(), 0.0) + _GRACE
+
+
+async def _within(
+    deadline: Deadline | None, awaitable: Awaitable[T], phase: Phase | None = None
+) -> T:
+    """``await awaitable``, cancelled when ``deadline`` passes or the ``phase`` waited too
+    long for its next byte (then httpx's ReadTimeout, which the plan names after the
+    deadline or the phase). Whatever the transport, a server that drips its head or its
+    body cannot hold an async call past its deadline."""
     if deadline is None:
         return await awaitable
-    # A moment's grace: where the transport's own timeouts (cut to the deadline) end the
-    # wait, their error says what was being waited for (a connection, a slot, the head).
-    timer = asyncio.timeout(max(deadline.left(), 0.0) + _GRACE)
+    timer = asyncio.timeout(_bound(deadline, phase))
     try:
         async with timer:
+            _watched(phase, timer, deadline)
             return await awaitable
     except TimeoutError:
         if timer.expired():
             raise _past(None) from None
         raise
+    finally:
+        if phase is not None:
+            phase.timer = None
 
 
 def _origin(location: str, base: httpx.URL) -> str:
@@ -205,8 +250,28 @@ def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
             response = pool.send(request, stream=True, follow_redirects=False)
         else:
             response = _head_within(pool, request, deadline)
+            _body_reads(request, deadline)
     refuse_redirect(response)
     return response
+
+
+def _body_reads(request: httpx.Request, deadline: Deadline) -> None:
+    """On a caller's own sync pool, whose sockets fluid cannot narrow: each read of the body
+    waits at most the idle limit (a stream: until its first byte, what is left of the first
+    token's). httpx reads the request's timeouts when the body starts (its documented
+    ``timeout`` extension), so they are set once the head is in."""
+    phase = _phase(request)
+    timeouts = request.extensions.get("timeout")
+    if phase is None or not isinstance(timeouts, dict):
+        return
+    wait = phase.limits.idle
+    due = phase.due()
+    if phase.stream and due is not None:
+        wait = max(wait, due - time.monotonic())
+    request.extensions["timeout"] = {
+        **timeouts,
+        "read": max(min(wait, deadline.left()), 0.001),
+    }
 
 
 #: Threads that wait for the heads of answers on callers' own sync pools.
@@ -234,7 +299,7 @@ def _head_within(pool: httpx.Client, request: httpx.Request, deadline: Deadline)
 
     sent = _head_pool.submit(pool.send, request, stream=True, follow_redirects=False)
     try:
-        return cast(httpx.Response, sent.result(timeout=max(deadline.left(), 0.0) + _GRACE))
+        return cast(httpx.Response, sent.result(timeout=_bound(deadline, _phase(request))))
     except Late:
         sent.add_done_callback(_close_late)
         raise _past(request) from None
@@ -405,12 +470,24 @@ class Send(Effect):
         self.request = request
 
     def run(self) -> httpx.Response:
-        with _until(_deadline(self.request)):
-            return send(cast(httpx.Client, self.pool), self.request)
+        phase = _phase(self.request)
+        if phase is not None:
+            phase.start()
+        with _until(_deadline(self.request), phase):
+            response = send(cast(httpx.Client, self.pool), self.request)
+        if phase is not None:
+            phase.headed()
+        return response
 
     async def arun(self) -> httpx.Response:
         pool = cast(httpx.AsyncClient, self.pool)
-        return await _within(_deadline(self.request), asend(pool, self.request))
+        phase = _phase(self.request)
+        if phase is not None:
+            phase.start()
+        response = await _within(_deadline(self.request), asend(pool, self.request), phase)
+        if phase is not None:
+            phase.headed()
+        return response
 
 
 class ReadBody(Effect):
@@ -424,11 +501,15 @@ class ReadBody(Effect):
         self.limits = limits
 
     def run(self) -> httpx.Response:
-        with _until(self.deadline):
+        with _until(self.deadline, _phase(self.response.request)):
             return read_body(self.response, self.deadline, self.limits)
 
     async def arun(self) -> httpx.Response:
-        return await _within(self.deadline, aread_body(self.response, self.deadline, self.limits))
+        return await _within(
+            self.deadline,
+            aread_body(self.response, self.deadline, self.limits),
+            _phase(self.response.request),
+        )
 
 
 class Exchange(Effect):
@@ -454,9 +535,14 @@ class Exchange(Effect):
         self.where = "the response headers"
 
     def run(self) -> httpx.Response:
-        with _until(self.deadline):  # one bound on the head and the body
+        phase = _phase(self.request)
+        if phase is not None:
+            phase.start()
+        with _until(self.deadline, phase):  # one bound on the head and the body
             response = send(cast(httpx.Client, self.pool), self.request)
             try:
+                if phase is not None:
+                    phase.headed()
                 self.where = "the body"
                 return read_body(response, self.deadline, self.limits)
             finally:
@@ -465,9 +551,13 @@ class Exchange(Effect):
     async def arun(self) -> httpx.Response:
         # _within and asend written out: one coroutine for the attempt, not three (each
         # call in flight holds its chain of frames, which the collector walks).
-        timer = asyncio.timeout(max(self.deadline.left(), 0.0) + _GRACE)
+        phase = _phase(self.request)
+        if phase is not None:
+            phase.start()
+        timer = asyncio.timeout(_bound(self.deadline, phase))
         try:
             async with timer:
+                _watched(phase, timer, self.deadline)
                 pool = self.pool
                 if hasattr(pool, "fluid_send"):  # called at once: no bound method held
                     response = await cast(Awaitable[httpx.Response], pool.fluid_send(self.request))
@@ -476,6 +566,12 @@ class Exchange(Effect):
                         self.request, stream=True, follow_redirects=False
                     )
                 try:
+                    if phase is not None:
+                        phase.headed()  # a whole answer: its body is due within the idle limit
+                        if timer.when() is not None:
+                            timer.reschedule(
+                                asyncio.get_running_loop().time() + _bound(self.deadline, phase)
+                            )
                     if 300 <= response.status_code < 400:
                         await response.aclose()
                         refuse_redirect(response, close=False)
@@ -494,6 +590,9 @@ class Exchange(Effect):
             if timer.expired():
                 raise _past(None) from None
             raise
+        finally:
+            if phase is not None:
+                phase.timer = None
 
 
 class Close(Effect):
@@ -534,7 +633,8 @@ class Events(Effect):
             )
         else:
             chunks = iter_stream(self.stream_format, reader.lines(), self.state)
-        return _until_each(reader.counted(chunks), reader.reader.deadline)
+        phase = _phase(reader.response.request)
+        return _until_each(reader.counted(chunks), reader.reader.deadline, phase)
 
     async def arun(self) -> AsyncIterator[tuple[str, Any]]:
         reader = self.reader
@@ -549,23 +649,27 @@ class Events(Effect):
             )
         else:
             chunks = aiter_stream(self.stream_format, reader.alines(), self.state)
-        return _awithin_each(reader.acounted(chunks), reader.reader.deadline)
+        phase = _phase(reader.response.request)
+        return _awithin_each(reader.acounted(chunks), reader.reader.deadline, phase)
 
 
-def _until_each(items: Iterator[T], deadline: Deadline) -> Iterator[T]:
-    """``items``, each read within ``deadline`` (the sync pool's sockets wait no longer)."""
+def _until_each(items: Iterator[T], deadline: Deadline, phase: Phase | None) -> Iterator[T]:
+    """``items``, each read within ``deadline`` and the phase's limits (the sync pool's
+    sockets wait no longer)."""
     while True:
-        with _until(deadline):
+        with _until(deadline, phase):
             item = next(items, END)
         if item is END:
             return
         yield cast(T, item)
 
 
-async def _awithin_each(items: AsyncIterator[T], deadline: Deadline) -> AsyncIterator[T]:
-    """``items``, each awaited within ``deadline``."""
+async def _awithin_each(
+    items: AsyncIterator[T], deadline: Deadline, phase: Phase | None
+) -> AsyncIterator[T]:
+    """``items``, each awaited within ``deadline`` and the phase's limits."""
     while True:
-        item = await _within(deadline, anext(items, END))
+        item = await _within(deadline, anext(items, END), phase)
         if item is END:
             return
         yield cast(T, item)

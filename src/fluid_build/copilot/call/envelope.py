@@ -27,6 +27,11 @@ only run: one implementation, two shells that differ in how they sleep and await
   case before it runs and settles after: a retry is another billable request.
 - Deadlines and elapsed times run on ``clock`` (monotonic); only what is
   written to the shared store uses ``wall``.
+- With a later entry in the chain (``move_on``, a :class:`MoveOn`), the envelope
+  gives this entry up at once instead of retrying it: after an attempt that ended
+  on a phase limit with no byte of an answer (the route said nothing), and when
+  the server asks for a wait (Retry-After, or the key's shared cooldown) longer
+  than ``MoveOn.retry_after``. Without one it retries and sleeps as above.
 
 The error raised at the end is the typed error of the last attempt, with
 ``details["attempts"]`` (requests sent) and ``details["waits"]``.
@@ -70,6 +75,7 @@ __all__ = [
     "COOLDOWN",
     "CallBounds",
     "Decision",
+    "MoveOn",
     "RetryEnvelope",
     "RetryEvent",
     "RetryHook",
@@ -79,6 +85,8 @@ __all__ = [
     "backoff_wait",
     "decide",
     "log_wait",
+    "moving_on",
+    "silent",
 ]
 
 if TYPE_CHECKING:
@@ -146,6 +154,46 @@ class Decision:
         return self.wait is None
 
 
+@dataclass(frozen=True, slots=True)
+class MoveOn:
+    """When a call with a later entry in its chain leaves this one without retrying it.
+
+    ``silence``: after an attempt that ended on a phase limit (connect, first token,
+    idle) before any byte of an answer. ``retry_after``: when the server asks to wait
+    longer than this many seconds.
+    """
+
+    silence: bool = True
+    retry_after: float = 10.0
+
+
+def silent(error: AgentExecutionError) -> bool:
+    """Whether ``error`` ended an attempt on a phase limit with no byte of an answer."""
+    details = error.details
+    return details.get("phase") in ("connect", "first_token", "idle") and not details.get(
+        "bytes_received"
+    )
+
+
+def moving_on(error: AgentExecutionError, move_on: MoveOn | None) -> Decision | None:
+    """The decision to leave this entry for the next (None: no reason to, or no next)."""
+    if move_on is None or not error.retryable:
+        return None
+    if move_on.silence and silent(error):
+        phase = str(error.details["phase"]).replace("_", " ")
+        return Decision(None, f"moved on: the route said nothing within its {phase} limit")
+    if error.retry_after is not None:
+        requested = error.details.get("retry_after_requested")
+        asked = float(requested) if isinstance(requested, int | float) else error.retry_after
+        if asked > move_on.retry_after:
+            return Decision(
+                None,
+                f"moved on: the server asked to wait {asked:.3g} s, longer than the "
+                f"{move_on.retry_after:g} s move-on threshold",
+            )
+    return None
+
+
 def decide(
     error: BaseException,
     attempt: int,
@@ -153,10 +201,13 @@ def decide(
     policy: RetryPolicy,
     u: float,
     deadline: float | Literal["policy"] | None = "policy",
+    move_on: MoveOn | None = None,
 ) -> Decision:
     """The retry decision after ``attempt`` failed with ``error``, ``elapsed`` s into the call.
 
     ``deadline`` overrides the policy's (a half-open trial runs under a shorter one).
+    ``move_on`` (given only when a later entry of the chain can answer) may give the
+    entry up at once (:func:`moving_on`).
     """
     if deadline == "policy":
         deadline = policy.deadline
@@ -164,6 +215,9 @@ def decide(
         return Decision(None, "not retryable")
     if error.code == "llm.circuit_open":
         return Decision(None, "gave up: the circuit breaker is open")
+    moved = moving_on(error, move_on)
+    if moved is not None:
+        return moved
     if attempt >= policy.attempts:
         return Decision(None, f"gave up after {attempt} attempt(s)")
     if error.retry_after is not None:
@@ -212,6 +266,7 @@ class CallBounds(TypedDict, total=False):
     secrets: Sequence[str]
     hook: RetryHook | None
     spend: Spend | None
+    move_on: MoveOn | None
 
 
 class Spend(Protocol):
@@ -278,8 +333,10 @@ class _Run:
         narrow: Callable[[float | None], None] | None = None,
         secrets: Sequence[str] = (),
         hook: RetryHook | None = None,
+        move_on: MoveOn | None = None,
     ) -> None:
         self.env = envelope
+        self.move_on = move_on
         self.secrets = tuple(secrets)
         self.hooks = (envelope.hook,) if hook is None else (envelope.hook, hook)
         self.narrow = narrow
@@ -413,7 +470,9 @@ class _Run:
             if left <= 0:
                 return
             deadline_left = self.left()
-            if deadline_left is not None and left > deadline_left:
+            moves = self.move_on is not None and left > self.move_on.retry_after
+            if moves or (deadline_left is not None and left > deadline_left):
+                # Past the deadline, or longer than a later entry needs to answer: refused now.
                 raise RateLimitError(
                     f"{self.provider or 'provider'} key {self.key} is cooling down for "
                     f"{left:.3g} s after another call got Retry-After",
@@ -439,6 +498,7 @@ class _Run:
             self.env.policy,
             self.env.random(),
             deadline=self.deadline,
+            move_on=self.move_on,
         )
         breaker = self.env.breaker
         if (
@@ -495,6 +555,8 @@ class _Run:
         extra: dict[str, object] = {"attempts": self.sent, "waits": self.waits}
         if note:
             extra["gave_up"] = note
+            if note.startswith("moved on"):
+                extra["moved_on"] = True
         final = error.with_details(note=_with_knob(note), **extra)
         final.__cause__ = error.__cause__
         final.__traceback__ = error.__traceback__
@@ -673,6 +735,7 @@ class RetryEnvelope:
         secrets: Sequence[str] = (),
         hook: RetryHook | None = None,
         spend: Spend | None = None,
+        move_on: MoveOn | None = None,
     ) -> Plan[T]:
         """Run the plan ``attempt()`` makes until it succeeds or the policy gives up.
 
@@ -708,7 +771,19 @@ class RetryEnvelope:
             # one attempt or a wait: a first attempt that succeeds never imports it.
             import tenacity
 
-            run = _Run(self, skey, provider, model, started, trial, deadline, narrow, secrets, hook)
+            run = _Run(
+                self,
+                skey,
+                provider,
+                model,
+                started,
+                trial,
+                deadline,
+                narrow,
+                secrets,
+                hook,
+                move_on,
+            )
             trial = None  # the run holds it now
             pending: AgentExecutionError | None = None
             if first is not None:

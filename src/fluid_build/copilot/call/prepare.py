@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from fluid_build.copilot.call.drive import DEADLINE_EXTENSION
+from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING, Deadline
 from fluid_build.copilot.llm.base import Request
 from fluid_build.copilot.llm.types import CallSpec, ToolSpec
@@ -179,8 +180,14 @@ def http_request(
     request: Request,
     deadline: Deadline,
     per_attempt: float,
+    phases: PhaseLimits | None = None,
+    *,
+    stream: bool = False,
 ) -> httpx.Request:
     """The adapter's request on ``client``, its timeouts cut to what the deadline leaves.
+
+    With ``phases``, its connect and read timeouts are the phases' limits, and it carries
+    the attempt's :class:`~fluid_build.copilot.call.phases.Phase` for the shells to keep.
 
     Only encodings the size limit can count as they inflate are accepted: said
     here unless the pool already says exactly that (httpx's default when
@@ -189,14 +196,13 @@ def http_request(
     """
     direct = getattr(client, "fluid_json_request", None)
     built: httpx.Request
+    timeout: float | dict[str, float] = (
+        deadline.timeout(per_attempt)
+        if phases is None
+        else phases.timeouts(deadline.left(), per_attempt)
+    )
     if direct is not None:  # a pool of ours (call/transport.py): no build_request needed
-        built = direct(
-            request.method,
-            request.url,
-            request.headers,
-            request.json,
-            deadline.timeout(per_attempt),
-        )
+        built = direct(request.method, request.url, request.headers, request.json, timeout)
     else:
         headers = request.headers
         if client.headers.get("accept-encoding") != ACCEPT_ENCODING:
@@ -206,10 +212,12 @@ def http_request(
             request.url,
             headers=headers,
             json=request.json,
-            timeout=deadline.timeout(per_attempt),
+            timeout=timeout if isinstance(timeout, float) else httpx.Timeout(**timeout),
         )
         if "cookie" in built.headers and not any(k.lower() == "cookie" for k in headers):
             del built.headers["cookie"]  # a caller's jar: no call carries a cookie
     # The shells bound every wait of this request by it (call/drive.py).
     built.extensions[DEADLINE_EXTENSION] = deadline
+    if phases is not None:
+        built.extensions[PHASE_EXTENSION] = phases.watch(stream=stream)
     return built

@@ -52,7 +52,7 @@ import httpx
 
 from fluid_build._redact import one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.call.drive import CALL_ENDS
+from fluid_build.copilot.call.drive import CALL_ENDS, CALL_PHASE
 from fluid_build.copilot.call.loops import LoopPools
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 
@@ -390,9 +390,15 @@ def _narrowed(timeout: float | None) -> float | None:
     """A socket wait of ``timeout`` seconds, cut to what the call's deadline leaves.
 
     Never 0 (a socket with timeout 0 is non-blocking, not timed): a wait past the
-    deadline lasts a millisecond and then times out.
+    deadline lasts a millisecond and then times out. The attempt's phase (call/phases.py)
+    cuts it too: to when its next byte is due (the first token, then each idle gap).
     """
     ends = CALL_ENDS.get()
+    phase = CALL_PHASE.get()
+    if phase is not None:
+        due = phase.due()
+        if due is not None and (ends is None or due < ends):
+            ends = due
     if ends is None:
         return timeout
     left = max(ends - time.monotonic(), 0.001)
@@ -416,6 +422,9 @@ class _DeadlineStream(httpcore.NetworkStream):
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._inner.write(buffer, _narrowed(timeout))
+        phase = CALL_PHASE.get()
+        if phase is not None:
+            phase.written()
 
     def close(self) -> None:
         # Shut down first: a socket closed from another thread (the client's close() during
@@ -1031,7 +1040,12 @@ class _Direct:
         }
 
     def fluid_json_request(
-        self, method: str, url: str, headers: Mapping[str, str], payload: Any, timeout: float
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        payload: Any,
+        timeout: float | Mapping[str, float],
     ) -> httpx.Request:
         """The request ``build_request(..., json=payload)`` would make, in a third of its time.
 
@@ -1054,13 +1068,14 @@ class _Direct:
             fields.insert(0, target.host)
         if "content-length" not in merged and "transfer-encoding" not in merged:
             fields.append(("Content-Length", str(len(body))))
-        return _JsonRequest(
-            method.upper(),
-            target,
-            fields,
-            body,
-            {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}},
+        timeouts = (  # a mapping: the phases' own, made for this request (call/phases.py)
+            timeout
+            if isinstance(timeout, dict)
+            else {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+            if isinstance(timeout, float | int)
+            else dict(timeout)
         )
+        return _JsonRequest(method.upper(), target, fields, body, {"timeout": timeouts})
 
 
 #: How httpx 0.28 encodes ``json=`` (one encoder kept: ``json.dumps`` with arguments makes

@@ -316,6 +316,7 @@ class _Reader:
         "done",
         "inflate",
         "limit",
+        "phase",
         "raw",
         "refused",
         "size",
@@ -341,6 +342,12 @@ class _Reader:
         self.done = False
         self.inflate: _Inflate | None = None
         self.refused: str | None = None  # a Content-Encoding no bounded inflater undoes
+        # The attempt's phases (call/phases.py): each chunk that arrives restarts the idle wait.
+        try:
+            phase = response.request.extensions.get("fluid.phase")
+        except RuntimeError:  # a response made without a request (a test's own)
+            phase = None
+        self.phase = phase
         # Read the raw bytes (ours to inflate, or nothing to inflate at all), unless they
         # are already in memory (a mock, a replay): then httpx serves what it holds.
         self.raw = not response.is_stream_consumed
@@ -382,11 +389,16 @@ class _Reader:
         the attempt's own timeout, cut it short (the sync pool's reads end by it)."""
         if self.deadline.left() <= 0.05:
             raise self.deadline.passed(self.where, received_bytes=self.size) from None
+        phase = self.phase
+        if phase is not None:  # each read waits the phase's limit, and no longer
+            raise phase.error(self.deadline.provider, self.deadline.model) from None
 
     def is_done(self) -> bool:
         return self.done
 
     def take(self, chunk: bytes) -> bytes:
+        if self.phase is not None:
+            self.phase.got(len(chunk))
         inflate = self.inflate
         if inflate is not None:
             chunk = inflate.feed(chunk, self.limit - self.size)
