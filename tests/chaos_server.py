@@ -87,6 +87,7 @@ MODEL_FAULTS: Final = (
     "stall_mid_stream",  # a stream's first deltas, then silence until the client hangs up
     "no_prefill",  # "ok", but a 400 for a conversation that ends with an assistant message
     "malformed_mid_stream",  # a stream's first deltas, then an event of the wrong shape
+    "slow_first_token",  # nothing for ``stall`` s (a model that thinks), then "ok"
 )
 
 #: The suite's mix: half the requests are answered, the rest fail one way or another.
@@ -229,7 +230,8 @@ class ChaosServer:
     connection whose client has not hung up: set it above the client's read
     timeout. ``latency`` delays every answer (and every fault) by that many
     seconds, as a slow model would. ``name`` labels the requests
-    (``Request.server``).
+    (``Request.server``). ``retry_after`` is the window every 429 asks for, in
+    seconds (None: 0.15 for a pinned model, drawn from 0.1..0.2 otherwise).
     """
 
     def __init__(
@@ -243,6 +245,7 @@ class ChaosServer:
         latency: float = 0.0,
         name: str = "",
         models: Mapping[str, str | Sequence[str]] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         self.models: dict[str, str | list[str]] = {
@@ -266,6 +269,7 @@ class ChaosServer:
         self._rng = random.Random(seed)  # noqa: S311 - a test schedule, not cryptography
         self.stall = stall
         self.latency = latency
+        self.retry_after = retry_after
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []  # the server's own failures: a test asserts none
         self._lock = threading.Lock()
@@ -433,6 +437,8 @@ class ChaosServer:
                 fault, window = pinned, 0.15
             else:
                 fault, window = self._draw()
+            if self.retry_after is not None:
+                window = self.retry_after
             now = time.time()
             with self._lock:
                 if self.first_at is None:
@@ -482,6 +488,14 @@ class ChaosServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - headers late
             return False
+        if fault == "slow_first_token":
+            # The answer after `stall` s; none for a client that hung up before.
+            try:
+                await asyncio.wait_for(reader.read(1), self.stall)  # noqa: real-sleep - thinking
+            except TimeoutError:
+                fault = "ok"
+            else:
+                return False
         if fault == "no_prefill":
             fault = "ok" if record.last_role != "assistant" else "no_prefill"
         if record.stream and fault in {
@@ -626,6 +640,7 @@ def chaos_server(
     latency: float = 0.0,
     name: str = "",
     models: Mapping[str, str | Sequence[str]] | None = None,
+    retry_after: float | None = None,
 ) -> Iterator[ChaosServer]:
     """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
     server = ChaosServer(
@@ -637,6 +652,7 @@ def chaos_server(
         latency=latency,
         name=name,
         models=models,
+        retry_after=retry_after,
     )
     server.start()
     try:
