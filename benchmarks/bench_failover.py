@@ -20,10 +20,12 @@ Each figure is the time from the call to its whole answer (a stream: the last
 event) or to the final error, and the requests each model received, counted at
 the server. Every run has its own server (its own port, so its own breaker and
 cooldown keys), client and store; each library answers once before the first
-timed run, so that no import is timed. The waits the faults cause are real
-(Retry-After 1 s, ``--quick``: 0.2 s), so figures are seconds, not microseconds.
+timed run, so that no import is timed. Two runs over the whole plan (``--runs``;
+``--quick``: one); each time is the median, with the fastest and slowest run.
+The waits the faults cause are real (Retry-After 1 s, ``--quick``: 0.2 s), so
+figures are seconds, not microseconds; the whole run takes about 90 s.
 
-    python benchmarks/bench_failover.py [--quick] [--json PATH] [--clients fluid,openai]
+    python benchmarks/bench_failover.py [--quick] [--json PATH] [--clients fluid,openai] [--runs N]
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class Row:
     detail: str  # the error's code or class, or what else the caller saw
     primary: int  # requests the primary model received
     fallback: int  # requests the healthy model received
-    seconds: float
+    seconds: float  # the median of the runs
+    spread: tuple[float, float] | None = None  # the fastest and slowest run, when several
 
 
 # -- the clients ------------------------------------------------------------------------------
@@ -286,35 +289,36 @@ def run_all(
     faults: Sequence[Fault] = FAULTS,
     clock: Mapping[str, Any] | None = None,
 ) -> list[Row]:
-    """Every fault against every client, ``runs`` times interleaved; the median time.
+    """Every fault against every client, ``runs`` times over the whole plan; the median time.
 
     Outcomes and request counts must agree between runs (they are the point);
     a disagreement is reported in ``detail``.
     """
-    rows: list[Row] = []
+    plan = []
+    for fault in faults:
+        variants = list(clients)
+        if fault.stream and "fluid" in clients:
+            variants.insert(variants.index("fluid") + 1, "fluid-restart")
+        plan += [(fault, client) for client in variants]
+    seen: dict[tuple[str, str], list[Row]] = {(f.name, c): [] for f, c in plan}
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         warm_up(clients, timings, Path(tmp) / "warm-up")
-        for fault in faults:
-            variants = list(clients)
-            if fault.stream and "fluid" in clients:
-                variants.insert(variants.index("fluid") + 1, "fluid-restart")
-            for client in variants:
-                seen = [
-                    measure(
-                        fault,
-                        client,
-                        timings,
-                        Path(tmp) / f"{fault.name}-{client}-{i}",
-                        clock=clock,
-                    )
-                    for i in range(runs)
-                ]
-                row = seen[0]
-                row.seconds = statistics.median(r.seconds for r in seen)
-                shapes = {(r.outcome, r.answered_by, r.primary, r.fallback) for r in seen}
-                if len(shapes) > 1:
-                    row.detail += f" (runs differ: {sorted(shapes, key=str)})"
-                rows.append(row)
+        # Run by run over the whole plan, so that load from other processes falls alike.
+        for i in range(runs):
+            for fault, client in plan:
+                cache = Path(tmp) / f"{fault.name}-{client}-{i}"
+                seen[fault.name, client].append(measure(fault, client, timings, cache, clock=clock))
+    rows = []
+    for fault, client in plan:
+        mine = seen[fault.name, client]
+        row = mine[0]
+        row.seconds = statistics.median(r.seconds for r in mine)
+        if runs > 1:
+            row.spread = (min(r.seconds for r in mine), max(r.seconds for r in mine))
+        shapes = {(r.outcome, r.answered_by, r.primary, r.fallback) for r in mine}
+        if len(shapes) > 1:
+            row.detail += f" (runs differ: {sorted(shapes, key=str)})"
+        rows.append(row)
     return rows
 
 
@@ -340,22 +344,30 @@ def table(rows: Sequence[Row]) -> str:
             note = row.detail.removeprefix(f"openai:{row.answered_by}").lstrip(", ")
             if note:
                 outcome += f" ({note})"
+        spread = f" ({row.spread[0]:.2f}-{row.spread[1]:.2f})" if row.spread else ""
         lines.append(
             f"| {row.label} | {CLIENT_LABELS.get(row.client, row.client)} | {outcome} | "
-            f"{row.primary} / {row.fallback} | {row.seconds:.2f} |"
+            f"{row.primary} / {row.fallback} | {row.seconds:.2f}{spread} |"
         )
     return "\n".join(lines)
 
 
 def summary(rows: Sequence[Row]) -> list[str]:
+    """Per client, the faults that ended in a whole answer, and the time all of them took."""
     lines = []
-    for client in dict.fromkeys(r.client for r in rows):
+    for client in dict.fromkeys(r.client for r in rows if r.client != "fluid-restart"):
         mine = [r for r in rows if r.client == client]
-        answered = [r for r in mine if r.outcome == "answer"]
-        lines.append(
-            f"{CLIENT_LABELS.get(client, client)}: {len(answered)} of {len(mine)} faults "
-            f"answered, {sum(r.seconds for r in mine):.1f} s in all"
+        answered = sum(r.outcome == "answer" for r in mine)
+        line = (
+            f"{CLIENT_LABELS.get(client, client)}: {answered} of {len(mine)} faults answered, "
+            f"{sum(r.seconds for r in mine):.1f} s in all"
         )
+        if client == "fluid":  # with the cut stream's restart in place of its error
+            restarted = {r.fault: r for r in rows if r.client == "fluid-restart"}
+            mine = [restarted.get(r.fault, r) for r in mine]
+            answered = sum(r.outcome == "answer" for r in mine)
+            line += f' ({answered} of {len(mine)} with on_cut="restart")'
+        lines.append(line)
     return lines
 
 
@@ -421,7 +433,7 @@ def main(argv: Sequence[str] | None = None, *, clock: Mapping[str, Any] | None =
         help="which clients to run, comma-separated (default: fluid,openai)",
     )
     parser.add_argument(
-        "--runs", type=int, default=1, help="runs per fault and client; the median time"
+        "--runs", type=int, help="runs per fault and client, the median time (default 2; --quick 1)"
     )
     parser.add_argument(
         "--verbose", action="store_true", help="show fluid_build's log of retries and moves"
@@ -430,7 +442,8 @@ def main(argv: Sequence[str] | None = None, *, clock: Mapping[str, Any] | None =
 
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     unknown = set(clients) - set(CLIENTS)
-    if unknown or not clients or args.runs < 1:
+    runs = args.runs if args.runs is not None else (1 if args.quick else 2)
+    if unknown or not clients or runs < 1:
         parser.error(f"--clients takes {', '.join(CLIENTS)}; --runs at least 1")
     timings = QUICK if args.quick else FULL
     sdk = openai_version()
@@ -448,7 +461,7 @@ def main(argv: Sequence[str] | None = None, *, clock: Mapping[str, Any] | None =
     if not args.verbose:  # the table says what happened; the log would bury it
         log.setLevel(logging.ERROR)
     try:
-        rows = run_all(clients, timings, runs=args.runs, clock=clock)
+        rows = run_all(clients, timings, runs=runs, clock=clock)
     finally:
         log.setLevel(level)
     wall = time.perf_counter() - started
@@ -465,13 +478,13 @@ def main(argv: Sequence[str] | None = None, *, clock: Mapping[str, Any] | None =
     print()
     for line in summary(rows):
         print(line)
-    print(f"({args.runs} run{'s' if args.runs > 1 else ''} per row, {wall:.0f} s wall)")
+    print(f"({runs} run{'s' if runs > 1 else ''} per row, {wall:.0f} s wall)")
     if args.json:
         results = {
             "machine": info,
             "openai": sdk,
             "timings": asdict(timings),
-            "runs": args.runs,
+            "runs": runs,
             "notes": notes,
             "rows": [asdict(row) for row in rows],
         }

@@ -105,7 +105,10 @@ def test_the_quick_run_prints_the_fluid_table_and_skips_the_sdk_with_a_note(
     assert table == EXPECTED
     for *_, seconds in rows:
         assert re.fullmatch(r"\d+\.\d\d", seconds)
-    assert "fluid_build (chain): 8 of 9 faults answered" in printed
+    summary = re.search(r"^fluid_build \(chain\): (.*)$", printed, re.MULTILINE)
+    assert summary is not None
+    assert summary[1].startswith("8 of 9 faults answered, ")
+    assert summary[1].endswith('(9 of 9 with on_cut="restart")')
 
     data = json.loads(out.read_text())
     assert data["openai"] is None
