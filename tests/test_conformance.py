@@ -13,7 +13,9 @@ The transports: ``sync-direct`` (fluid's own sync pool), ``async-httpx`` and
 and for the redirect scenarios the caller's pools with
 ``follow_redirects=True``. One transport: ``pytest tests/test_conformance.py
 -k async-aiohttp``; one scenario on all: ``-k drip-head``.
-``python benchmarks/conformance_table.py`` prints the whole matrix.
+``python benchmarks/conformance_table.py`` prints the whole matrix. The
+``phase-*`` scenarios hold each phase limit (connect, first token, idle) at
+0.2 s on every transport (issue 33 item 2): ``-k phase``.
 """
 
 from __future__ import annotations

@@ -289,3 +289,57 @@ def test_a_long_shared_cooldown_moves_on_at_once_only_with_a_later_entry(later: 
         envelope.call(lambda: sent.append(1), **how)
         assert waits == [60.0]
         assert sent == [1]
+
+
+# -- one attempt's watch -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_phase_is_first_token_until_the_answer_says_something_then_idle(stream: bool) -> None:
+    limits = PhaseLimits(connect=1.0, first_token=30.0, idle=5.0)
+    phase = limits.watch(stream=stream)
+    assert phase.due() is None  # not sent yet
+    phase.start()
+    assert phase.sent is not None
+    # The connection may still be opening: its limit's time is not the first token's.
+    assert phase.due() == pytest.approx(phase.sent + 31.0)
+    phase.written()
+    assert phase.due() == pytest.approx(phase.sent + 30.0)
+    phase.headed()
+    assert phase.head_at is not None
+    if stream:  # a stream's head says nothing about the model: still the first token's wait
+        assert phase.current() == "first_token"
+        assert phase.due() == pytest.approx(phase.sent + 30.0)
+    else:  # a whole answer's head is its first byte: its body is due within the idle limit
+        assert phase.current() == "idle"
+        assert phase.due() == pytest.approx(phase.head_at + 5.0)
+    phase.got(0)
+    assert phase.body == 0
+    phase.got(12)
+    assert phase.current() == "idle"
+    assert phase.due() == pytest.approx(phase.last + 5.0)
+    error = phase.error("openai", "gpt-4o")
+    assert error.code == "llm.timeout"
+    assert error.retryable is True
+    assert error.details == {
+        "phase": "idle",
+        "limit": 5.0,
+        "bytes_received": 12,
+        "head_received": True,
+    }
+    assert "FLUID_LLM_IDLE_TIMEOUT_SECONDS" in str(error)
+
+
+def test_the_timeouts_of_a_request_follow_the_phases_and_the_deadline() -> None:
+    limits = PhaseLimits(connect=2.0, first_token=30.0, idle=5.0)
+    assert limits.timeouts(600.0, 120.0) == {
+        "connect": 2.0,
+        "read": 32.0,  # the head's wait: the first token's, the connection's time included
+        "write": 120.0,
+        "pool": 120.0,
+    }
+    assert limits.timeouts(1.5, 120.0) == {"connect": 1.5, "read": 1.5, "write": 1.5, "pool": 1.5}
+    connect = limits.watch(stream=False).error("openai", None, connect=True)
+    assert connect.details["phase"] == "connect"
+    assert connect.details["bytes_received"] == 0
+    assert connect.details["head_received"] is False

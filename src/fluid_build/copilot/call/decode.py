@@ -22,7 +22,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderError,
     SchemaValidationError,
 )
-from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
+from fluid_build.copilot.call.phases import Phase
 from fluid_build.copilot.call.prepare import Prepared, response_schema
 from fluid_build.copilot.call.prices import Prices, price_call
 from fluid_build.copilot.call.wire import Deadline, StreamReader, decode_json
@@ -41,10 +41,6 @@ def timed_out(
     """The deadline's error when it, not the attempt's own timeout, cut ``exc`` short; else
     the phase's (call/phases.py) whose limit did; else None (the attempt's own timeout)."""
     if deadline.left() > 0.05:
-        if phase is None:
-            request = getattr(exc, "_request", None)  # httpx's own slot: reading never raises
-            found = request.extensions.get(PHASE_EXTENSION) if request is not None else None
-            phase = found if isinstance(found, Phase) else None
         if phase is not None:
             if isinstance(exc, httpx.ConnectTimeout):
                 return phase.error(deadline.provider, deadline.model, connect=True)
