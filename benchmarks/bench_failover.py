@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the fault server lives with the tests
@@ -122,7 +122,7 @@ def fluid_client(
     timings: Timings,
     cache: Path,
     *,
-    on_cut: str = "raise",
+    on_cut: Literal["raise", "restart"] = "raise",
     clock: Mapping[str, Any] | None = None,
 ) -> Any:
     """The chain under test; ``clock``: the envelope's ``sleep``, ``clock`` and ``wall`` (a
@@ -131,22 +131,29 @@ def fluid_client(
     from fluid_build.copilot.call.envelope import RetryEnvelope
 
     env = {"XDG_CACHE_HOME": str(cache)}  # the default sqlite store, in a scratch cache
-    limits = {
-        "timeout": timings.timeout,
-        "connect_timeout": timings.connect,
-        "first_token_timeout": timings.first_token,
-        "idle_timeout": timings.idle,
-    }
+    fallback = Fallback(
+        "openai",
+        HEALTHY,
+        base_url=url,
+        api_key=API_KEY,
+        timeout=timings.timeout,
+        connect_timeout=timings.connect,
+        first_token_timeout=timings.first_token,
+        idle_timeout=timings.idle,
+    )
     return LLMClient(
         "openai",
         PRIMARY,
         API_KEY,
         url,
-        fallbacks=[Fallback("openai", HEALTHY, base_url=url, api_key=API_KEY, **limits)],
+        fallbacks=[fallback],
         envelope=RetryEnvelope.from_env(env, **(clock or {})),
         env=env,
-        on_cut=on_cut,  # type: ignore[arg-type]
-        **limits,
+        on_cut=on_cut,
+        timeout=timings.timeout,
+        connect_timeout=timings.connect,
+        first_token_timeout=timings.first_token,
+        idle_timeout=timings.idle,
     )
 
 
@@ -172,7 +179,7 @@ def run_fluid(client: Any, stream: bool) -> tuple[str, str | None, str]:
         note = f", after {restarts} restart" if restarts else ""
         return _answer(completion.model, whole, (completion.answered_by or "") + note)
     except AgentExecutionError as error:
-        partial = error.details.get("partial_text") if isinstance(error.details, dict) else None
+        partial = error.details.get("partial_text")  # a stream cut after text reached us
         return "error", None, error.code + (" (after part of the text)" if partial else "")
 
 
@@ -241,7 +248,9 @@ def measure(
             finally:
                 sdk.close()
         else:
-            on_cut = "restart" if client == "fluid-restart" else "raise"
+            on_cut: Literal["raise", "restart"] = (
+                "restart" if client == "fluid-restart" else "raise"
+            )
             llm = fluid_client(server.base_url, timings, cache, on_cut=on_cut, clock=clock)
             try:
                 start = time.perf_counter()
