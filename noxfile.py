@@ -112,6 +112,14 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
     )
     session.run("python", "benchmarks/plot_ratios.py", "--dir", str(out), "--check")
+    # Each fault against fluid_build's chain and the openai SDK's retries (about 1 min).
+    session.run(
+        "python",
+        "benchmarks/bench_failover.py",
+        "--json",
+        str(out / "failover.json"),
+        *session.posargs,
+    )
     # Async at 100 and 1,000 in flight per transport (about 25 min; --quick: a few).
     session.run("python", "benchmarks/bench_async.py", *session.posargs)
     # Latency-bound: a server that answers after 200 ms, 1,000 in flight (issue 25).

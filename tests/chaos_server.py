@@ -241,6 +241,8 @@ class ChaosServer:
     timeout. ``latency`` delays every answer (and every fault) by that many
     seconds, as a slow model would. ``name`` labels the requests
     (``Request.server``). ``slow`` is how late ``slow_first_token`` answers.
+    ``retry_after`` is the window every 429 asks for, in
+    seconds (None: 0.15 for a pinned model, drawn from 0.1..0.2 otherwise).
     """
 
     def __init__(
@@ -255,6 +257,7 @@ class ChaosServer:
         name: str = "",
         models: Mapping[str, str | Sequence[str]] | None = None,
         slow: float = 0.1,
+        retry_after: float | None = None,
     ) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         self.models: dict[str, str | list[str]] = {
@@ -279,6 +282,7 @@ class ChaosServer:
         self.stall = stall
         self.latency = latency
         self.slow = slow
+        self.retry_after = retry_after
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []  # the server's own failures: a test asserts none
         self._lock = threading.Lock()
@@ -446,6 +450,8 @@ class ChaosServer:
                 fault, window = pinned, 0.15
             else:
                 fault, window = self._draw()
+            if self.retry_after is not None:
+                window = self.retry_after
             now = time.time()
             with self._lock:
                 if self.first_at is None:
@@ -683,6 +689,7 @@ def chaos_server(
     name: str = "",
     models: Mapping[str, str | Sequence[str]] | None = None,
     slow: float = 0.1,
+    retry_after: float | None = None,
 ) -> Iterator[ChaosServer]:
     """Run a :class:`ChaosServer` for the ``with`` block; it stops, sockets closed, after."""
     server = ChaosServer(
@@ -695,6 +702,7 @@ def chaos_server(
         name=name,
         models=models,
         slow=slow,
+        retry_after=retry_after,
     )
     server.start()
     try:

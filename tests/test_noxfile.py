@@ -118,6 +118,32 @@ class TmpSession(RecordingSession):
         return str(self.tmp)
 
 
+class BenchSession(TmpSession):
+    """`nox -s bench -- --quick`, recorded; a machine without redis-server only warns."""
+
+    posargs = ["--quick"]  # noqa: RUF012 - read only
+
+    def warn(self, *args: Any) -> None:
+        pass
+
+
+def test_the_bench_session_runs_the_failover_benchmark_beside_the_openai_sdk(
+    tmp_path: Path,
+) -> None:
+    session = BenchSession(tmp_path)
+    noxfile().bench(session)
+    assert any("openai>=3" in args for args in session.installs)  # the SDK it is compared to
+    [failover] = [args for args, _ in session.runs if "benchmarks/bench_failover.py" in args]
+    assert failover == (
+        "python",
+        "benchmarks/bench_failover.py",
+        "--json",
+        str(tmp_path / "bench" / "failover.json"),
+        "--quick",
+    )
+    assert (ROOT / failover[1]).is_file()
+
+
 def test_the_realserver_session_runs_the_tier_on_the_packaged_real_model(tmp_path: Path) -> None:
     module = noxfile()
     assert "realserver" not in module.nox.options.sessions  # slow: on demand only
