@@ -385,3 +385,50 @@ def test_a_header_of_the_client_is_checked() -> None:
         LLMClient("openai", "gpt-4o", env={"OPENAI_API_KEY": "k"}, headers={"x-a": "b\r\nc"})
     assert caught.value.code == "llm.not_configured"
     assert caught.value.details["argument"] == "headers="
+
+
+@pytest.mark.parametrize("kind", ["complete", "stream"])
+def test_an_entrys_own_first_token_limit_is_the_one_applied(kind: str) -> None:
+    """A Fallback's ``first_token_timeout`` bounds that entry on a real socket: the middle
+    entry thinks for 0.6 s; its own 0.15 s limit gives it up for the next entry, though
+    the client and the environment would wait 30 s for it."""
+    from tests.chaos_server import chaos_server
+
+    models = {"primary": "503", "thinker": "slow_first_token", "healthy": "ok"}
+    with chaos_server(weights={"ok": 1}, models=models, slow=0.6) as server:
+        env = {
+            "OPENAI_API_KEY": "sk-entry-limit",
+            "OPENAI_BASE_URL": server.base_url,
+            "FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS": "30",
+        }
+        envelope = RetryEnvelope(
+            RetryPolicy(attempts=1), sleep=lambda s: None, hook=lambda event: None
+        )
+        client = LLMClient(
+            "openai",
+            "primary",
+            env=env,
+            envelope=envelope,
+            first_token_timeout=30,
+            fallbacks=[
+                Fallback(
+                    "openai",
+                    "thinker",
+                    base_url=server.base_url,
+                    api_key="sk-entry-limit",
+                    first_token_timeout=0.15,
+                ),
+                Fallback("openai", "healthy", base_url=server.base_url, api_key="sk-entry-limit"),
+            ],
+        )
+        with client:
+            if kind == "complete":
+                done = client.complete("hi")
+            else:
+                done = [e for e in client.stream("hi") if e.type == "done"][-1].completion
+        seen = [request.model for request in server.snapshot()]
+    assert done is not None
+    assert done.answered_by == "openai:healthy"
+    thinker = [r for r in done.fallback_errors if r["entry"] == "openai:thinker"]
+    assert [r["code"] for r in thinker] == ["llm.timeout"]
+    assert seen == ["primary", "thinker", "healthy"]
