@@ -905,13 +905,9 @@ def _restartable(error: AgentExecutionError, deadline: Deadline) -> bool:
 
 def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutionError:
     """The cut's own error (never masked by a later one), listing every attempt after it."""
-    attempts = [
-        {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
-        for entry, e in history
-    ]
     last, error = history[-1]
     note = f"restarted (on_cut=restart), and {last.label} failed too [{error.code}]"
-    return cut.with_details(fallback_attempts=attempts, note=note)
+    return cut.with_details(fallback_attempts=_attempts(history), note=note)
 
 
 def _next_or_raise(
@@ -944,11 +940,15 @@ def _next_or_raise(
 def _with_history(error: AgentExecutionError, history: History) -> AgentExecutionError:
     if len(history) < 2:
         return error
-    attempts = [
+    return error.with_details(fallback_attempts=_attempts(history))
+
+
+def _attempts(history: History) -> list[dict[str, Any]]:
+    """``details["fallback_attempts"]``: each failed entry's error class, code and message."""
+    return [
         {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
         for entry, e in history
     ]
-    return error.with_details(fallback_attempts=attempts)
 
 
 def _actionability(error: AgentExecutionError) -> int:
