@@ -44,6 +44,7 @@ __all__ = [
     "capability_matrix_from_env",
     "emit_run_start_banner",
     "models_with_larger_window",
+    "option_rules",
     "run_start_warnings",
 ]
 
@@ -872,3 +873,11 @@ def emit_run_start_banner(
     # handler), so the log gets each one at INFO.
     for warning in warnings:
         LOG.info("capability: %s", warning)
+
+
+def option_rules(provider: str, model: str, fields: Mapping[str, Any]) -> dict[str, str]:
+    """The call options of ``fields`` that ``provider:model`` refuses (option -> why).
+
+    Filled in by issue 34's model rules; none yet.
+    """
+    return {}

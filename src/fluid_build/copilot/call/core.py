@@ -51,6 +51,7 @@ from fluid_build.copilot.call.drive import (
     run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
+from fluid_build.copilot.call.options import sampling, unsupported
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
 from fluid_build.copilot.call.prices import MOST_TOKENS, Prices, price_call
@@ -59,7 +60,13 @@ from fluid_build.copilot.call.window import asking
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader
 from fluid_build.copilot.health.cooldown import CooldownKey
 from fluid_build.copilot.health.ratelimit import estimate_tokens
-from fluid_build.copilot.llm.base import Adapter, Parsed, ProviderConfig, StreamState
+from fluid_build.copilot.llm.base import (
+    SAMPLING_OPTIONS,
+    Adapter,
+    Parsed,
+    ProviderConfig,
+    StreamState,
+)
 from fluid_build.copilot.llm.credentials import Pending
 from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
@@ -91,7 +98,12 @@ _MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted"})
 
 
 class CallOptions(TypedDict, total=False):
-    """What a call asks for besides its messages (see :meth:`LLMClient.complete`)."""
+    """What a call asks for besides its messages (see :meth:`LLMClient.complete`).
+
+    The sampling and tool options are mapped to each provider's own field
+    (docs/llm-providers.md, "Call options"); one the provider or model cannot take
+    is refused before sending, or dropped with a warning under ``drop_unsupported``.
+    """
 
     system: str | None
     response_model: type[BaseModel] | None
@@ -99,6 +111,24 @@ class CallOptions(TypedDict, total=False):
     max_output_tokens: int | None
     capability_matrix: Mapping[str, Any] | None
     validate: bool
+    temperature: float | None
+    top_p: float | None
+    #: One stop sequence, or several.
+    stop: str | Sequence[str] | None
+    seed: int | None
+    #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
+    tool_choice: Literal["auto", "none", "required"] | str | None  # noqa: PYI051 - editors list the three
+    parallel_tool_calls: bool | None
+    reasoning_effort: Literal["low", "medium", "high"] | None
+    #: Merged into the request body last, key by key (a nested object adds to fluid's).
+    extra_body: Mapping[str, Any] | None
+    #: The same as ``extra_body`` (kept: the docs promised it first).
+    extra: Mapping[str, Any] | None
+    #: Sent on the request after fluid's own headers.
+    extra_headers: Mapping[str, str] | None
+    #: Send the call without an option the provider or model cannot take (one warning per
+    #: provider:option) instead of refusing it.
+    drop_unsupported: bool
 
 
 #: The names a call option may have (a fallback entry's ``options`` are checked against them).
@@ -363,6 +393,15 @@ class Entry:
         if self.options:
             options = cast(CallOptions, {**options, **self.options})
         matrix = options.get("capability_matrix")
+        fields = sampling(options)
+        if fields:
+            fields = unsupported(
+                self.provider,
+                self.model,
+                fields,
+                self.refusals(fields, matrix),
+                drop=bool(options.get("drop_unsupported")),
+            )
         prepared = prepare(
             self.provider,
             self.model,
@@ -378,9 +417,27 @@ class Entry:
             validate=options.get("validate", True),
             server_window=window,
             count=self.budget is not None,
+            sampling=fields,
         )
         deadline.check("the pre-flight")
         return prepared
+
+    def refusals(
+        self, fields: Mapping[str, Any], matrix: Mapping[str, Any] | None
+    ) -> dict[str, str]:
+        """The options of ``fields`` this entry cannot send (option -> why): its provider
+        has no field for them, or its model refuses them (capabilities' option rules)."""
+        from fluid_build.copilot.call.capabilities import option_rules
+
+        takes = self.adapter.supported_options(self.model)
+        refused = {
+            name: f"{self.provider} has no such field"
+            for name in fields
+            if name in SAMPLING_OPTIONS and name not in takes
+        }
+        for name, why in option_rules(self.provider, self.model, fields).items():
+            refused.setdefault(name, why)
+        return refused
 
     def bounded(
         self, deadline: Deadline, prepared: Prepared

@@ -116,6 +116,7 @@ def prepare(
     validate: bool = True,
     server_window: int | None = None,
     count: bool = False,
+    sampling: Mapping[str, Any] | None = None,
 ) -> Prepared:
     """The call as the adapters take it; refuses a prompt that cannot fit, before any I/O.
 
@@ -126,6 +127,10 @@ def prepare(
 
     neutral = _messages(messages)
     tool_specs = tuple([tool_spec(t) for t in tools]) if tools else ()
+    if sampling and "tool_choice" in sampling:
+        from fluid_build.copilot.call.options import check_tool_choice
+
+        check_tool_choice(sampling["tool_choice"], {t.name for t in tool_specs})
     schema: dict[str, Any] | None = None
     strict: StrictSchema | None = None
     name = "response"
@@ -169,6 +174,7 @@ def prepare(
         schema_name=name,
         strict=strict is not None,
         max_output_tokens=most,
+        **(sampling or {}),
     )
     if not count:
         return Prepared(spec, response_model, strict, validate)

@@ -28,8 +28,43 @@ __all__ = [
     "iter_frames",
     "iter_stream",
     "loads_arguments",
+    "merge_body",
     "text_of",
 ]
+
+#: The call options an adapter maps to a field of its own (``Adapter.supported_options``).
+#: ``extra_body`` and ``extra_headers`` go to every provider and are not listed.
+SAMPLING_OPTIONS: Final = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "max_output_tokens",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning_effort",
+    }
+)
+
+
+def merge_body(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` with ``extra`` merged in last, key by key, in place.
+
+    A nested object in ``extra`` adds to the one already in ``body`` (its keys win),
+    so ``{"generationConfig": {"responseLogprobs": True}}`` keeps the temperature
+    and schema the adapter put there; anything else (a list, a number, None)
+    replaces what was there. ``extra``'s own objects are copied, never shared.
+    """
+    for key, value in extra.items():
+        mine = body.get(key)
+        if isinstance(value, Mapping) and isinstance(mine, dict):
+            body[key] = merge_body(dict(mine), value)
+        elif isinstance(value, Mapping):
+            body[key] = merge_body({}, value)
+        else:
+            body[key] = value
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +214,16 @@ class Adapter:
     #: The fields of an answer (and of a stream chunk) the adapter reads, and their types.
     shape: ClassVar[Shape] = {}
     chunk_shape: ClassVar[Shape] = {}
+    #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
+    options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
+
+    def supported_options(self, model: str) -> frozenset[str]:
+        """The call options this adapter sends for ``model``; a call that sets another is
+        refused before sending (or, with ``drop_unsupported``, sent without it)."""
+        return self.options
 
     @property
     def endpoint(self) -> str | None:

@@ -139,4 +139,20 @@ class CallSpec:
     schema_name: str = "response"
     strict: bool = False
     max_output_tokens: int | None = None
+    #: ``extra_body`` (or its alias ``extra``): merged into the built body last, key by
+    #: key (:func:`fluid_build.copilot.llm.base.merge_body`).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The call's sampling and tool options (docs/llm-providers.md, "Call options"); None or
+    # empty: not set, and the provider's default applies. Each adapter maps the ones its
+    # ``supported_options`` names to its own fields; the others never reach it.
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    #: ``"low"``, ``"medium"`` or ``"high"``.
+    reasoning_effort: str | None = None
+    #: Sent on the request after the adapter's own headers (and before any signing).
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
