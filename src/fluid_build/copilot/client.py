@@ -212,8 +212,13 @@ class LLMClient:
         idle_timeout: float | None = None,
         move_on_silence: bool = True,
         move_on_retry_after: float | None = None,
+        options: CallOptions | None = None,
+        drop_unsupported: bool | None = None,
     ) -> None:
         _load()
+        #: Every call's options unless the call sets its own (docs/llm-providers.md,
+        #: "Call options"); checked here, so a misspelt name fails at construction.
+        self.options: CallOptions = self._defaults(options, drop_unsupported)
         #: What a stream cut after text reached the caller does: "raise" or "restart".
         self.on_cut: OnCut = _on_cut(on_cut, "on_cut=")
         config = resolve_provider_config(
@@ -504,6 +509,30 @@ class LLMClient:
 
     # -- calls: one plan each, run by the sync or the async shell ------------------------
 
+    @staticmethod
+    def _defaults(options: CallOptions | None, drop_unsupported: bool | None) -> CallOptions:
+        from fluid_build.copilot.call.core import CALL_OPTIONS
+        from fluid_build.copilot.call.options import check_names, sampling
+
+        given = dict(options or {})
+        check_names(given, CALL_OPTIONS, "LLMClient(options=)")
+        sampling(given)  # a bad value fails here, not on the first call
+        if drop_unsupported is not None:
+            given["drop_unsupported"] = bool(drop_unsupported)
+        return cast("CallOptions", given)
+
+    def _options(self, options: CallOptions, where: str) -> CallOptions:
+        """The call's options over the client's; a name no call takes is a ``TypeError``."""
+        from fluid_build.copilot.call.core import CALL_OPTIONS
+
+        if not options.keys() <= CALL_OPTIONS:
+            from fluid_build.copilot.call.options import check_names
+
+            check_names(options, CALL_OPTIONS, f"LLMClient.{where}()")
+        if self.options:
+            return cast("CallOptions", {**self.options, **options})
+        return options
+
     def complete(self, messages: Messages, **options: Unpack[CallOptions]) -> Completion:
         """One call: a :class:`Completion`, or a typed error.
 
@@ -511,12 +540,19 @@ class LLMClient:
         ``Completion.parsed``), ``tools``, ``max_output_tokens``,
         ``capability_matrix``, ``validate``. With fallbacks, an exhausted entry
         hands the call to the next one (see docs/fallbacks-and-breakers.md).
+
+        The sampling and tool options (``temperature``, ``top_p``, ``stop``, ``seed``,
+        ``tool_choice``, ``parallel_tool_calls``, ``reasoning_effort``, ``extra_body``,
+        ``extra_headers``) go out under the provider's own fields; a name no call takes
+        is a ``TypeError``, and one the provider or model cannot take is refused
+        (``llm.unsupported_option``) before anything is sent, unless
+        ``drop_unsupported=True`` (docs/llm-providers.md, "Call options").
         """
-        return run(self._completing(messages, options))
+        return run(self._completing(messages, self._options(options, "complete")))
 
     async def acomplete(self, messages: Messages, **options: Unpack[CallOptions]) -> Completion:
         """:meth:`complete`, awaited."""
-        return await arun(self._completing(messages, options))
+        return await arun(self._completing(messages, self._options(options, "acomplete")))
 
     def stream(
         self,
@@ -535,7 +571,7 @@ class LLMClient:
         ``on_cut="restart"`` (here or on the client) the call starts again from
         scratch once, after a ``restart`` event (docs/fallbacks-and-breakers.md).
         """
-        return stream(self._streaming(messages, options, on_cut))
+        return stream(self._streaming(messages, self._options(options, "stream"), on_cut))
 
     def astream(
         self,
@@ -545,7 +581,7 @@ class LLMClient:
         **options: Unpack[CallOptions],
     ) -> AsyncIterator[StreamEvent]:
         """:meth:`stream`, as an async iterator."""
-        return astream(self._streaming(messages, options, on_cut))
+        return astream(self._streaming(messages, self._options(options, "astream"), on_cut))
 
     def _streaming(
         self, messages: Messages, options: CallOptions, on_cut: OnCut | None = None
@@ -598,6 +634,7 @@ class LLMClient:
         """
         from fluid_build.copilot.batch import map_calls
 
+        self._options(options, "map")  # a misspelt name fails once, not once per prompt
         return map_calls(
             self.complete,
             prompts,
@@ -619,6 +656,7 @@ class LLMClient:
         """:meth:`map` with tasks; cancelling it cancels the calls in flight."""
         from fluid_build.copilot.batch import amap_calls
 
+        self._options(options, "amap")
         return await amap_calls(
             self.acomplete,
             prompts,

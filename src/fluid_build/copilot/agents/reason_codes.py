@@ -160,6 +160,15 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "again with another model (--model), and report it if this one should accept it.",
     ),
     ReasonCode(
+        "llm.unsupported_option",
+        False,
+        "The call set an option (temperature, seed, stop ...) that this provider has no field "
+        "for, or that this model refuses; nothing was sent.",
+        "Remove the option the message names (details['option']) or run again with a model "
+        "that takes it (--model); a fallback in FLUID_LLM_FALLBACKS that takes it answers "
+        "instead.",
+    ),
+    ReasonCode(
         "llm.model_not_found",
         False,
         "The model or deployment does not exist for this key.",

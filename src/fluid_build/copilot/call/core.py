@@ -91,10 +91,12 @@ _CALLER_SIDE = frozenset(
         "llm.context_overflow",
         "llm.circuit_open",
         "llm.client_closed",
+        "llm.unsupported_option",
     }
 )
-# Non-retryable failures after which another provider may still answer.
-_MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted"})
+# Non-retryable failures after which another provider may still answer (an option this
+# entry's provider or model cannot take, nothing sent: the next may take it).
+_MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted", "llm.unsupported_option"})
 
 
 class CallOptions(TypedDict, total=False):
@@ -117,7 +119,7 @@ class CallOptions(TypedDict, total=False):
     stop: str | Sequence[str] | None
     seed: int | None
     #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
-    tool_choice: Literal["auto", "none", "required"] | str | None  # noqa: PYI051 - editors list the three
+    tool_choice: Literal["auto", "none", "required"] | str | None
     parallel_tool_calls: bool | None
     reasoning_effort: Literal["low", "medium", "high"] | None
     #: Merged into the request body last, key by key (a nested object adds to fluid's).

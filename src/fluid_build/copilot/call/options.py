@@ -89,9 +89,7 @@ def sampling(options: Mapping[str, Any]) -> dict[str, Any]:
     value = options.get("stop")
     if value is not None:
         stops = (value,) if isinstance(value, str) else value
-        if not isinstance(stops, list | tuple) or not all(
-            isinstance(s, str) and s for s in stops
-        ):
+        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
             raise ValueError(
                 f"stop must be a non-empty string or a list of them, not {value!r:.60}"
             )
@@ -121,8 +119,7 @@ def sampling(options: Mapping[str, Any]) -> dict[str, Any]:
     if value is not None:
         if value not in REASONING_EFFORTS:
             raise ValueError(
-                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
-                f"not {value!r:.60}"
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, not {value!r:.60}"
             )
         fields["reasoning_effort"] = value
     body, alias = options.get("extra_body"), options.get("extra")

@@ -42,6 +42,7 @@ from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
 from fluid_build.copilot.loop.workspace import Workspace
 
 if TYPE_CHECKING:
+    from fluid_build.copilot.call.core import CallOptions
     from fluid_build.copilot.client import LLMClient
 
 __all__ = [
@@ -342,6 +343,25 @@ class _RunTools(drive.Effect):
         return await self.registry.arun_many(self.calls, max_concurrency=self.max_concurrency)
 
 
+#: What the loop itself sets on each call: its own arguments, never ``options``.
+_LOOP_OWNS: Final = frozenset(
+    {"system", "tools", "response_model", "max_output_tokens", "validate"}
+)
+
+
+def _call_options(options: CallOptions | None) -> dict[str, Any]:
+    """``AgentLoop(options=)`` checked: known call options, none the loop sets itself."""
+    from fluid_build.copilot.call.core import CALL_OPTIONS
+    from fluid_build.copilot.call.options import check_names, sampling
+
+    given = dict(options or {})
+    for name in sorted(given.keys() & _LOOP_OWNS):
+        raise TypeError(f"AgentLoop(options=) cannot set {name}: pass AgentLoop({name}=)")
+    check_names(given, CALL_OPTIONS - _LOOP_OWNS, "AgentLoop(options=)")
+    sampling(given)
+    return given
+
+
 class AgentLoop:
     """Run a task with tools until the model gives a final answer that validates.
 
@@ -357,6 +377,11 @@ class AgentLoop:
     ``max_corrections`` corrections, the next failure is raised instead
     (``None``: only the budgets bound them). A ``check`` that raises ends the
     run with its exception, which never reaches the model.
+
+    ``options`` are the call options every model call of the run carries
+    (``temperature``, ``seed``, ``tool_choice`` ..., docs/llm-providers.md "Call
+    options"), over the client's own; the loop sets ``system``, ``tools``,
+    ``response_model`` and ``max_output_tokens`` from its own arguments.
     """
 
     def __init__(
@@ -376,9 +401,11 @@ class AgentLoop:
         check: Check | None = None,
         max_corrections: int | None = None,
         on_correction: Callable[[SchemaValidationError], None] | None = None,
+        options: CallOptions | None = None,
     ) -> None:
         if max_corrections is not None and max_corrections < 0:
             raise ValueError(f"max_corrections must be >= 0, not {max_corrections!r}")
+        self.options = _call_options(options)
         self.client = client
         if isinstance(tools, ToolRegistry):
             self.registry = tools
@@ -587,6 +614,7 @@ class AgentLoop:
 
     def _request(self, state: _State) -> dict[str, Any]:
         return {
+            **self.options,
             "system": self.system,
             "tools": self.registry.specs() or None,
             "response_model": self.response_model,
