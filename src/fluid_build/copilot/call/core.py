@@ -51,9 +51,16 @@ from fluid_build.copilot.call.drive import (
     run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
-from fluid_build.copilot.call.options import sampling, unsupported
+from fluid_build.copilot.call.options import check_tool_choice, sampling, unsupported
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
-from fluid_build.copilot.call.prepare import Messages, Prepared, Tools, http_request, prepare
+from fluid_build.copilot.call.prepare import (
+    Messages,
+    Prepared,
+    Tools,
+    http_request,
+    prepare,
+    tool_spec,
+)
 from fluid_build.copilot.call.prices import MOST_TOKENS, Prices, price_call
 from fluid_build.copilot.call.trace import AttemptTrace
 from fluid_build.copilot.call.window import asking
@@ -396,6 +403,10 @@ class Entry:
             options = cast(CallOptions, {**options, **self.options})
         matrix = options.get("capability_matrix")
         fields = sampling(options)
+        if "tool_choice" in fields:  # a bad value before what the provider takes
+            check_tool_choice(
+                fields["tool_choice"], {tool_spec(t).name for t in options.get("tools") or ()}
+            )
         if fields:
             fields = unsupported(
                 self.provider,

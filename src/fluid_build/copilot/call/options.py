@@ -177,9 +177,11 @@ def unsupported(
         return dict(fields)
     if not drop:
         option, why = next(iter(refused.items()))
+        each = ", ".join(f"{name}= ({reason})" for name, reason in refused.items())
+        them = "it" if len(refused) == 1 else "them"
         raise ProviderError(
-            f"{provider}:{model} cannot take {option}= ({why}); remove it, or pass "
-            "drop_unsupported=True to send the call without it",
+            f"{provider}:{model} cannot take {each}; remove {them}, or pass "
+            f"drop_unsupported=True to send the call without {them}",
             provider=provider,
             model=model,
             code="llm.unsupported_option",

@@ -127,10 +127,6 @@ def prepare(
 
     neutral = _messages(messages)
     tool_specs = tuple([tool_spec(t) for t in tools]) if tools else ()
-    if sampling and "tool_choice" in sampling:
-        from fluid_build.copilot.call.options import check_tool_choice
-
-        check_tool_choice(sampling["tool_choice"], {t.name for t in tool_specs})
     schema: dict[str, Any] | None = None
     strict: StrictSchema | None = None
     name = "response"
