@@ -451,6 +451,25 @@ def test_openai_responses_is_openai_and_told_apart_by_fluid_provider() -> None:
     assert seen == [("openai", None), ("openai", "openai_responses")]
 
 
+def test_the_call_span_carries_the_sampling_options_asked_for() -> None:
+    otel = recorded()
+    options: Any = {"temperature": 0.37, "top_p": 0.81, "stop": "END", "seed": 4242}
+    trace = otel.telemetry.call("openai", "gpt-4o", "hi", options)
+    done = Completion(text="ok", provider="openai", model="gpt-4o")
+
+    def plan() -> Plan[Completion]:
+        return done
+        yield  # a plan that asks for nothing
+
+    assert run(trace.run(plan())) is done
+    [span] = otel.spans.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert attributes["gen_ai.request.temperature"] == 0.37
+    assert attributes["gen_ai.request.top_p"] == 0.81
+    assert attributes["gen_ai.request.stop_sequences"] == ("END",)
+    assert attributes["gen_ai.request.seed"] == 4242
+
+
 def test_telemetry_is_off_unless_asked_for(caplog: pytest.LogCaptureFixture) -> None:
     assert telemetry_from(None, {}) is None
     assert telemetry_from(False, {"FLUID_OTEL": "1"}) is None

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from fluid_build._redact import one_line, redact, truncate
 from fluid_build._version import __version__
@@ -176,6 +176,15 @@ def telemetry_from(
     return Telemetry() if setting else None
 
 
+#: Call options -> the GenAI semantic conventions' request attributes.
+_REQUEST_OPTIONS: Final = (
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("stop", "gen_ai.request.stop_sequences"),
+    ("seed", "gen_ai.request.seed"),
+)
+
+
 class CallTrace:
     """The spans of one call: its span (:meth:`run`, a stream's :meth:`stream`), one per attempt.
 
@@ -227,6 +236,12 @@ class CallTrace:
             attributes["fluid.provider"] = self.provider
         if self.options.get("max_output_tokens") is not None:
             attributes["gen_ai.request.max_tokens"] = self.options["max_output_tokens"]
+        # The sampling options the caller set, as the GenAI conventions name them (what
+        # was asked for: an option dropped under drop_unsupported is still shown).
+        for option, name in _REQUEST_OPTIONS:
+            value = self.options.get(option)
+            if value is not None:
+                attributes[name] = [value] if option == "stop" and isinstance(value, str) else value
         response_model = self.options.get("response_model")
         attributes["gen_ai.output.type"] = "json" if response_model is not None else "text"
         if self.endpoint:
