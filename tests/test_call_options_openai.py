@@ -603,3 +603,38 @@ def test_drop_unsupported_sends_without_it_and_warns_once_per_provider_option(
     warned = [r for r in caplog.records if f"cannot take {option}=" in r.getMessage()]
     assert len(warned) == 1
     assert f"{provider}:{model}" in warned[0].getMessage()
+
+
+# -- a real llama.cpp server takes what fluid sends it ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.llamacpp_server import llamacpp_server, write_tiny_model
+
+    model = write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-random.gguf")
+    with llamacpp_server(model, tmp_path_factory.mktemp("llama"), n_ctx=256) as served:
+        yield served.base_url
+
+
+@pytest.mark.realserver
+def test_a_real_llamacpp_server_takes_every_field_and_honours_the_seed(llama: str) -> None:
+    """llama.cpp ignores a field it does not know: a seed under another name would leave
+    every call to the server's own seed, and the two seeds below would give one text."""
+    clock = FakeClock()
+    envelope = RetryEnvelope(cooldown=MemoryCooldownStore(), clock=clock, sleep=clock.sleep)
+    options: dict[str, Any] = {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "stop": ["END"],
+        "max_output_tokens": 12,
+    }
+    with LLMClient("llamacpp", "tiny", base_url=llama, envelope=envelope, env={}) as llm:
+        first = llm.complete("Say something.", seed=4242, **options)
+        again = llm.complete("Say something.", seed=4242, **options)
+        other = llm.complete("Say something.", seed=7, **options)
+        streamed = [run(llm, "stream", seed=seed, **options) for seed in (4242, 4242, 7)]
+    assert first.attempts == again.attempts == other.attempts == 1  # no 400 for any field
+    assert 1 <= first.usage.output_tokens <= 12
+    assert first.text == again.text != other.text
+    assert streamed[0] == streamed[1] != streamed[2]
