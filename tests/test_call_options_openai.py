@@ -506,6 +506,42 @@ def test_the_stream_options_fluid_sets_keep_what_extra_body_adds(server: _Server
     }
 
 
+def test_a_compatible_server_gets_the_stream_options_the_caller_asks_for(server: _Server) -> None:
+    # fluid sends none to these servers (several reject them); a caller whose server takes
+    # them asks in extra_body, which is merged after fluid's own fields.
+    with client(server, "vllm", "Qwen/Qwen3-8B") as llm:
+        run(llm, "stream", extra_body={"stream_options": {"include_usage": True}})
+        run(llm, "stream")
+    assert server.seen[0].body["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in server.seen[1].body
+
+
+@pytest.mark.parametrize(
+    ("version", "takes"),
+    [
+        ("2024-10-21", False),
+        ("2024-12-01-preview", True),
+        ("2025-04-01-preview", True),
+        ("preview", True),
+    ],
+)
+def test_azure_takes_reasoning_effort_from_the_api_version_that_has_it(
+    server: _Server, version: str, takes: bool
+) -> None:
+    env = {"AZURE_OPENAI_API_VERSION": version}
+    with client(server, "azure", "my-o4", env=env) as llm:
+        if takes:
+            llm.complete("hi", reasoning_effort="high")
+        else:
+            with pytest.raises(ProviderError, match="cannot take reasoning_effort="):
+                llm.complete("hi", reasoning_effort="high")
+        llm.complete("hi", seed=4242)  # every version fluid knows has the seed
+    sent = [seen.body for seen in server.seen]
+    assert [body.get("reasoning_effort") for body in sent] == ["high"] * takes + [None]
+    assert sent[-1]["seed"] == 4242
+    assert all(f"api-version={version}" in seen.path for seen in server.seen)
+
+
 @pytest.mark.parametrize("provider", ["openai", "azure", "openai_responses", "ollama", "groq"])
 def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
     server: _Server, provider: str
