@@ -52,6 +52,8 @@ DIALECTS: Final[Mapping[str, Dialect]] = {
     # DeepSeek: no seed, no parallel_tool_calls, no reasoning effort (deepseek-reasoner
     # always reasons).
     "deepseek": Dialect(lacks=frozenset({"seed", "parallel_tool_calls", "reasoning_effort"})),
+    # Together's and Fireworks' chat-completions references name no parallel_tool_calls
+    # (and Fireworks' no seed): refused rather than sent to a server that may ignore it.
     "together": Dialect(lacks=frozenset({"parallel_tool_calls"})),
     "fireworks": Dialect(lacks=frozenset({"seed", "parallel_tool_calls"})),
     "vllm": _GENERIC,
