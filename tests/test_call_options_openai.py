@@ -113,7 +113,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.seen.append(seen)
         kind, answer = _answer(self.path.split("?", 1)[0], bool(body.get("stream")))
-        self.send_response(200)
+        status = 200
+        if self.server.echo:  # a server that quotes the request's headers in its error
+            status, kind = 400, "application/json"
+            quoted = " ".join(f"{k}={v}" for k, v in seen.raw_headers)
+            answer = json.dumps(
+                {"error": {"message": f"bad request: {quoted}", "type": "invalid_request_error"}}
+            ).encode()
+        self.send_response(status)
         self.send_header("content-type", kind)
         self.send_header("content-length", str(len(answer)))
         self.end_headers()
@@ -130,6 +137,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
+        self.echo = False
 
     @property
     def url(self) -> str:
@@ -553,6 +561,24 @@ def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
     sent = [v for k, v in seen.raw_headers if k == auth.lower()]
     assert sent == ["Bearer from-the-caller"]  # once, the caller's
     assert KEY not in json.dumps(seen.raw_headers)
+
+
+@pytest.mark.parametrize("provider", ["openai", "azure", "vllm", "openai_responses", "ollama"])
+def test_a_credential_in_extra_headers_never_shows_in_the_error(
+    server: _Server, provider: str
+) -> None:
+    server.echo = True
+    secret = "plain-looking-value-7f3a9c"
+    headers = {"Authorization": f"Bearer {secret}", "X-Gateway-Token": secret}
+    with client(server, provider, "m") as llm, pytest.raises(ProviderError) as caught:
+        llm.complete("hi", extra_headers=headers)
+    [seen] = server.seen
+    assert seen.headers["x-gateway-token"] == secret  # it was sent
+    error = caught.value
+    assert error.code == "llm.invalid_request"
+    shown = str(error) + repr(error) + json.dumps(error.to_dict())
+    assert secret not in shown
+    assert KEY not in shown
 
 
 # -- an option the provider has no field for: refused before sending, or dropped -------------
