@@ -397,6 +397,16 @@ def test_the_async_calls_map_the_same_options(server: _Server, name: str, mode: 
         assert seen.body.get(key) == value, key
 
 
+@pytest.mark.parametrize("choice", ["auto", "none", "required"])
+@pytest.mark.parametrize("provider", ["openai", "llamacpp", "openai_responses"])
+def test_the_tool_choice_words_go_as_they_are(server: _Server, provider: str, choice: str) -> None:
+    with client(server, provider, "m") as llm:
+        llm.complete("hi", tools=[LOOKUP, SPELL], tool_choice=choice)
+    [seen] = server.seen
+    assert seen.body["tool_choice"] == choice
+    assert len(seen.body["tools"]) == 2
+
+
 def test_parallel_tool_calls_without_tools_is_not_sent_to_chat_completions(
     server: _Server,
 ) -> None:
