@@ -279,6 +279,56 @@ CASES = {
         {**CHAT, "max_tokens": 321, "reasoning_effort": "low"},
         ("max_completion_tokens",),
     ),
+    "cerebras": Case(
+        "cerebras",
+        "gpt-oss-120b",
+        {**SAMPLING, "reasoning_effort": "low"},
+        {**CHAT, "max_completion_tokens": 321, "reasoning_effort": "low"},
+        ("max_tokens",),
+    ),
+    # DeepSeek has no seed, parallel_tool_calls or reasoning effort (refused, below).
+    "deepseek": Case(
+        "deepseek",
+        "deepseek-chat",
+        {k: v for k, v in SAMPLING.items() if k not in ("seed", "parallel_tool_calls")},
+        {
+            **{k: v for k, v in CHAT.items() if k not in ("seed", "parallel_tool_calls")},
+            "max_tokens": 321,
+        },
+        ("max_completion_tokens", "seed", "parallel_tool_calls"),
+    ),
+    "together": Case(
+        "together",
+        "openai/gpt-oss-20b",
+        {k: v for k, v in SAMPLING.items() if k != "parallel_tool_calls"}
+        | {"reasoning_effort": "high"},
+        {
+            **{k: v for k, v in CHAT.items() if k != "parallel_tool_calls"},
+            "max_tokens": 321,
+            "reasoning_effort": "high",
+        },
+        ("max_completion_tokens",),
+    ),
+    "fireworks": Case(
+        "fireworks",
+        "accounts/fireworks/models/gpt-oss-20b",
+        {k: v for k, v in SAMPLING.items() if k not in ("seed", "parallel_tool_calls")}
+        | {"reasoning_effort": "medium"},
+        {
+            **{k: v for k, v in CHAT.items() if k not in ("seed", "parallel_tool_calls")},
+            "max_tokens": 321,
+            "reasoning_effort": "medium",
+        },
+        ("max_completion_tokens",),
+    ),
+    # A server named only as OpenAI-compatible: OpenAI's fields, the cap as max_tokens.
+    "openai_compatible": Case(
+        "openai_compatible",
+        "my-model",
+        {**SAMPLING, "reasoning_effort": "low"},
+        {**CHAT, "max_tokens": 321, "reasoning_effort": "low"},
+        ("max_completion_tokens",),
+    ),
     # llama.cpp takes only auto/none/required: a named tool is "required" with it alone.
     "llamacpp": Case(
         "llamacpp",
