@@ -613,3 +613,23 @@ def test_gemini_thinks_by_level_from_gemini_3_and_by_budget_before(
     _call(recorder, "stream", model=model, reasoning_effort="high")
     (body,) = recorder.bodies()
     assert body["generationConfig"] == {"thinkingConfig": thinking}
+
+
+OWN_HEADER = {
+    "anthropic": ("Anthropic-Version", "2099-01-01"),
+    "gemini": ("X-Goog-Api-Key", "g-other"),
+    "vertex": ("Authorization", "Bearer ya29.other"),
+    "bedrock": ("Accept", "application/json"),
+}
+
+
+@ALL
+def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
+    recorder: Recorder,
+) -> None:
+    name, value = OWN_HEADER[recorder.provider]
+    _call(recorder, "stream", extra_headers={name: value})
+    (request,) = recorder.seen
+    assert request.headers.get_list(name) == [value]  # sent once, the caller's
+    if recorder.provider == "bedrock":
+        assert _signed(request)
