@@ -170,7 +170,8 @@ class Recorder:
 def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loopback only (no proxy), the AWS chain reading only this test's keys, and the
     once-per-process drop warnings forgotten."""
-    for name in (*AWS_VARS, "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy"):
+    proxies = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+    for name in (*AWS_VARS, *proxies):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -592,8 +593,8 @@ def test_reasoning_effort_on_a_model_without_thinking_is_refused(
     recorder: Recorder, model: str
 ) -> None:
     with pytest.raises(ProviderError) as caught:
-        _call(recorder, "complete", model=model, temperature=0.37, reasoning_effort="low")
-    assert caught.value.details["options"] == ["reasoning_effort"]  # temperature is taken
+        _call(recorder, "complete", model=model, stop=["END"], reasoning_effort="low")
+    assert caught.value.details["options"] == ["reasoning_effort"]  # stop is taken
     assert recorder.seen == []
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "THINKING_BUDGETS",
     "AnthropicAdapter",
     "choose_tool",
+    "forced_with_thinking",
     "takes_thinking",
     "thinking_budget",
 ]
@@ -45,8 +46,10 @@ _NO_THINKING: Final = re.compile(r"claude-(?:instant|v?2|3-(?:haiku|sonnet|opus|
 
 
 def takes_thinking(model: str) -> bool:
-    """Whether a Claude model id (Anthropic's or Bedrock's) has extended thinking."""
-    return "claude" in model and _NO_THINKING.search(model) is None
+    """Whether a Claude model id (Anthropic's or Bedrock's) has extended thinking: any but
+    the families known to lack it (a name fluid does not know, such as a proxy's alias,
+    is given the benefit of the doubt)."""
+    return _NO_THINKING.search(model) is None
 
 
 def thinking_budget(effort: str, cap: int | None, provider: str, model: str) -> tuple[int, int]:

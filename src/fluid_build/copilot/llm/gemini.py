@@ -39,8 +39,9 @@ def thinking_kind(model: str) -> str | None:
     """How ``model`` is told how much to think: ``"level"`` (Gemini 3 and later),
     ``"budget"`` (Gemini 2.5, and a Gemini whose version its name does not say, such as
     ``gemini-flash-latest``: every thinking Gemini takes a budget), or None (no
-    thinking: Gemini 2.0 and before, Gemma)."""
-    if "gemini" not in model:
+    thinking: Gemini 2.0 and before, Gemma). A name fluid does not know (a tuned
+    model's endpoint) is given the benefit of the doubt: a budget."""
+    if "gemma" in model:
         return None
     found = _VERSION.search(model)
     if found is None:
