@@ -81,6 +81,8 @@ def _client(provider: str, **more: Any) -> Callable[[str, str], LLMClient]:
 
 
 BEDROCK_CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+#: The model each thinking test names: Bedrock's default here is Nova, which has none.
+THINKER: dict[str, str | None] = {"anthropic": None, "bedrock": BEDROCK_CLAUDE}
 PROVIDERS = {
     "anthropic": Provider(
         "anthropic",
@@ -109,7 +111,7 @@ PROVIDERS = {
     ),
     "bedrock": Provider(
         "bedrock",
-        BEDROCK_CLAUDE,
+        "amazon.nova-pro-v1:0",
         "bedrock-text",
         "bedrock-stream-text",
         _client("bedrock", env={"AWS_REGION": "us-east-1"}),
@@ -210,19 +212,26 @@ def _signed(request: httpx.Request) -> bool:
 
 
 #: What each provider is given, and the body it must receive (each option under its
-#: field, with the value given). Anthropic's thinking has its own test: it does not go
+#: field, with the value given). Anthropic's thinking has its own tests: it does not go
 #: with temperature.
 SAMPLING = {"temperature": 0.37, "top_p": 0.81, "stop": ["END"], "max_output_tokens": 2000}
 SENT: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], Any], Any]] = {
     "anthropic": (
-        {**SAMPLING, "tools": [LOOKUP], "tool_choice": "lookup", "parallel_tool_calls": False},
+        {
+            "temperature": 0.37,  # top_p alone below: recent Claude models take one of the two
+            "stop": ["END"],
+            "max_output_tokens": 2000,
+            "tools": [LOOKUP],
+            "tool_choice": "lookup",
+            "parallel_tool_calls": False,
+        },
         lambda b: (
             {k: b.get(k) for k in ("temperature", "top_p", "stop_sequences", "max_tokens")}
             | {"tool_choice": b.get("tool_choice")}
         ),
         {
             "temperature": 0.37,
-            "top_p": 0.81,
+            "top_p": None,
             "stop_sequences": ["END"],
             "max_tokens": 2000,
             "tool_choice": {"type": "tool", "name": "lookup", "disable_parallel_tool_use": True},
@@ -290,6 +299,14 @@ def test_each_option_arrives_under_the_providers_field(recorder: Recorder, how: 
         assert _signed(request)
 
 
+@pytest.mark.parametrize("recorder", ["anthropic"], indirect=True)
+@pytest.mark.parametrize("how", ["complete", "stream"])
+def test_anthropic_top_p_arrives_as_top_p(recorder: Recorder, how: str) -> None:
+    _call(recorder, how, top_p=0.81)
+    (body,) = recorder.bodies()
+    assert (body["top_p"], "temperature" in body) == (0.81, False)
+
+
 def _one(param: str) -> Any:
     return pytest.mark.parametrize("recorder", [param], indirect=True)
 
@@ -343,6 +360,7 @@ def test_extra_body_is_merged_before_the_body_is_signed(recorder: Recorder) -> N
     _call(
         recorder,
         "stream",
+        model=BEDROCK_CLAUDE,
         reasoning_effort="low",
         max_output_tokens=3000,
         extra_body={"additionalModelRequestFields": {"top_k": 40}, "inferenceConfig": {}},
@@ -540,7 +558,13 @@ def test_anthropic_reasoning_effort_is_a_thinking_budget_under_max_tokens(
 @pytest.mark.parametrize("recorder", ["anthropic", "bedrock"], indirect=True)
 def test_a_cap_too_small_to_think_in_is_refused_before_sending(recorder: Recorder) -> None:
     with pytest.raises(ProviderError) as caught:
-        _call(recorder, "complete", reasoning_effort="low", max_output_tokens=1024)
+        _call(
+            recorder,
+            "complete",
+            model=THINKER[recorder.provider],
+            reasoning_effort="low",
+            max_output_tokens=1024,
+        )
     assert caught.value.code == "llm.unsupported_option"
     assert caught.value.details["option"] == "reasoning_effort"
     assert "max_output_tokens" in str(caught.value)
@@ -557,7 +581,13 @@ def test_thinking_with_a_forced_tool_is_refused_before_sending(
     recorder: Recorder, forcing: dict[str, Any]
 ) -> None:
     with pytest.raises(ProviderError) as caught:
-        _call(recorder, "complete", reasoning_effort="medium", **forcing)
+        _call(
+            recorder,
+            "complete",
+            model=THINKER[recorder.provider],
+            reasoning_effort="medium",
+            **forcing,
+        )
     assert caught.value.code == "llm.unsupported_option"
     assert caught.value.details["option"] == "reasoning_effort"
     assert "extended thinking allows only tool_choice 'auto' or 'none'" in str(caught.value)
@@ -568,7 +598,7 @@ def test_thinking_with_a_forced_tool_is_refused_before_sending(
 def test_bedrock_claude_thinks_through_additional_model_request_fields(
     recorder: Recorder,
 ) -> None:
-    _call(recorder, "complete", reasoning_effort="high")
+    _call(recorder, "complete", model=BEDROCK_CLAUDE, reasoning_effort="high")
     (request,) = recorder.seen
     body = json.loads(request.content)
     assert body["additionalModelRequestFields"] == {
