@@ -29,6 +29,7 @@ from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call import options as call_options
 from tests.fakes import FakeClock, clocked_envelope
 from tests.test_bedrock import AWS_VARS, _expected_signature
+from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ROWS = {
     row["id"]: row
@@ -64,22 +65,29 @@ class Provider:
     model: str
     answer: str  # the recorded row a plain call gets
     streamed: str  # the recorded row a stream gets
-    make: Callable[[str, str], LLMClient]  # (url, model)
+    make: Callable[..., LLMClient]  # (url, model, **more LLMClient arguments)
 
 
-def _client(provider: str, **more: Any) -> Callable[[str, str], LLMClient]:
-    def make(url: str, model: str) -> LLMClient:
+def _client(provider: str, **more: Any) -> Callable[..., LLMClient]:
+    def make(url: str, model: str, **call: Any) -> LLMClient:
         return LLMClient(
             provider,
             model,
             base_url=url,
             envelope=clocked_envelope(FakeClock()),
-            **more,
+            **{**more, **call},
         )
 
     return make
 
 
+#: What each provider's client reads from ``env=`` here.
+ENVS: dict[str, dict[str, str]] = {
+    "anthropic": {},
+    "gemini": {},
+    "vertex": {"GOOGLE_CLOUD_PROJECT": "my-project"},
+    "bedrock": {"AWS_REGION": "us-east-1"},
+}
 BEDROCK_CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 #: The model each thinking test names: Bedrock's default here is Nova, which has none.
 THINKER: dict[str, str | None] = {"anthropic": None, "bedrock": BEDROCK_CLAUDE}
@@ -89,32 +97,28 @@ PROVIDERS = {
         "claude-sonnet-4-5",
         "anthropic-cache-read-and-write",
         "anthropic-stream-text-with-ping",
-        _client("anthropic", api_key="sk-ant-test", env={}),
+        _client("anthropic", api_key="sk-ant-test", env=ENVS["anthropic"]),
     ),
     "gemini": Provider(
         "gemini",
         "gemini-2.5-flash",
         "gemini-thoughts-token-count",
         "gemini-stream-thought-parts",
-        _client("gemini", api_key="g-test", env={}),
+        _client("gemini", api_key="g-test", env=ENVS["gemini"]),
     ),
     "vertex": Provider(
         "vertex",
         "gemini-2.5-flash",
         "vertex-text-us-central1",
         "vertex-stream-global-signature-chunks",
-        _client(
-            "vertex",
-            api_key="ya29.test",
-            env={"GOOGLE_CLOUD_PROJECT": "my-project"},
-        ),
+        _client("vertex", api_key="ya29.test", env=ENVS["vertex"]),
     ),
     "bedrock": Provider(
         "bedrock",
         "amazon.nova-pro-v1:0",
         "bedrock-text",
         "bedrock-stream-text",
-        _client("bedrock", env={"AWS_REGION": "us-east-1"}),
+        _client("bedrock", env=ENVS["bedrock"]),
     ),
 }
 
@@ -664,3 +668,40 @@ def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
     assert request.headers.get_list(name) == [value]  # sent once, the caller's
     if recorder.provider == "bedrock":
         assert _signed(request)
+
+
+# -- every transport: the same fields, and on Bedrock the same signature ----------------
+
+ON_EVERY_TRANSPORT = {
+    "anthropic": ({"temperature": 0.37}, lambda b: b["temperature"]),
+    "gemini": ({"seed": 4242}, lambda b: b["generationConfig"]["seed"]),
+    "vertex": ({"top_p": 0.81}, lambda b: b["generationConfig"]["topP"]),
+    "bedrock": ({"stop": ["END"]}, lambda b: b["inferenceConfig"]["stopSequences"]),
+}
+
+
+@ALL
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_options_set_on_the_client_reach_the_wire_on_every_transport(
+    recorder: Recorder, transport: str
+) -> None:
+    """Sync and async, fluid's pools and the caller's: one adapter builds every request,
+    and Bedrock's signature covers the caller's header and merged body on each."""
+    provider = PROVIDERS[recorder.provider]
+    option, pick = ON_EVERY_TRANSPORT[recorder.provider]
+    options = {**option, "extra_headers": TRACE, "extra_body": {"metadata": {"run": "r-1"}}}
+    more = {"env": {**ENVS[recorder.provider], **transport_env(transport)}}
+
+    def client(**http: Any) -> LLMClient:
+        return provider.make(recorder.url, provider.model, options=options, **more, **http)
+
+    call_over(transport, client, "complete")
+    call_over(transport, client, "stream")
+    assert len(recorder.seen) == 2
+    for request in recorder.seen:
+        body = json.loads(request.content)
+        assert pick(body) == next(iter(option.values()))
+        assert body["metadata"] == {"run": "r-1"}
+        assert request.headers["x-trace-id"] == "trace-4242"
+        if recorder.provider == "bedrock":
+            assert _signed(request)
