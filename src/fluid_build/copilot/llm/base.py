@@ -29,6 +29,7 @@ __all__ = [
     "iter_stream",
     "loads_arguments",
     "merge_body",
+    "set_headers",
     "text_of",
 ]
 
@@ -65,6 +66,16 @@ def merge_body(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
         else:
             body[key] = value
     return body
+
+
+def set_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with ``extra`` (a call's ``extra_headers``) set last, in place: a name
+    already there in any case is replaced, never sent twice."""
+    for name, value in extra.items():
+        for mine in [k for k in headers if k.lower() == name.lower()]:
+            del headers[mine]
+        headers[name] = value
+    return headers
 
 
 @dataclass(frozen=True, slots=True)
