@@ -448,7 +448,10 @@ class Entry:
             for name in fields
             if name in SAMPLING_OPTIONS and name not in takes
         }
-        for name, why in option_rules(self.provider, self.model, fields).items():
+        # The model rules judge the call as it would be sent: without what is refused here.
+        kept = {name: value for name, value in fields.items() if name not in refused}
+        given = {**self.capability_matrix, **matrix} if matrix else self.capability_matrix
+        for name, why in option_rules(self.provider, self.model, kept, given).items():
             refused.setdefault(name, why)
         return refused
 
