@@ -693,7 +693,9 @@ OPTION_RULES: Final[tuple[OptionRule, ...]] = (
         "(platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7)",
         "platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7"
         "#sampling-parameters-removed; the Bedrock model card for Opus 4.7 "
-        "(docs.aws.amazon.com/bedrock/latest/userguide/model-card-anthropic-claude-opus-4-7.html)",
+        "(docs.aws.amazon.com/bedrock/latest/userguide/model-card-anthropic-claude-opus-4-7.html);"
+        ' Opus 4.8, probed: temperature 0 and 0.5 -> 400 "`temperature` is deprecated for this '
+        'model", 1 -> 200 (github.com/mnfst/modelparams.dev/pull/238)',
     ),
     OptionRule(
         "claude-sampling-removed-top-p",
@@ -704,7 +706,8 @@ OPTION_RULES: Final[tuple[OptionRule, ...]] = (
         "{model} takes no top_p: Anthropic removed it "
         "(platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7)",
         "platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7"
-        "#sampling-parameters-removed",
+        "#sampling-parameters-removed; Opus 4.8, probed: top_p 0.5, 0.97 and 1 -> 400 "
+        "(github.com/mnfst/modelparams.dev/pull/238)",
     ),
     OptionRule(
         "claude-thinking-temperature",
@@ -836,6 +839,16 @@ OPTION_RULES: Final[tuple[OptionRule, ...]] = (
         unless=("grok-3-mini", "grok-4.3", "grok-4.20-multi-agent"),
     ),
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def _rules_for(provider: str, model: str) -> tuple[OptionRule, ...]:
+    # Every call with an option set asks; the answer for a name never changes.
+    provider_name = provider.strip().lower()
+    name = _rule_name(provider_name, model)
+    return tuple(
+        rule for rule in OPTION_RULES if provider_name in rule.providers and rule.covers(name)
+    )
 
 
 def _rule_name(provider: str, model: str) -> str:
@@ -1307,21 +1320,13 @@ def option_rules(
     allowed: tuple[str, ...] = ()
     if matrix and _ALLOW_KEY in matrix:
         allowed = _allowed_options(matrix[_ALLOW_KEY], f"capability_matrix[{_ALLOW_KEY!r}]")
-    provider_name = provider.strip().lower()
-    name = _rule_name(provider_name, model)
     shown = model.strip()
     refused: dict[str, str] = {}
     sent = dict(fields)
-    for rule in OPTION_RULES:
+    for rule in _rules_for(provider, model):
         # Each rule judges the call as it would be sent: an option an earlier rule refused
         # is gone (Claude's "temperature or top_p" keeps top_p when temperature is refused).
-        if (
-            rule.option in sent
-            and rule.option not in allowed
-            and provider_name in rule.providers
-            and rule.covers(name)
-            and rule.applies(sent)
-        ):
+        if rule.option in sent and rule.option not in allowed and rule.applies(sent):
             refused[rule.option] = rule.why.format(model=shown)
             del sent[rule.option]
     return refused
