@@ -200,18 +200,18 @@ REFUSED: list[tuple[str, str, str, dict[str, Any], str]] = [
         "top_p",
     ),
     (
-        "claude-thinking-tool-choice",
+        "claude-thinking-forced-tool",
         "anthropic",
         "claude-haiku-4-5",
         {"tool_choice": "required", "reasoning_effort": "low"},
-        "tool_choice",
+        "reasoning_effort",
     ),
     (
-        "claude-thinking-tool-choice",
-        "anthropic",
-        "claude-sonnet-4-6",
+        "claude-thinking-forced-tool",
+        "bedrock",
+        "us.anthropic.claude-sonnet-4-6",
         {"tool_choice": "lookup", "reasoning_effort": "medium"},
-        "tool_choice",
+        "reasoning_effort",
     ),
     (
         "claude-one-sampler",
@@ -351,6 +351,16 @@ def test_every_rule_has_a_source_and_its_families_resolve_to_known_matrix_rows()
             assert any(
                 capabilities_for(provider, name).known for provider, name in names.items()
             ), (rule.name, family)
+
+
+def test_thinking_refused_for_a_forced_tool_takes_the_thinking_rules_with_it() -> None:
+    # A drop sends the forced tool and temperature 0.2 without thinking, which Claude takes.
+    fields = {"tool_choice": "required", "reasoning_effort": "low", "temperature": 0.2}
+    refused = option_rules("anthropic", "claude-sonnet-4-5", fields)
+    assert refused == {"reasoning_effort": why("claude-thinking-forced-tool", "claude-sonnet-4-5")}
+    assert (
+        "extended thinking allows only tool_choice 'auto' or 'none'" in refused["reasoning_effort"]
+    )
 
 
 def test_a_later_rule_sees_the_call_without_what_an_earlier_one_refused() -> None:

@@ -710,6 +710,17 @@ OPTION_RULES: Final[tuple[OptionRule, ...]] = (
         "(github.com/mnfst/modelparams.dev/pull/238)",
     ),
     OptionRule(
+        "claude-thinking-forced-tool",
+        "reasoning_effort",
+        _CLAUDE,
+        _CLAUDE_THINKING,
+        _thinking(_forced_tool),
+        "{model}: extended thinking allows only tool_choice 'auto' or 'none', and tool_choice "
+        f"forces a tool ({_CLAUDE_THINKING_DOC})",
+        f"{_CLAUDE_THINKING_DOC} (extended thinking with tool use); the API's error "
+        '"Thinking may not be enabled when tool_choice forces tool use."',
+    ),
+    OptionRule(
         "claude-thinking-temperature",
         "temperature",
         _CLAUDE,
@@ -729,17 +740,6 @@ OPTION_RULES: Final[tuple[OptionRule, ...]] = (
         "{model} with thinking (reasoning_effort) takes top_p only from 0.95 to 1 "
         f"({_CLAUDE_THINKING_DOC})",
         f"{_CLAUDE_THINKING_DOC} (feature compatibility: top_p between 0.95 and 1)",
-    ),
-    OptionRule(
-        "claude-thinking-tool-choice",
-        "tool_choice",
-        _CLAUDE,
-        _CLAUDE_THINKING,
-        _thinking(_forced_tool),
-        "{model} with thinking (reasoning_effort) takes only tool_choice auto or none: "
-        f"forced tool use is refused ({_CLAUDE_THINKING_DOC})",
-        f"{_CLAUDE_THINKING_DOC} (extended thinking with tool use); the API's error "
-        '"Thinking may not be enabled when tool_choice forces tool use."',
     ),
     OptionRule(
         "claude-one-sampler",
