@@ -628,3 +628,50 @@ def test_the_documented_rules_are_the_rules() -> None:
         if (match := row.match(line))
     }
     assert documented == {(rule.name, rule.option) for rule in OPTION_RULES}
+
+
+@pytest.mark.parametrize(
+    ("rule", "provider", "model", "options", "option"),
+    [
+        (
+            "gemini-no-thinking",
+            "gemini",
+            "gemini-2.0-flash",
+            {"reasoning_effort": "low"},
+            "reasoning_effort",
+        ),
+        ("xai-reasoning-stop", "xai", "grok-4", {"stop": "END", "temperature": 0.37}, "stop"),
+        (
+            "claude-no-thinking",
+            "anthropic",
+            "claude-3-5-haiku",
+            {"reasoning_effort": "low"},
+            "reasoning_effort",
+        ),
+    ],
+)
+def test_an_option_the_adapter_refuses_for_the_model_shows_the_rules_reason(
+    mock: respx.MockRouter,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    rule: str,
+    provider: str,
+    model: str,
+    options: dict[str, Any],
+    option: str,
+) -> None:
+    # The adapter knows the model takes no such option (as the Gemini, xAI and Anthropic
+    # adapters do for these models): the reason shown is the rule's, naming the model and
+    # the source, not "has no such field".
+    adapters_take(monkeypatch, SAMPLING_OPTIONS - {option, "seed"})
+    route = mock.route().respond(200, json={})
+    with pytest.raises(ProviderError) as caught:
+        make(provider, model, clock).complete("hi", **options)
+    assert caught.value.details["options"] == [option]
+    assert caught.value.details["reason"] == why(rule, model)
+    # An option no rule explains keeps the provider's reason.
+    with pytest.raises(ProviderError) as caught:
+        make(provider, model, clock).complete("hi", **{option: options[option]}, seed=1)
+    assert f"{option}= ({why(rule, model)})" in caught.value.message
+    assert f"seed= ({provider} has no such field)" in caught.value.message
+    assert route.call_count == 0
