@@ -443,12 +443,16 @@ class Entry:
         from fluid_build.copilot.call.capabilities import option_rules
 
         takes = self.adapter.supported_options(self.model)
-        refused = {
-            name: f"{self.provider} has no such field"
-            for name in fields
-            if name in SAMPLING_OPTIONS and name not in takes
-        }
-        for name, why in option_rules(self.provider, self.model, fields).items():
+        lacking = [name for name in fields if name in SAMPLING_OPTIONS and name not in takes]
+        given = {**self.capability_matrix, **matrix} if matrix else self.capability_matrix
+        # An adapter that refuses an option for this model (Gemini 2.0's reasoning_effort)
+        # shows a model rule's reason where one explains it: the model and the source.
+        explained = option_rules(self.provider, self.model, fields, given) if lacking else {}
+        no_field = f"{self.provider} has no such field"
+        refused = {name: explained.get(name, no_field) for name in lacking}
+        # The model rules judge the call as it would be sent: without what is refused here.
+        kept = {name: value for name, value in fields.items() if name not in refused}
+        for name, why in option_rules(self.provider, self.model, kept, given).items():
             refused.setdefault(name, why)
         return refused
 
