@@ -11,6 +11,7 @@ anything is sent, or dropped with one warning under ``drop_unsupported``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
@@ -25,7 +26,7 @@ import pytest
 from pydantic import BaseModel
 
 from fluid_build.copilot import LLMClient
-from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError
 from fluid_build.copilot.call import options as call_options
 from tests.fakes import FakeClock, clocked_envelope
 from tests.test_bedrock import AWS_VARS, _expected_signature
@@ -596,6 +597,66 @@ def test_thinking_with_a_forced_tool_is_refused_before_sending(
     assert caught.value.details["option"] == "reasoning_effort"
     assert "extended thinking allows only tool_choice 'auto' or 'none'" in str(caught.value)
     assert recorder.seen == []
+
+
+@pytest.mark.parametrize("recorder", ["anthropic", "bedrock"], indirect=True)
+@pytest.mark.parametrize(
+    "forcing",
+    [
+        {"response_model": Answer},
+        {"tools": [LOOKUP], "tool_choice": "required"},
+        {"max_output_tokens": 1024},
+    ],
+    ids=["response_model", "required", "tiny-cap"],
+)
+def test_drop_unsupported_sends_the_call_without_thinking_it_cannot_have(
+    recorder: Recorder, forcing: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    call_options._warned.discard(f"{recorder.provider}:reasoning_effort")
+    # The recorded answer is text, so a response_model call ends in a parse error after it.
+    parsed = pytest.raises(AgentExecutionError, match="not valid JSON")
+    with (
+        caplog.at_level(logging.WARNING, logger="fluid_build.llm"),
+        parsed if "response_model" in forcing else contextlib.nullcontext(),
+    ):
+        _call(
+            recorder,
+            "complete",
+            model=THINKER[recorder.provider],
+            reasoning_effort="medium",
+            drop_unsupported=True,
+            **forcing,
+        )
+    (body,) = recorder.bodies()
+    assert "thinking" not in json.dumps(body)
+    warned = [r.getMessage() for r in caplog.records if "reasoning_effort=" in r.getMessage()]
+    assert len(warned) == 1
+    assert "dropped (drop_unsupported)" in warned[0]
+
+
+BEDROCK_OPUS_47 = "us.anthropic.claude-opus-4-7"
+
+
+@pytest.mark.parametrize(
+    ("recorder", "model"),
+    [
+        ("anthropic", "claude-opus-4-7"),
+        ("anthropic", "claude-sonnet-4-6"),
+        ("bedrock", BEDROCK_OPUS_47),
+    ],
+    indirect=["recorder"],
+)
+@pytest.mark.parametrize("cap", [None, 512])
+def test_an_adaptive_claude_thinks_by_effort_not_by_budget(
+    recorder: Recorder, model: str, cap: int | None
+) -> None:
+    _call(recorder, "complete", model=model, reasoning_effort="low", max_output_tokens=cap)
+    (body,) = recorder.bodies()
+    fields = body.get("additionalModelRequestFields", body)
+    assert fields["thinking"] == {"type": "adaptive"}
+    assert fields["output_config"] == {"effort": "low"}
+    sent = body["inferenceConfig"]["maxTokens"] if "inferenceConfig" in body else body["max_tokens"]
+    assert sent == (cap if cap is not None else 1024 + 4096)
 
 
 @_one("bedrock")

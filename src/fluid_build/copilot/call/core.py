@@ -14,6 +14,7 @@ the sync or async shell does the I/O it asks for.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -139,6 +140,9 @@ class CallOptions(TypedDict, total=False):
     #: provider:option) instead of refusing it.
     drop_unsupported: bool
 
+
+#: A CallSpec field's value when its option is not set (an option dropped goes back to it).
+_UNSET: dict[str, Any] = {"stop": (), "extra_headers": {}}
 
 #: The names a call option may have (a fallback entry's ``options`` are checked against them).
 CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
@@ -432,8 +436,22 @@ class Entry:
             count=self.budget is not None,
             sampling=fields,
         )
+        if fields or prepared.spec.tool_choice is not None:
+            prepared = self.whole(prepared, bool(options.get("drop_unsupported")))
         deadline.check("the pre-flight")
         return prepared
+
+    def whole(self, prepared: Prepared, drop: bool) -> Prepared:
+        """``prepared`` without what its provider cannot send beside the rest of the request
+        (the adapter's ``refusals``: thinking beside a forced tool ...): refused, or dropped
+        under ``drop_unsupported``."""
+        spec = prepared.spec
+        refused = self.adapter.refusals(spec)
+        if not refused:
+            return prepared
+        unsupported(self.provider, self.model, dict.fromkeys(refused), refused, drop=drop)
+        unset: dict[str, Any] = {name: _UNSET.get(name) for name in refused}
+        return dataclasses.replace(prepared, spec=dataclasses.replace(spec, **unset))
 
     def refusals(
         self, fields: Mapping[str, Any], matrix: Mapping[str, Any] | None

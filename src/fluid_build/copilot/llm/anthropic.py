@@ -6,7 +6,6 @@ import json
 import re
 from typing import Any, ClassVar, Final
 
-from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
     NULL,
@@ -25,10 +24,11 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "THINKING_BUDGETS",
     "AnthropicAdapter",
+    "adaptive_thinking",
     "choose_tool",
-    "forced_with_thinking",
     "takes_thinking",
-    "thinking_budget",
+    "thinking_fields",
+    "thinking_refusals",
 ]
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -52,32 +52,76 @@ def takes_thinking(model: str) -> bool:
     return _NO_THINKING.search(model) is None
 
 
-def thinking_budget(effort: str, cap: int | None, provider: str, model: str) -> tuple[int, int]:
-    """``(budget_tokens, max_tokens)`` for ``reasoning_effort``; thinking counts toward
-    ``max_tokens``, which must exceed the budget.
+#: Claude models that think adaptively: ``thinking: {"type": "adaptive"}`` with the effort in
+#: ``output_config.effort``. Opus 4.7 and later take nothing else (``"enabled"`` with a
+#: budget is a 400); Opus and Sonnet 4.6 deprecate the budget. Sources:
+#: platform.claude.com/docs/en/build-with-claude/adaptive-thinking and
+#: docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html.
+_ADAPTIVE: Final = re.compile(
+    r"claude-(?:(?:opus|sonnet)-4-[6-9]|(?:opus|sonnet|haiku)-[5-9]|mythos|fable)"
+)
 
-    Without a cap, the answer gets :data:`DEFAULT_MAX_TOKENS` beside the budget. A cap
-    (``max_output_tokens``, or the one a USD budget sets) is kept: when it does not
-    exceed the effort's budget, thinking gets half of it (at least 1024); a cap of 1024
-    or less leaves no room for thinking at all and is refused before sending.
+
+def adaptive_thinking(model: str) -> bool:
+    """Whether a Claude model id (Anthropic's or Bedrock's) thinks adaptively."""
+    return _ADAPTIVE.search(model) is not None
+
+
+def thinking_fields(effort: str, cap: int | None, model: str) -> tuple[dict[str, Any], int]:
+    """The request fields for ``reasoning_effort`` and the ``max_tokens`` to send beside them.
+
+    Adaptive models get ``thinking: {"type": "adaptive"}`` and ``output_config.effort``;
+    the others ``thinking: {"type": "enabled", "budget_tokens": N}``
+    (:data:`THINKING_BUDGETS`). Thinking counts toward ``max_tokens``: without a cap the
+    answer gets :data:`DEFAULT_MAX_TOKENS` beside the effort's budget. A cap
+    (``max_output_tokens``, or the one a USD budget sets) is kept; when it does not exceed
+    the budget, thinking gets half of it (at least 1024). A cap too small to think in is
+    one of :func:`thinking_refusals`, refused (or dropped) before the request is built.
     """
     budget = THINKING_BUDGETS[effort]
+    if adaptive_thinking(model):
+        fields: dict[str, Any] = {
+            "thinking": {"type": "adaptive"},
+            "output_config": {"effort": effort},
+        }
+        return fields, cap if cap is not None else budget + DEFAULT_MAX_TOKENS
     if cap is None:
-        return budget, budget + DEFAULT_MAX_TOKENS
-    if cap > budget:
-        return budget, cap
-    if cap <= MIN_THINKING_BUDGET:
-        raise ProviderError(
-            f"{provider}:{model} cannot take reasoning_effort={effort!r} with "
-            f"max_output_tokens={cap}: thinking needs at least {MIN_THINKING_BUDGET} tokens "
-            "and the answer more; raise max_output_tokens or leave reasoning_effort out",
-            provider=provider,
-            model=model,
-            code="llm.unsupported_option",
-            retryable=False,
-            details={"option": "reasoning_effort", "options": ["reasoning_effort"]},
+        return {
+            "thinking": {"type": "enabled", "budget_tokens": budget}
+        }, budget + DEFAULT_MAX_TOKENS
+    if cap <= budget:
+        budget = max(MIN_THINKING_BUDGET, cap // 2)
+    return {"thinking": {"type": "enabled", "budget_tokens": budget}}, cap
+
+
+def thinking_refusals(spec: CallSpec, respond: str | None) -> dict[str, str]:
+    """Why ``reasoning_effort`` cannot go with the rest of ``spec`` (empty: it can).
+
+    Extended thinking takes only tool choices ``auto`` and ``none``, so a forced tool
+    (``required``, a name, or the answer tool fluid forces for a ``response_model``)
+    refuses it, as pydantic-ai refuses thinking with output tools; and a budgeted model
+    needs more than :data:`MIN_THINKING_BUDGET` tokens of ``max_tokens``.
+    """
+    if spec.reasoning_effort is None:
+        return {}
+    choice, _ = choose_tool(spec, respond)
+    if choice is not None and choice not in ("auto", "none"):
+        why = (
+            "a response_model (answered through a tool fluid forces)"
+            if spec.response_schema is not None and spec.tool_choice not in ("required", choice)
+            else f"tool_choice={spec.tool_choice!r}"
         )
-    return max(MIN_THINKING_BUDGET, cap // 2), cap
+        return {
+            "reasoning_effort": f"extended thinking allows only tool_choice 'auto' or 'none', "
+            f"and {why} forces a tool (docs.claude.com, extended thinking)"
+        }
+    cap = spec.max_output_tokens
+    if cap is not None and cap <= MIN_THINKING_BUDGET and not adaptive_thinking(spec.model):
+        return {
+            "reasoning_effort": f"thinking needs at least {MIN_THINKING_BUDGET} tokens and the "
+            f"answer more, and max_output_tokens={cap} leaves none"
+        }
+    return {}
 
 
 def choose_tool(spec: CallSpec, respond: str | None) -> tuple[str | None, bool]:
@@ -103,29 +147,6 @@ def choose_tool(spec: CallSpec, respond: str | None) -> tuple[str | None, bool]:
     if choice == "none":
         return respond, True
     return ("any" if choice == "required" else choice), False
-
-
-def forced_with_thinking(choice: str | None, spec: CallSpec, provider: str) -> None:
-    """Extended thinking takes only tool choices ``auto`` and ``none``: a forced tool
-    (``required``, a name, or fluid's answer tool for a ``response_model``) is refused
-    before sending, as pydantic-ai refuses thinking with output tools."""
-    if choice is None or choice in ("auto", "none"):
-        return
-    why = (
-        "a response_model (answered through a tool fluid forces)"
-        if spec.response_schema is not None and spec.tool_choice not in ("required", choice)
-        else f"tool_choice={spec.tool_choice!r}"
-    )
-    raise ProviderError(
-        f"{provider}:{spec.model} cannot take reasoning_effort= with {why}: extended "
-        "thinking allows only tool_choice 'auto' or 'none'; leave reasoning_effort out, "
-        "or the forced tool",
-        provider=provider,
-        model=spec.model,
-        code="llm.unsupported_option",
-        retryable=False,
-        details={"option": "reasoning_effort", "options": ["reasoning_effort"]},
-    )
 
 
 def _respond_tool(spec: CallSpec) -> str:
@@ -251,6 +272,10 @@ class AnthropicAdapter(Adapter):
     def supported_options(self, model: str) -> frozenset[str]:
         return self.options if takes_thinking(model) else self.options - {"reasoning_effort"}
 
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        return thinking_refusals(spec, respond)
+
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
         headers = {
@@ -263,10 +288,8 @@ class AnthropicAdapter(Adapter):
         max_tokens = spec.max_output_tokens
         thinking: dict[str, Any] | None = None
         if spec.reasoning_effort is not None:
-            budget, max_tokens = thinking_budget(
-                spec.reasoning_effort, max_tokens, self.provider, spec.model
-            )
-            thinking = {"type": "enabled", "budget_tokens": budget}
+            self.refuse(spec)  # what the call's checks let through: never sent as is
+            thinking, max_tokens = thinking_fields(spec.reasoning_effort, max_tokens, spec.model)
         body: dict[str, Any] = {
             "model": spec.model,
             "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
@@ -275,7 +298,7 @@ class AnthropicAdapter(Adapter):
         if spec.system:
             body["system"] = spec.system
         if thinking is not None:
-            body["thinking"] = thinking
+            body.update(thinking)
         if spec.temperature is not None:
             body["temperature"] = spec.temperature
         if spec.top_p is not None:
@@ -288,8 +311,6 @@ class AnthropicAdapter(Adapter):
         ]
         respond = _respond_tool(spec) if spec.response_schema is not None else None
         choice, offer_respond = choose_tool(spec, respond)
-        if thinking is not None:
-            forced_with_thinking(choice, spec, self.provider)
         if respond is not None and offer_respond:
             tools.append(
                 {

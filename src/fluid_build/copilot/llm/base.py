@@ -236,6 +236,21 @@ class Adapter:
         refused before sending (or, with ``drop_unsupported``, sent without it)."""
         return self.options
 
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        """The options of ``spec`` this provider cannot send beside the rest of it (option ->
+        why): what only the whole request shows (thinking beside a forced tool ...). The
+        call refuses them before sending, or drops them under ``drop_unsupported``."""
+        return {}
+
+    def refuse(self, spec: CallSpec) -> None:
+        """``llm.unsupported_option`` for the first of :meth:`refusals`, if any: a guard in
+        ``request()`` for a spec that did not come through the call's checks."""
+        refused = self.refusals(spec)
+        if refused:
+            from fluid_build.copilot.call.options import unsupported
+
+            unsupported(self.provider, spec.model, dict.fromkeys(refused), refused, drop=False)
+
     @property
     def endpoint(self) -> str | None:
         """The base URL requests go to: the configured one, or the provider's default."""

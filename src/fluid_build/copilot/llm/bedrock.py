@@ -21,9 +21,9 @@ from fluid_build._redact import install_log_redaction, one_line, redact, truncat
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.anthropic import (
     choose_tool,
-    forced_with_thinking,
     takes_thinking,
-    thinking_budget,
+    thinking_fields,
+    thinking_refusals,
 )
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -198,19 +198,6 @@ def model_family(model: str) -> str:
     name = rest if rest and geography in _GEOGRAPHIES else name
     family, dot, _ = name.partition(".")
     return family if dot else ""
-
-
-def _no_tool_choice_none(spec: CallSpec) -> ProviderError:
-    return ProviderError(
-        f"bedrock:{spec.model} cannot take tool_choice='none' in a conversation that holds "
-        "tool calls: Converse's toolChoice has no 'none', and its tools may not be left out "
-        "once a turn used them; leave tool_choice out",
-        provider="bedrock",
-        model=spec.model,
-        code="llm.unsupported_option",
-        retryable=False,
-        details={"option": "tool_choice", "options": ["tool_choice"]},
-    )
 
 
 def bedrock_messages(spec: CallSpec) -> list[dict[str, Any]]:
@@ -497,6 +484,19 @@ class BedrockAdapter(Adapter):
             return CONVERSE_OPTIONS | {"reasoning_effort"}
         return CONVERSE_OPTIONS
 
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        refused = thinking_refusals(spec, respond)
+        choice, _ = choose_tool(spec, respond)
+        if choice == "none" and any(
+            m.get("role") == "tool" or m.get("tool_calls") for m in spec.messages
+        ):
+            refused["tool_choice"] = (
+                "Converse's toolChoice has no 'none', and its tools may not be left out once "
+                "a turn of the conversation used one"
+            )
+        return refused
+
     def __init__(self, config: ProviderConfig) -> None:
         super().__init__(config)
         region = config.region or "us-east-1"
@@ -542,11 +542,9 @@ class BedrockAdapter(Adapter):
             body["system"] = [{"text": spec.system}]
         max_tokens = spec.max_output_tokens
         more: dict[str, Any] = {}
+        self.refuse(spec)  # what the call's checks let through: never sent as is
         if spec.reasoning_effort is not None:
-            budget, max_tokens = thinking_budget(
-                spec.reasoning_effort, max_tokens, self.provider, spec.model
-            )
-            more["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            more, max_tokens = thinking_fields(spec.reasoning_effort, max_tokens, spec.model)
         inference: dict[str, Any] = {}
         if max_tokens is not None:
             inference["maxTokens"] = max_tokens
@@ -570,8 +568,6 @@ class BedrockAdapter(Adapter):
         ]
         respond = _respond_tool(spec) if spec.response_schema is not None else None
         choice, offer_respond = choose_tool(spec, respond)
-        if more:
-            forced_with_thinking(choice, spec, self.provider)
         if respond is not None and offer_respond:
             # Converse's portable structured output: a tool the model must call.
             tools.append(
@@ -585,9 +581,7 @@ class BedrockAdapter(Adapter):
             )
         if choice == "none":
             # No "none" in Converse: the tools are left out, which Bedrock allows only
-            # while no turn of the conversation used one.
-            if any(m.get("role") == "tool" or m.get("tool_calls") for m in spec.messages):
-                raise _no_tool_choice_none(spec)
+            # while no turn of the conversation used one (refusals() says so before).
             tools, choice = [], None
         config: dict[str, Any] = {}
         if choice is not None:
