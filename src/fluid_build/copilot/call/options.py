@@ -23,7 +23,7 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.base import unsupported_option
 
 __all__ = [
     "REASONING_EFFORTS",
@@ -176,18 +176,7 @@ def unsupported(
     if not refused:
         return dict(fields)
     if not drop:
-        option, why = next(iter(refused.items()))
-        each = ", ".join(f"{name}= ({reason})" for name, reason in refused.items())
-        them = "it" if len(refused) == 1 else "them"
-        raise ProviderError(
-            f"{provider}:{model} cannot take {each}; remove {them}, or pass "
-            f"drop_unsupported=True to send the call without {them}",
-            provider=provider,
-            model=model,
-            code="llm.unsupported_option",
-            retryable=False,
-            details={"option": option, "options": sorted(refused), "reason": why},
-        )
+        raise unsupported_option(provider, model, refused)
     for option, why in refused.items():
         key = f"{provider}:{option}"
         with _warned_lock:

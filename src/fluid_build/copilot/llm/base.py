@@ -31,6 +31,7 @@ __all__ = [
     "merge_body",
     "set_headers",
     "text_of",
+    "unsupported_option",
 ]
 
 #: The call options an adapter maps to a field of its own (``Adapter.supported_options``).
@@ -47,6 +48,23 @@ SAMPLING_OPTIONS: Final = frozenset(
         "reasoning_effort",
     }
 )
+
+
+def unsupported_option(provider: str, model: str, refused: Mapping[str, str]) -> ProviderError:
+    """``llm.unsupported_option`` naming every option of ``refused`` (option -> why), the
+    provider and the model; not retryable (another entry of a chain may take the call)."""
+    option, why = next(iter(refused.items()))
+    each = ", ".join(f"{name}= ({reason})" for name, reason in refused.items())
+    them = "it" if len(refused) == 1 else "them"
+    return ProviderError(
+        f"{provider}:{model} cannot take {each}; remove {them}, or pass "
+        f"drop_unsupported=True to send the call without {them}",
+        provider=provider,
+        model=model,
+        code="llm.unsupported_option",
+        retryable=False,
+        details={"option": option, "options": sorted(refused), "reason": why},
+    )
 
 
 def merge_body(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -247,9 +265,7 @@ class Adapter:
         ``request()`` for a spec that did not come through the call's checks."""
         refused = self.refusals(spec)
         if refused:
-            from fluid_build.copilot.call.options import unsupported
-
-            unsupported(self.provider, spec.model, dict.fromkeys(refused), refused, drop=False)
+            raise unsupported_option(self.provider, spec.model, refused)
 
     @property
     def endpoint(self) -> str | None:
