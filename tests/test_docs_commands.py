@@ -151,6 +151,13 @@ def _forge_wrote(out: str) -> Callable[[Place], None]:
     return check
 
 
+def _forge_limited(place: Place) -> None:
+    """docs/cli.md's --max-output-tokens 4000: in every request the forge sent."""
+    _forge_wrote("forge-out")(place)
+    sent = [r.body.get("max_completion_tokens") for r in place.model.requests]
+    assert sent == [4000] * len(sent)
+
+
 def _offline_forge(place: Place) -> None:
     assert (place.cwd / "forge-out" / "contract.fluid.yaml").is_file()
     assert not place.model.requests, "the offline default asked a model"
@@ -233,6 +240,9 @@ CASES: dict[str, Case] = {
     ),
     "fluid forge my-intent.yaml --replay run.json": Case(
         0, "contract", _forge_recording, check=_offline_forge
+    ),
+    "fluid forge my-intent.yaml --max-output-tokens 4000": Case(
+        0, "contract", _live_forge, check=_forge_limited
     ),
     # docs/batch.md
     "fluid batch prompts.txt --out results.jsonl": Case(0, "success", _prompts, check=_batch_wrote),
