@@ -10,6 +10,8 @@ and they reach the options of each ``complete``/``acomplete`` call the command m
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
+from fluid_build.cli.exit_codes import EXIT_CODES
+from fluid_build.cli.forge import EXAMPLE_CASSETTE
 from fluid_build.copilot.client import LLMClient
 from tests.test_docs_commands import OPENAI_KEY, Place, new_place, run
 
@@ -176,3 +180,43 @@ def test_forge_sends_temperature_and_seed_with_its_first_call(
     first = calls[0]
     assert (first["temperature"], first["seed"]) == (0.0, -3)
     assert first["system"]  # the stage's own options are kept beside the run's
+
+
+# -- fluid forge --replay compares them (issue 34 item 6) ------------------------------------
+
+
+def test_replaying_the_bundled_run_with_another_answer_length_differs(place: Place) -> None:
+    shutil.copy(EXAMPLE_CASSETTE, place.cwd / "recorded.json")
+    done = run(place, "fluid forge my-intent.yaml --replay recorded.json --max-output-tokens 4000")
+    assert done.returncode == EXIT_CODES["corpus_mismatch"] == 30, done.stdout + done.stderr
+    assert (
+        "fluid: ReplayMismatch [replay.mismatch]: request 1 differs: max_output_tokens "
+        "(body.max_completion_tokens): the cassette was recorded with <not set>, the client "
+        "sent 4000"
+    ) in " ".join(done.stderr.split())
+    assert not (place.cwd / "forge-out").exists()
+    assert place.model.requests == []
+
+
+def test_a_run_recorded_with_a_flag_replays_only_with_it(place: Place) -> None:
+    done = run(place, "fluid forge my-intent.yaml --record run.json --max-output-tokens 3000")
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = json.loads((place.cwd / "run.json").read_text(encoding="utf-8"))
+    assert {e["request"]["body"]["max_completion_tokens"] for e in recorded["exchanges"]} == {3000}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        del place.env[name]
+    place.model.requests.clear()
+
+    without = run(place, "fluid forge my-intent.yaml --replay run.json --out o1 --json")
+    assert without.returncode == 30, without.stdout + without.stderr
+    error = json.loads(without.stdout)["error"]
+    assert (error["request"], error["field"]) == (1, "body.max_completion_tokens")
+    assert (error["expected"], error["got"]) == ("3000", "<not set>")
+    assert not (place.cwd / "o1").exists()
+
+    again = run(
+        place, "fluid forge my-intent.yaml --replay run.json --out o2 --max-output-tokens 3000"
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (place.cwd / "o2" / "contract.fluid.yaml").is_file()
+    assert place.model.requests == []
