@@ -328,6 +328,41 @@ def test_fluid_corpus_replay_names_the_setting_that_differs(tmp_path: Path) -> N
     )
 
 
+def test_fluid_corpus_record_takes_the_call_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
+    monkeypatch.setenv("FLUID_LLM_MAX_ATTEMPTS", "1")
+    out = tmp_path / "openai-short.json"
+    with respx.mock(assert_all_called=True) as router:
+        route = router.post(URL).mock(side_effect=_answer)
+        result = CliRunner().invoke(
+            corpus_cli.command,
+            [
+                "record",
+                "--provider",
+                "openai",
+                "--out",
+                str(out),
+                "--max-output-tokens",
+                "37",
+                "hi",
+            ],
+        )
+    assert result.exit_code == 0, result.output
+    assert json.loads(route.calls[0].request.content)["max_completion_tokens"] == 37
+    cassette = load_cassette(out)
+    assert cassette.call.max_output_tokens == 37
+    assert cassette.exchanges[0].request.settings == {"max_completion_tokens": 37}
+    assert run_cassette(cassette).ok
+    bad = CliRunner().invoke(
+        corpus_cli.command,
+        ["record", "--provider", "openai", "--out", str(out), "--temperature", "nan", "hi"],
+    )
+    assert bad.exit_code == 2
+    assert "Invalid value for '--temperature'" in bad.output
+
+
 def test_the_recipe_environment_keeps_the_call_defaults() -> None:
     with respx.mock(assert_all_called=True) as router:
         router.post(URL).mock(side_effect=_answer)
