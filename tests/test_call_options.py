@@ -275,6 +275,23 @@ def test_when_every_entry_refuses_the_error_lists_why_for_each(
     assert route.call_count == 0
 
 
+def test_a_fallback_entry_with_a_bad_option_value_fails_when_the_client_is_built(
+    clock: FakeClock,
+) -> None:
+    from fluid_build import Fallback
+
+    with pytest.raises(ProviderError) as caught:
+        make(
+            "openai",
+            clock,
+            model="gpt-4o-mini",
+            fallbacks=[Fallback("ollama", "llama3.1:8b", options={"temperature": 7})],
+        )
+    assert caught.value.code == "llm.not_configured"
+    assert "ollama:llama3.1:8b" in caught.value.message
+    assert "temperature must be from 0 to 2" in caught.value.message
+
+
 # -- the agent loop ----------------------------------------------------------------------------
 
 

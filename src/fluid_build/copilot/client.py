@@ -343,6 +343,16 @@ class LLMClient:
 
         clients: list[LLMClient] = []
         for entry in fallback_entries(given, source, option_names=CALL_OPTIONS):
+            if entry.options:
+                from fluid_build.copilot.call.options import sampling
+                from fluid_build.copilot.llm.checks import not_configured
+
+                try:  # a bad value fails here, not when the call reaches this entry
+                    sampling(entry.options)
+                except ValueError as bad:
+                    raise not_configured(
+                        f"the fallback entry {entry.label}'s options: {bad}", entry.provider
+                    ).with_details(entry=entry.label) from None
             own: dict[str, Any] = {
                 name: getattr(entry, name)
                 for name in PHASE_FIELDS
