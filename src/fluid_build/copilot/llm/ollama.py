@@ -14,8 +14,10 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     function_calls,
+    merge_body,
     text_of,
 )
+from fluid_build.copilot.llm.openai import with_extra_headers
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
 __all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
@@ -50,6 +52,22 @@ def _usage(data: dict[str, Any]) -> Usage:
     )
 
 
+def _options(spec: CallSpec) -> dict[str, Any]:
+    """The call's sampling options as /api/chat's ``options`` (the Modelfile's parameters)."""
+    out: dict[str, Any] = {}
+    if spec.temperature is not None:
+        out["temperature"] = spec.temperature
+    if spec.top_p is not None:
+        out["top_p"] = spec.top_p
+    if spec.stop:
+        out["stop"] = list(spec.stop)
+    if spec.seed is not None:
+        out["seed"] = spec.seed
+    if spec.max_output_tokens is not None:
+        out["num_predict"] = spec.max_output_tokens
+    return out
+
+
 _SHAPE = {
     "message": {
         "content": TEXT,
@@ -70,6 +88,10 @@ class OllamaAdapter(Adapter):
     stream_format = "ndjson"
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a line with done: true"
+    #: /api/chat has no tool_choice and no parallel_tool_calls: those are refused.
+    options: ClassVar[frozenset[str]] = frozenset(
+        {"temperature", "top_p", "stop", "seed", "max_output_tokens", "reasoning_effort"}
+    )
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
@@ -82,13 +104,17 @@ class OllamaAdapter(Adapter):
             body["tools"] = [{"type": "function", "function": t.as_dict()} for t in spec.tools]
         if spec.response_schema is not None:
             body["format"] = dict(spec.response_schema)
-        if spec.max_output_tokens is not None:
-            body["options"] = {"num_predict": spec.max_output_tokens}
-        body.update(spec.extra)
+        options = _options(spec)
+        if options:
+            body["options"] = options
+        if spec.reasoning_effort is not None:
+            # A level, as gpt-oss takes it; a model with only on/off thinks at its default.
+            body["think"] = spec.reasoning_effort
         headers = {"content-type": "application/json", **self.config.headers}
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
-        return Request("POST", f"{base}/api/chat", headers, body)
+        headers = with_extra_headers(headers, spec.extra_headers)
+        return Request("POST", f"{base}/api/chat", headers, merge_body(body, spec.extra))
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         message = data.get("message") or {}

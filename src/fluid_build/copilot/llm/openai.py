@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
 
 from fluid_build._redact import truncate
 from fluid_build.copilot.agents.errors import ProviderError
@@ -16,12 +17,49 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     function_calls,
+    merge_body,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
-__all__ = ["OpenAIAdapter", "openai_messages"]
+__all__ = [
+    "CHAT_OPTIONS",
+    "OpenAIAdapter",
+    "named_tool_choice",
+    "openai_messages",
+    "with_extra_headers",
+]
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+#: The call options chat completions has a field for (docs/llm-providers.md, "Call options").
+CHAT_OPTIONS: Final = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "max_output_tokens",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning_effort",
+    }
+)
+
+
+def with_extra_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with the call's ``extra_headers`` applied last: a name given there (in
+    any case) replaces the adapter's own, so that one header never goes out twice."""
+    if not extra:
+        return headers
+    names = {name.lower() for name in extra}
+    return {**{k: v for k, v in headers.items() if k.lower() not in names}, **extra}
+
+
+def named_tool_choice(choice: str) -> str | dict[str, Any]:
+    """A ``tool_choice`` as chat completions takes it: a tool's name forces that function."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 def openai_messages(spec: CallSpec) -> list[dict[str, Any]]:
@@ -172,6 +210,8 @@ class OpenAIAdapter(Adapter):
         "model": TEXT,
     }
 
+    options: ClassVar[frozenset[str]] = CHAT_OPTIONS
+
     def url(self) -> str:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
         return f"{base}/chat/completions"
@@ -183,6 +223,11 @@ class OpenAIAdapter(Adapter):
         return headers
 
     def body(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
+        """The request body: fluid's fields, then the call's ``extra_body`` merged in last."""
+        return merge_body(self.fields(spec, stream=stream), spec.extra)
+
+    def fields(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
+        """The body fluid builds for ``spec``, before the caller's ``extra_body``."""
         body: dict[str, Any] = {"model": spec.model, "messages": openai_messages(spec)}
         if spec.tools:
             body["tools"] = [
@@ -199,14 +244,37 @@ class OpenAIAdapter(Adapter):
             }
         if spec.max_output_tokens is not None:
             body["max_completion_tokens"] = spec.max_output_tokens
+        body.update(self.sampling(spec))
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        body.update(spec.extra)
         return body
 
+    def sampling(self, spec: CallSpec) -> dict[str, Any]:
+        """The call's sampling and tool options under chat completions' names; only those
+        set (an option not set changes nothing in the body)."""
+        out: dict[str, Any] = {}
+        if spec.temperature is not None:
+            out["temperature"] = spec.temperature
+        if spec.top_p is not None:
+            out["top_p"] = spec.top_p
+        if spec.stop:
+            out["stop"] = list(spec.stop)
+        if spec.seed is not None:
+            out["seed"] = spec.seed
+        if spec.tool_choice is not None:
+            out["tool_choice"] = named_tool_choice(spec.tool_choice)
+        # OpenAI answers 400 to parallel_tool_calls without tools; with no tool there is
+        # no call to make in parallel, so the option has nothing to say.
+        if spec.parallel_tool_calls is not None and spec.tools:
+            out["parallel_tool_calls"] = spec.parallel_tool_calls
+        if spec.reasoning_effort is not None:
+            out["reasoning_effort"] = spec.reasoning_effort
+        return out
+
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
-        return Request("POST", self.url(), self.headers(), self.body(spec, stream=stream))
+        headers = with_extra_headers(self.headers(), spec.extra_headers)
+        return Request("POST", self.url(), headers, self.body(spec, stream=stream))
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         choice = (data.get("choices") or [{}])[0]

@@ -26,9 +26,10 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     loads_arguments,
+    merge_body,
     text_of,
 )
-from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused
+from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused, with_extra_headers
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIResponsesAdapter", "responses_input"]
@@ -131,6 +132,24 @@ def _event_error(data: dict[str, Any]) -> Any:
     return {key: data[key] for key in ("code", "message", "param") if key in data}
 
 
+def _sampling(spec: CallSpec) -> dict[str, Any]:
+    """The call's options under the Responses API's names; only those set."""
+    out: dict[str, Any] = {}
+    if spec.temperature is not None:
+        out["temperature"] = spec.temperature
+    if spec.top_p is not None:
+        out["top_p"] = spec.top_p
+    if spec.tool_choice is not None:
+        choice = spec.tool_choice
+        named = choice not in ("auto", "none", "required")
+        out["tool_choice"] = {"type": "function", "name": choice} if named else choice
+    if spec.parallel_tool_calls is not None:
+        out["parallel_tool_calls"] = spec.parallel_tool_calls
+    if spec.reasoning_effort is not None:
+        out["reasoning"] = {"effort": spec.reasoning_effort}
+    return out
+
+
 _USAGE = {
     "input_tokens": COUNT,
     "output_tokens": COUNT,
@@ -167,11 +186,24 @@ class OpenAIResponsesAdapter(Adapter):
         "response": _RESPONSE,
     }
 
+    #: The Responses API has no ``stop`` and no ``seed``: those are refused.
+    options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "temperature",
+            "top_p",
+            "max_output_tokens",
+            "tool_choice",
+            "parallel_tool_calls",
+            "reasoning_effort",
+        }
+    )
+
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
         headers = {"content-type": "application/json", **self.config.headers}
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
+        headers = with_extra_headers(headers, spec.extra_headers)
         body: dict[str, Any] = {"model": spec.model, "input": responses_input(spec)}
         if spec.system:
             body["instructions"] = spec.system
@@ -192,10 +224,10 @@ class OpenAIResponsesAdapter(Adapter):
             }
         if spec.max_output_tokens is not None:
             body["max_output_tokens"] = spec.max_output_tokens
+        body.update(_sampling(spec))
         if stream:
             body["stream"] = True
-        body.update(spec.extra)
-        return Request("POST", f"{base}/responses", headers, body)
+        return Request("POST", f"{base}/responses", headers, merge_body(body, spec.extra))
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         if data.get("status") == "failed":
