@@ -4,8 +4,9 @@ sent; a good one goes with every call the command makes.
 
 The flags reach the request body sent to a model on loopback (``max_output_tokens``
 is OpenAI's ``max_completion_tokens``), through the console script in a fresh HOME;
-and they reach the options of each ``complete``/``acomplete`` call the command makes
-(seen by a spy around the real client, in process).
+an unset flag is left out of the options of each ``complete``/``acomplete`` call
+(seen by a spy around the real client, in process), so the client's defaults apply.
+A run recorded with a flag replays only with it (issue 34 item 6).
 """
 
 from __future__ import annotations
@@ -74,12 +75,22 @@ def test_a_bad_value_is_a_usage_error_and_sends_nothing(
 # -- the body sent: every request ----------------------------------------------------------
 
 
-def test_batch_max_output_tokens_is_in_every_request_body(place: Place) -> None:
-    done = run(place, "fluid batch prompts.txt --json --max-output-tokens 37")
+def test_batch_sends_the_flags_in_every_request_body(place: Place) -> None:
+    flags = "--max-output-tokens 37 --temperature 0.37 --seed 7"
+    done = run(place, f"fluid batch prompts.txt --json {flags}")
     assert done.returncode == 0, done.stdout + done.stderr
     bodies = _chat_bodies(place)
     assert len(bodies) == 3
-    assert [b["max_completion_tokens"] for b in bodies] == [37, 37, 37]
+    for body in bodies:
+        assert (body["max_completion_tokens"], body["temperature"], body["seed"]) == (37, 0.37, 7)
+
+
+def test_batch_sends_none_of_them_without_the_flags(place: Place) -> None:
+    done = run(place, "fluid batch prompts.txt --json --temperature 0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for body in _chat_bodies(place):
+        assert body["temperature"] == 0.0  # zero is a value, not "unset"
+        assert not {"max_completion_tokens", "seed", "top_p"} & set(body)
 
 
 def test_the_flag_wins_over_the_environment(place: Place) -> None:
@@ -90,14 +101,29 @@ def test_the_flag_wins_over_the_environment(place: Place) -> None:
 
 
 @pytest.mark.parametrize("loop", [False, True], ids=["stages", "agent-loop"])
-def test_forge_max_output_tokens_is_in_every_request_body(place: Place, loop: bool) -> None:
-    flags = " --agent-loop" if loop else ""
-    done = run(place, f"fluid forge my-intent.yaml --max-output-tokens 4321{flags}")
+def test_forge_sends_the_flags_in_every_request_body(place: Place, loop: bool) -> None:
+    flags = "--max-output-tokens 4321 --temperature 0.37 --seed -3" + (
+        " --agent-loop" if loop else ""
+    )
+    done = run(place, f"fluid forge my-intent.yaml {flags}")
     assert done.returncode == 0, done.stdout + done.stderr
     bodies = _chat_bodies(place)
     assert len(bodies) >= 2  # the plan, then the contract
-    assert [b.get("max_completion_tokens") for b in bodies] == [4321] * len(bodies)
+    sent = [(b.get("max_completion_tokens"), b.get("temperature"), b.get("seed")) for b in bodies]
+    assert sent == [(4321, 0.37, -3)] * len(bodies)
     assert OPENAI_KEY not in done.stdout + done.stderr
+
+
+def test_a_flag_the_provider_cannot_take_is_refused_before_sending(place: Place) -> None:
+    place.anthropic()
+    place.env["FLUID_LLM_PROVIDER"] = "anthropic"
+    done = run(place, "fluid batch prompts.txt --json --seed 7")
+    assert done.returncode == 15, done.stdout + done.stderr
+    *records, summary = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {r["error"]["code"] for r in records} == {"llm.unsupported_option"}
+    assert "seed" in records[0]["error"]["message"]
+    assert summary["summary"]["llm.unsupported_option"] == 3
+    assert place.model.requests == []
 
 
 # -- the options of each call ----------------------------------------------------------------
@@ -129,29 +155,6 @@ def _invoke(place: Place, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
     return CliRunner().invoke(cli, list(args))
 
 
-def test_batch_sends_temperature_and_seed_with_every_call(
-    place: Place, monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]
-) -> None:
-    _invoke(
-        place,
-        monkeypatch,
-        "batch",
-        "prompts.txt",
-        "--json",
-        "--temperature",
-        "0.37",
-        "--seed",
-        "7",
-        "--max-output-tokens",
-        "37",
-    )
-    assert len(calls) == 3
-    for options in calls:
-        assert options["temperature"] == 0.37
-        assert options["seed"] == 7
-        assert options["max_output_tokens"] == 37
-
-
 def test_batch_sends_only_the_options_a_flag_gave(
     place: Place, monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]
 ) -> None:
@@ -161,25 +164,6 @@ def test_batch_sends_only_the_options_a_flag_gave(
     assert [o.get("max_output_tokens") for o in calls] == [37, 37, 37]
     # Absent, not None: a None would hide the client's defaults (FLUID_LLM_TEMPERATURE).
     assert all(not {"temperature", "seed"} & set(o) for o in calls)
-
-
-def test_forge_sends_temperature_and_seed_with_its_first_call(
-    place: Place, monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]
-) -> None:
-    _invoke(
-        place,
-        monkeypatch,
-        "forge",
-        "my-intent.yaml",
-        "--temperature",
-        "0",
-        "--seed",
-        "-3",
-    )
-    assert calls, "forge made no call"
-    first = calls[0]
-    assert (first["temperature"], first["seed"]) == (0.0, -3)
-    assert first["system"]  # the stage's own options are kept beside the run's
 
 
 # -- fluid forge --replay compares them (issue 34 item 6) ------------------------------------
@@ -198,11 +182,21 @@ def test_replaying_the_bundled_run_with_another_answer_length_differs(place: Pla
     assert place.model.requests == []
 
 
-def test_a_run_recorded_with_a_flag_replays_only_with_it(place: Place) -> None:
-    done = run(place, "fluid forge my-intent.yaml --record run.json --max-output-tokens 3000")
+@pytest.mark.parametrize(
+    ("flag", "value", "field", "shown"),
+    [
+        ("--max-output-tokens", "3000", "max_completion_tokens", "3000"),
+        ("--temperature", "0", "temperature", "0.0"),
+        ("--seed", "7", "seed", "7"),
+    ],
+)
+def test_a_run_recorded_with_a_flag_replays_only_with_it(
+    place: Place, flag: str, value: str, field: str, shown: str
+) -> None:
+    done = run(place, f"fluid forge my-intent.yaml --record run.json {flag} {value}")
     assert done.returncode == 0, done.stdout + done.stderr
     recorded = json.loads((place.cwd / "run.json").read_text(encoding="utf-8"))
-    assert {e["request"]["body"]["max_completion_tokens"] for e in recorded["exchanges"]} == {3000}
+    assert {json.dumps(e["request"]["body"][field]) for e in recorded["exchanges"]} == {shown}
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         del place.env[name]
     place.model.requests.clear()
@@ -210,13 +204,24 @@ def test_a_run_recorded_with_a_flag_replays_only_with_it(place: Place) -> None:
     without = run(place, "fluid forge my-intent.yaml --replay run.json --out o1 --json")
     assert without.returncode == 30, without.stdout + without.stderr
     error = json.loads(without.stdout)["error"]
-    assert (error["request"], error["field"]) == (1, "body.max_completion_tokens")
-    assert (error["expected"], error["got"]) == ("3000", "<not set>")
+    assert (error["request"], error["field"]) == (1, f"body.{field}")
+    assert (error["expected"], error["got"]) == (shown, "<not set>")
     assert not (place.cwd / "o1").exists()
 
-    again = run(
-        place, "fluid forge my-intent.yaml --replay run.json --out o2 --max-output-tokens 3000"
-    )
+    again = run(place, f"fluid forge my-intent.yaml --replay run.json --out o2 {flag} {value}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (place.cwd / "o2" / "contract.fluid.yaml").is_file()
     assert place.model.requests == []
+
+
+def test_a_run_recorded_without_a_flag_does_not_replay_with_it(place: Place) -> None:
+    done = run(place, "fluid forge my-intent.yaml --record run.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        del place.env[name]
+    with_it = run(place, "fluid forge my-intent.yaml --replay run.json --temperature 0")
+    assert with_it.returncode == 30, with_it.stdout + with_it.stderr
+    assert (
+        "request 1 differs: temperature (body.temperature): the cassette was recorded with "
+        "<not set>, the client sent 0.0"
+    ) in " ".join(with_it.stderr.split())

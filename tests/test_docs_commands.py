@@ -190,6 +190,12 @@ def _batch_wrote(place: Place) -> None:
     assert len(place.model.requests) == 2
 
 
+def _batch_sampled(place: Place) -> None:
+    _batch_wrote(place)
+    sent = [(r.body.get("temperature"), r.body.get("seed")) for r in place.model.requests]
+    assert sent == [(0.0, 42), (0.0, 42)]
+
+
 def _one_get(place: Place) -> None:
     assert [(r.method, r.path) for r in place.model.requests] == [("GET", "/v1/models")]
 
@@ -247,6 +253,9 @@ CASES: dict[str, Case] = {
     # docs/batch.md
     "fluid batch prompts.txt --out results.jsonl": Case(0, "success", _prompts, check=_batch_wrote),
     "fluid batch prompts.txt --json --concurrency 4": Case(0, '"summary"', _prompts),
+    "fluid batch prompts.txt --temperature 0 --seed 42 --out results.jsonl": Case(
+        0, "success", _prompts, check=_batch_sampled
+    ),
     # docs/ai-setup.md
     "fluid ai setup --provider openai --model gpt-4o": Case(
         0, "openai", lambda p: p.keyring(), stdin=OPENAI_KEY + "\n"

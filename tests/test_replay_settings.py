@@ -285,32 +285,40 @@ def _answer(request: httpx.Request) -> httpx.Response:
     )
 
 
-def test_a_corpus_recording_replays_only_with_the_options_it_was_recorded_with() -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("max_output_tokens", 37, "max_completion_tokens"),
+        ("temperature", 0.37, "temperature"),
+        ("seed", 7, "seed"),
+    ],
+)
+def test_a_corpus_recording_replays_only_with_the_options_it_was_recorded_with(
+    option: str, value: Any, field: str
+) -> None:
     with respx.mock(assert_all_called=True) as router:
         route = router.post(URL).mock(side_effect=_answer)
         cassette = record(
             "hi",
             provider="openai",
             model="gpt-4o-mini",
-            max_output_tokens=37,
             env={"OPENAI_API_KEY": SECRET_KEY},
             clock=VirtualClock(),
+            **{option: value},
         )
-    assert json.loads(route.calls[0].request.content)["max_completion_tokens"] == 37
-    assert cassette.call.max_output_tokens == 37
-    assert cassette.exchanges[0].request.settings == {"max_completion_tokens": 37}
+    assert json.loads(route.calls[0].request.content)[field] == value
+    assert getattr(cassette.call, option) == value
+    assert cassette.exchanges[0].request.settings == {field: value}
     assert run_cassette(cassette).ok
 
     # The same answers, replayed by a call made without the option.
-    without = cassette.model_copy(
-        update={"call": cassette.call.model_copy(update={"max_output_tokens": None})}
-    )
+    without = cassette.model_copy(update={"call": cassette.call.model_copy(update={option: None})})
     result = run_cassette(without)
     assert not result.ok
     assert result.mismatches[0] == (
-        "request 1 differs: max_output_tokens (body.max_completion_tokens): the cassette was "
-        "recorded with 37, the client sent <not set>; replay with the options it was recorded "
-        "with, or record it again"
+        f"request 1 differs: {option} (body.{field}): the cassette was recorded with "
+        f"{json.dumps(value)}, the client sent <not set>; replay with the options it was "
+        "recorded with, or record it again"
     )
 
 
