@@ -166,6 +166,19 @@ def test_batch_sends_only_the_options_a_flag_gave(
     assert all(not {"temperature", "seed"} & set(o) for o in calls)
 
 
+def test_forge_leaves_an_unset_option_out_so_the_clients_default_applies(
+    place: Place, monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]
+) -> None:
+    """The agent loop asks with max_output_tokens=None when it has no limit of its own:
+    sent as is, that None would hide FLUID_LLM_MAX_OUTPUT_TOKENS (the client's default)."""
+    result = _invoke(place, monkeypatch, "forge", "my-intent.yaml", "--agent-loop")
+    assert result.exit_code == 0, result.output
+    assert len(calls) >= 2
+    for options in calls:
+        assert not {"max_output_tokens", "temperature", "seed"} & set(options), options
+        assert None not in options.values(), options
+
+
 # -- fluid forge --replay compares them (issue 34 item 6) ------------------------------------
 
 

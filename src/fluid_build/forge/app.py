@@ -242,11 +242,9 @@ class _Counted:
 
     def _with_run_options(self, options: dict[str, Any]) -> CallOptions:
         """The call's options, each the run's (``fluid forge --temperature`` ...) where the
-        stage left it unset."""
-        merged = dict(options)
-        for name, value in self._options.items():
-            if merged.get(name) is None:
-                merged[name] = value
+        stage left it unset; an option still None is left out, so that the client's own
+        default (FLUID_LLM_MAX_OUTPUT_TOKENS ...) applies rather than a None over it."""
+        merged = {**self._options, **{k: v for k, v in options.items() if v is not None}}
         return cast("CallOptions", merged)
 
     def _answered(self, completion: Completion) -> Completion:
