@@ -128,6 +128,23 @@ def test_another_value_is_named_with_both() -> None:
             "reasoning_effort",
             "reasoning.effort",
         ),
+        # Claude that thinks adaptively, on Anthropic and on Bedrock
+        (
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}},
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}},
+            "reasoning_effort",
+            "output_config.effort",
+        ),
+        (
+            {
+                "additionalModelRequestFields": {
+                    "thinking": {"type": "enabled", "budget_tokens": 1024}
+                }
+            },
+            {"additionalModelRequestFields": {}},
+            "reasoning_effort",
+            "additionalModelRequestFields.thinking",
+        ),
         # OpenAI-compatible servers that take max_tokens
         ({"max_tokens": 64}, {"max_tokens": 65}, "max_output_tokens", "max_tokens"),
         ({"top_p": 0.5}, {}, "top_p", "top_p"),

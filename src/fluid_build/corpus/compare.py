@@ -118,6 +118,7 @@ SETTING_FIELDS: Final[Mapping[str, str]] = {
     "reasoning_effort": "reasoning_effort",
     "reasoning.effort": "reasoning_effort",
     "thinking": "reasoning_effort",
+    "output_config.effort": "reasoning_effort",  # Claude models that think adaptively
     # Gemini and Vertex
     "generationConfig.temperature": "temperature",
     "generationConfig.topP": "top_p",
@@ -130,6 +131,8 @@ SETTING_FIELDS: Final[Mapping[str, str]] = {
     "inferenceConfig.topP": "top_p",
     "inferenceConfig.stopSequences": "stop",
     "inferenceConfig.maxTokens": "max_output_tokens",
+    "additionalModelRequestFields.thinking": "reasoning_effort",  # Claude on Bedrock
+    "additionalModelRequestFields.output_config.effort": "reasoning_effort",
     # Ollama's native API
     "options.temperature": "temperature",
     "options.top_p": "top_p",
