@@ -6,7 +6,9 @@ share the client's GIL. Against it, in the same run:
 
 * per call, one at a time (sync): a bare ``httpx.Client.post`` of the same
   request JSON plus ``.json()`` (the baseline); ``LLMClient("vllm", ...)``
-  ``.complete()`` with no cooldown store and with the default sqlite store;
+  ``.complete()`` with no cooldown store and with the default sqlite store,
+  and with no store and four call options (temperature, top_p, stop, seed:
+  each checked and mapped to the provider's field on every call);
   the official ``openai`` SDK's ``chat.completions.create()``. Each figure is
   the median over interleaved runs of the mean time per call; ratios are the
   median of run-by-run ratios to the bare httpx run beside it. Targets:
@@ -238,8 +240,10 @@ def sync_variant(name: str, url: str, tmp: Path, *, mock: bool = False) -> Sync:
             http_client=_mock_pool(name) if mock else None,
         )
 
+        options = OPTIONS if name == "llmclient-options" else {}
+
         def complete() -> object:
-            return llm.complete(PROMPT)
+            return llm.complete(PROMPT, **options)
 
         return complete, llm.close
     if name == "openai":
@@ -296,8 +300,14 @@ SYNC_ROWS = (
     ("httpx", "bare httpx.Client.post + .json()"),
     ("llmclient", "LLMClient.complete, no cooldown"),
     ("llmclient-sqlite", "LLMClient.complete, sqlite cooldown (default)"),
+    (
+        "llmclient-options",
+        "LLMClient.complete, no cooldown, with temperature, top_p, stop, seed",
+    ),
     ("openai", "openai SDK chat.completions.create"),
 )
+#: The call options the ``llmclient-options`` variant sets (each checked and mapped per call).
+OPTIONS: dict[str, Any] = {"temperature": 0.37, "top_p": 0.81, "stop": ["END"], "seed": 4242}
 #: CPU only: LLMClient on a pool the caller made, which keeps httpx's whole send path.
 CALLERS_POOL = (
     "llmclient-callers-pool",

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import respx
 
@@ -223,11 +224,23 @@ def test_drop_unsupported_sends_without_it_and_warns_once_per_provider_option(
 # -- a fallback chain: an entry that cannot take an option is skipped, and says why ----------
 
 
+def answer(request: httpx.Request) -> httpx.Response:
+    """OK, as a whole answer or as a stream, as the request asks."""
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json=OK)
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "fine"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+
 def test_a_refused_entry_is_skipped_for_one_that_takes_the_option(
     mock: respx.MockRouter, clock: FakeClock
 ) -> None:
     anthropic = mock.post(ANTHROPIC_URL).respond(200, json={})
-    openai = mock.post(OPENAI_URL).respond(200, json=OK)
+    openai = mock.post(OPENAI_URL).mock(side_effect=answer)
     client = make(
         "anthropic",
         clock,
@@ -246,6 +259,9 @@ def test_a_refused_entry_is_skipped_for_one_that_takes_the_option(
     events = list(client.stream("hi", seed=4242))
     assert events[-1].completion is not None
     assert events[-1].completion.answered_by == "openai:gpt-4o-mini"
+    assert events[-1].completion.text == "fine"
+    assert body(openai)["seed"] == 4242
+    assert anthropic.call_count == 0
 
 
 def test_when_every_entry_refuses_the_error_lists_why_for_each(

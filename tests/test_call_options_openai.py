@@ -113,7 +113,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.seen.append(seen)
         kind, answer = _answer(self.path.split("?", 1)[0], bool(body.get("stream")))
-        self.send_response(200)
+        status = 200
+        if self.server.echo:  # a server that quotes the request's headers in its error
+            status, kind = 400, "application/json"
+            quoted = " ".join(f"{k}={v}" for k, v in seen.raw_headers)
+            answer = json.dumps(
+                {"error": {"message": f"bad request: {quoted}", "type": "invalid_request_error"}}
+            ).encode()
+        self.send_response(status)
         self.send_header("content-type", kind)
         self.send_header("content-length", str(len(answer)))
         self.end_headers()
@@ -130,6 +137,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
+        self.echo = False
 
     @property
     def url(self) -> str:
@@ -271,6 +279,56 @@ CASES = {
         {**CHAT, "max_tokens": 321, "reasoning_effort": "low"},
         ("max_completion_tokens",),
     ),
+    "cerebras": Case(
+        "cerebras",
+        "gpt-oss-120b",
+        {**SAMPLING, "reasoning_effort": "low"},
+        {**CHAT, "max_completion_tokens": 321, "reasoning_effort": "low"},
+        ("max_tokens",),
+    ),
+    # DeepSeek has no seed, parallel_tool_calls or reasoning effort (refused, below).
+    "deepseek": Case(
+        "deepseek",
+        "deepseek-chat",
+        {k: v for k, v in SAMPLING.items() if k not in ("seed", "parallel_tool_calls")},
+        {
+            **{k: v for k, v in CHAT.items() if k not in ("seed", "parallel_tool_calls")},
+            "max_tokens": 321,
+        },
+        ("max_completion_tokens", "seed", "parallel_tool_calls"),
+    ),
+    "together": Case(
+        "together",
+        "openai/gpt-oss-20b",
+        {k: v for k, v in SAMPLING.items() if k != "parallel_tool_calls"}
+        | {"reasoning_effort": "high"},
+        {
+            **{k: v for k, v in CHAT.items() if k != "parallel_tool_calls"},
+            "max_tokens": 321,
+            "reasoning_effort": "high",
+        },
+        ("max_completion_tokens",),
+    ),
+    "fireworks": Case(
+        "fireworks",
+        "accounts/fireworks/models/gpt-oss-20b",
+        {k: v for k, v in SAMPLING.items() if k not in ("seed", "parallel_tool_calls")}
+        | {"reasoning_effort": "medium"},
+        {
+            **{k: v for k, v in CHAT.items() if k not in ("seed", "parallel_tool_calls")},
+            "max_tokens": 321,
+            "reasoning_effort": "medium",
+        },
+        ("max_completion_tokens",),
+    ),
+    # A server named only as OpenAI-compatible: OpenAI's fields, the cap as max_tokens.
+    "openai_compatible": Case(
+        "openai_compatible",
+        "my-model",
+        {**SAMPLING, "reasoning_effort": "low"},
+        {**CHAT, "max_tokens": 321, "reasoning_effort": "low"},
+        ("max_completion_tokens",),
+    ),
     # llama.cpp takes only auto/none/required: a named tool is "required" with it alone.
     "llamacpp": Case(
         "llamacpp",
@@ -320,7 +378,7 @@ CASES = {
     ),
     "ollama": Case(
         "ollama",
-        "llama3.1",
+        "gpt-oss:20b",
         {
             "temperature": 0.37,
             "top_p": 0.81,
@@ -387,6 +445,16 @@ def test_the_async_calls_map_the_same_options(server: _Server, name: str, mode: 
     [seen] = server.seen
     for key, value in case.expect.items():
         assert seen.body.get(key) == value, key
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", "required"])
+@pytest.mark.parametrize("provider", ["openai", "llamacpp", "openai_responses"])
+def test_the_tool_choice_words_go_as_they_are(server: _Server, provider: str, choice: str) -> None:
+    with client(server, provider, "m") as llm:
+        llm.complete("hi", tools=[LOOKUP, SPELL], tool_choice=choice)
+    [seen] = server.seen
+    assert seen.body["tool_choice"] == choice
+    assert len(seen.body["tools"]) == 2
 
 
 def test_parallel_tool_calls_without_tools_is_not_sent_to_chat_completions(
@@ -506,6 +574,42 @@ def test_the_stream_options_fluid_sets_keep_what_extra_body_adds(server: _Server
     }
 
 
+def test_a_compatible_server_gets_the_stream_options_the_caller_asks_for(server: _Server) -> None:
+    # fluid sends none to these servers (several reject them); a caller whose server takes
+    # them asks in extra_body, which is merged after fluid's own fields.
+    with client(server, "vllm", "Qwen/Qwen3-8B") as llm:
+        run(llm, "stream", extra_body={"stream_options": {"include_usage": True}})
+        run(llm, "stream")
+    assert server.seen[0].body["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in server.seen[1].body
+
+
+@pytest.mark.parametrize(
+    ("version", "takes"),
+    [
+        ("2024-10-21", False),
+        ("2024-12-01-preview", True),
+        ("2025-04-01-preview", True),
+        ("preview", True),
+    ],
+)
+def test_azure_takes_reasoning_effort_from_the_api_version_that_has_it(
+    server: _Server, version: str, takes: bool
+) -> None:
+    env = {"AZURE_OPENAI_API_VERSION": version}
+    with client(server, "azure", "my-o4", env=env) as llm:
+        if takes:
+            llm.complete("hi", reasoning_effort="high")
+        else:
+            with pytest.raises(ProviderError, match="cannot take reasoning_effort="):
+                llm.complete("hi", reasoning_effort="high")
+        llm.complete("hi", seed=4242)  # every version fluid knows has the seed
+    sent = [seen.body for seen in server.seen]
+    assert [body.get("reasoning_effort") for body in sent] == ["high"] * takes + [None]
+    assert sent[-1]["seed"] == 4242
+    assert all(f"api-version={version}" in seen.path for seen in server.seen)
+
+
 @pytest.mark.parametrize("provider", ["openai", "azure", "openai_responses", "ollama", "groq"])
 def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
     server: _Server, provider: str
@@ -519,6 +623,24 @@ def test_an_extra_header_replaces_fluids_own_of_the_same_name_in_any_case(
     assert KEY not in json.dumps(seen.raw_headers)
 
 
+@pytest.mark.parametrize("provider", ["openai", "azure", "vllm", "openai_responses", "ollama"])
+def test_a_credential_in_extra_headers_never_shows_in_the_error(
+    server: _Server, provider: str
+) -> None:
+    server.echo = True
+    secret = "plain-looking-value-7f3a9c"
+    headers = {"Authorization": f"Bearer {secret}", "X-Gateway-Token": secret}
+    with client(server, provider, "m") as llm, pytest.raises(ProviderError) as caught:
+        llm.complete("hi", extra_headers=headers)
+    [seen] = server.seen
+    assert seen.headers["x-gateway-token"] == secret  # it was sent
+    error = caught.value
+    assert error.code == "llm.invalid_request"
+    shown = str(error) + repr(error) + json.dumps(error.to_dict())
+    assert secret not in shown
+    assert KEY not in shown
+
+
 # -- an option the provider has no field for: refused before sending, or dropped -------------
 
 REFUSED = [
@@ -526,6 +648,8 @@ REFUSED = [
     ("openai_responses", "gpt-4.1-mini", "seed", 4242),
     ("ollama", "llama3.1", "tool_choice", "lookup"),
     ("ollama", "llama3.1", "parallel_tool_calls", False),
+    # A level for think is gpt-oss's alone: Ollama answers 400 to it for other models.
+    ("ollama", "qwen3:8b", "reasoning_effort", "low"),
     ("deepseek", "deepseek-chat", "seed", 4242),
     ("deepseek", "deepseek-chat", "parallel_tool_calls", False),
     ("mistral", "mistral-small-latest", "reasoning_effort", "low"),
@@ -603,3 +727,38 @@ def test_drop_unsupported_sends_without_it_and_warns_once_per_provider_option(
     warned = [r for r in caplog.records if f"cannot take {option}=" in r.getMessage()]
     assert len(warned) == 1
     assert f"{provider}:{model}" in warned[0].getMessage()
+
+
+# -- a real llama.cpp server takes what fluid sends it ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.llamacpp_server import llamacpp_server, write_tiny_model
+
+    model = write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-random.gguf")
+    with llamacpp_server(model, tmp_path_factory.mktemp("llama"), n_ctx=256) as served:
+        yield served.base_url
+
+
+@pytest.mark.realserver
+def test_a_real_llamacpp_server_takes_every_field_and_honours_the_seed(llama: str) -> None:
+    """llama.cpp ignores a field it does not know: a seed under another name would leave
+    every call to the server's own seed, and the two seeds below would give one text."""
+    clock = FakeClock()
+    envelope = RetryEnvelope(cooldown=MemoryCooldownStore(), clock=clock, sleep=clock.sleep)
+    options: dict[str, Any] = {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "stop": ["END"],
+        "max_output_tokens": 12,
+    }
+    with LLMClient("llamacpp", "tiny", base_url=llama, envelope=envelope, env={}) as llm:
+        first = llm.complete("Say something.", seed=4242, **options)
+        again = llm.complete("Say something.", seed=4242, **options)
+        other = llm.complete("Say something.", seed=7, **options)
+        streamed = [run(llm, "stream", seed=seed, **options) for seed in (4242, 4242, 7)]
+    assert first.attempts == again.attempts == other.attempts == 1  # no 400 for any field
+    assert 1 <= first.usage.output_tokens <= 12
+    assert first.text == again.text != other.text
+    assert streamed[0] == streamed[1] != streamed[2]

@@ -639,6 +639,7 @@ REDACTED_LOGGERS: Final = (
     "fluid_build.cooldown",
     "fluid_build.corpus",
     "fluid_build.forge",
+    "fluid_build.llm",
     "fluid_build.preflight",
     "fluid_build.retry",
     "fluid_build.tools",

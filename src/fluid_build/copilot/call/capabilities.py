@@ -22,7 +22,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TextIO
 
@@ -32,6 +32,7 @@ from fluid_build.copilot.agents.errors import ProviderError
 
 __all__ = [
     "CAPABILITY_MATRIX_ENV",
+    "OPTION_RULES",
     "OVERRIDE_KEYS",
     "TIGHT_CONTEXT",
     "TOKENIZERS",
@@ -40,6 +41,7 @@ __all__ = [
     "WEAK_NESTED_SCHEMAS",
     "WEAK_TOOL_USE",
     "ModelCapabilities",
+    "OptionRule",
     "capabilities_for",
     "capability_matrix_from_env",
     "emit_run_start_banner",
@@ -419,18 +421,25 @@ def _normalise(model: str) -> str:
     return name
 
 
-def _match(rows: Sequence[_Row], name: str) -> _Row | None:
-    best: _Row | None = None
-    for row in rows:
-        if name == row.model:
-            return row
+def _family(name: str, families: Iterable[str]) -> str | None:
+    """``name`` itself if it is one of ``families``, else the longest of them that is a
+    prefix of it ending at a separator (``gpt-4o-2024-08-06`` -> ``gpt-4o``)."""
+    best: str | None = None
+    for family in families:
+        if name == family:
+            return family
         if (
-            name.startswith(row.model)
-            and name[len(row.model)] in _SEPARATORS
-            and (best is None or len(row.model) > len(best.model))
+            name.startswith(family)
+            and name[len(family)] in _SEPARATORS
+            and (best is None or len(family) > len(best))
         ):
-            best = row
+            best = family
     return best
+
+
+def _match(rows: Sequence[_Row], name: str) -> _Row | None:
+    family = _family(name, (row.model for row in rows))
+    return next(row for row in rows if row.model == family) if family else None
 
 
 def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
@@ -454,10 +463,408 @@ def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
     return None
 
 
+# -- Known model rules: the call options a model refuses -------------------------------------
+#
+# The adapters refuse an option their provider has no field for; these rules refuse one the
+# provider has a field for but the model does not take, as its own docs say (or its API's
+# own error, as published), before anything is sent: a typed llm.unsupported_option (or a
+# drop under drop_unsupported) instead of a 400 from the provider, or a value the provider
+# accepts and ignores. A caller switches a rule off for a model with the capability_matrix
+# key "allow_options" (docs/capability-warnings.md, "Known model rules").
+
+_Fields = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OptionRule:
+    """``option`` is refused on ``models`` (of ``providers``) when ``applies`` holds.
+
+    ``models`` are model families, found like the matrix's rows: the exact name, then
+    the longest family that is a prefix of the name at a separator. A name whose
+    longest match is one of ``unless`` is not covered (``gpt-5-chat-latest`` is not a
+    reasoning model though ``gpt-5`` is its prefix). ``why`` (``{model}`` filled in)
+    becomes the refusal's reason; ``source`` is the provider's page, or where the
+    API's own error message is published.
+    """
+
+    name: str
+    option: str
+    providers: frozenset[str]
+    models: tuple[str, ...]
+    applies: Callable[[_Fields], bool]
+    why: str
+    source: str
+    unless: tuple[str, ...] = ()
+
+    def covers(self, model: str) -> bool:
+        """Whether ``model`` (normalised: lower case, no ``models/`` prefix) is one of
+        this rule's families."""
+        family = _family(model, self.models + self.unless)
+        return family is not None and family in self.models
+
+
+def _other_than(option: str, default: float) -> Callable[[_Fields], bool]:
+    # The provider's default value is accepted where its docs (or error) say so.
+    def check(fields: _Fields) -> bool:
+        value = fields.get(option)
+        return value is not None and value != default
+
+    return check
+
+
+def _given(option: str) -> Callable[[_Fields], bool]:
+    def check(fields: _Fields) -> bool:
+        return fields.get(option) is not None
+
+    return check
+
+
+def _thinking(check: Callable[[_Fields], bool]) -> Callable[[_Fields], bool]:
+    """``check``, only when the call asks for reasoning (Anthropic: thinking on)."""
+
+    def both(fields: _Fields) -> bool:
+        return fields.get("reasoning_effort") is not None and check(fields)
+
+    return both
+
+
+def _top_p_below_095(fields: _Fields) -> bool:
+    value = fields.get("top_p")
+    return value is not None and value < 0.95
+
+
+def _forced_tool(fields: _Fields) -> bool:
+    choice = fields.get("tool_choice")
+    return choice is not None and choice not in ("auto", "none")
+
+
+def _top_p_with_temperature(fields: _Fields) -> bool:
+    return fields.get("top_p") is not None and fields.get("temperature") is not None
+
+
+_OPENAI: Final = frozenset({"openai", "openai_responses", "azure"})
+_OPENAI_CHAT: Final = frozenset({"openai", "azure"})
+_CLAUDE: Final = frozenset({"anthropic", "bedrock"})
+_GEMINI: Final = frozenset({"gemini", "google", "vertex"})
+
+# OpenAI's reasoning models whose reasoning cannot be turned off (no effort "none"):
+# sampling is the default's only. gpt-5.1 and later default to effort "none" and take
+# temperature and top_p there, except their codex and pro models.
+_OPENAI_ALWAYS_REASONING: Final = (
+    "o1",
+    "o1-mini",
+    "o1-pro",
+    "o3",
+    "o3-mini",
+    "o3-pro",
+    "o3-deep-research",
+    "o4-mini",
+    "o4-mini-deep-research",
+    "codex-mini-latest",
+    "gpt-5",
+    "gpt-5-mini",
+    "gpt-5-nano",
+    "gpt-5-pro",
+    "gpt-5-codex",
+    "gpt-5.1-codex",
+    "gpt-5.2-codex",
+    "gpt-5.2-pro",
+)
+_OPENAI_EFFORT_NONE: Final = ("gpt-5.1", "gpt-5.2", "gpt-5.4", "gpt-5.5")
+_OPENAI_NOT_REASONING: Final = (
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4.1",
+    "gpt-4.1-mini",
+    "gpt-4.1-nano",
+    "gpt-4-turbo",
+    "gpt-3.5-turbo",
+    "gpt-5-chat",
+)
+_OPENAI_REASONING_DOC: Final = "platform.openai.com/docs/guides/reasoning"
+_OPENAI_GPT5_SAMPLING_DOC: Final = (
+    "platform.openai.com/docs/guides/latest-model (GPT-5.2 parameter compatibility: "
+    "temperature, top_p and logprobs only with reasoning effort none)"
+)
+_CLAUDE_THINKING: Final = (
+    "claude-3-7-sonnet",
+    "claude-sonnet-4",
+    "claude-opus-4",
+    "claude-haiku-4-5",
+)
+_CLAUDE_THINKING_DOC: Final = "docs.claude.com/en/docs/build-with-claude/extended-thinking"
+
+OPTION_RULES: Final[tuple[OptionRule, ...]] = (
+    # -- OpenAI ---------------------------------------------------------------------------
+    OptionRule(
+        "openai-reasoning-temperature",
+        "temperature",
+        _OPENAI,
+        _OPENAI_ALWAYS_REASONING,
+        _other_than("temperature", 1),
+        "{model} is a reasoning model: OpenAI accepts only the default temperature (1) "
+        f"({_OPENAI_REASONING_DOC})",
+        f"{_OPENAI_REASONING_DOC}; the API's error \"Unsupported value: 'temperature' does not "
+        'support 0 with this model. Only the default (1) value is supported."',
+        unless=("gpt-5-chat", *_OPENAI_EFFORT_NONE),
+    ),
+    OptionRule(
+        "openai-reasoning-top-p",
+        "top_p",
+        _OPENAI,
+        _OPENAI_ALWAYS_REASONING,
+        _other_than("top_p", 1),
+        "{model} is a reasoning model: OpenAI accepts only the default top_p (1) "
+        f"({_OPENAI_REASONING_DOC})",
+        f"{_OPENAI_REASONING_DOC} (limitations: temperature, top_p ... not supported); "
+        "learn.microsoft.com/azure/ai-foundry/openai/how-to/reasoning (not supported: "
+        "temperature, top_p, ...)",
+        unless=("gpt-5-chat", *_OPENAI_EFFORT_NONE),
+    ),
+    OptionRule(
+        "openai-effort-temperature",
+        "temperature",
+        _OPENAI,
+        _OPENAI_EFFORT_NONE,
+        _thinking(_other_than("temperature", 1)),
+        "{model} takes a temperature other than 1 only with reasoning effort none, and "
+        "reasoning_effort is set (platform.openai.com/docs/guides/latest-model)",
+        _OPENAI_GPT5_SAMPLING_DOC,
+        unless=("gpt-5.1-codex", "gpt-5.2-codex", "gpt-5.2-pro"),
+    ),
+    OptionRule(
+        "openai-effort-top-p",
+        "top_p",
+        _OPENAI,
+        _OPENAI_EFFORT_NONE,
+        _thinking(_other_than("top_p", 1)),
+        "{model} takes a top_p other than 1 only with reasoning effort none, and "
+        "reasoning_effort is set (platform.openai.com/docs/guides/latest-model)",
+        _OPENAI_GPT5_SAMPLING_DOC,
+        unless=("gpt-5.1-codex", "gpt-5.2-codex", "gpt-5.2-pro"),
+    ),
+    OptionRule(
+        "openai-reasoning-stop",
+        "stop",
+        _OPENAI_CHAT,
+        ("o3", "o4-mini"),
+        _given("stop"),
+        "{model} takes no stop sequences (platform.openai.com/docs/api-reference/chat/create: "
+        '"Not supported with latest reasoning models o3 and o4-mini")',
+        "platform.openai.com/docs/api-reference/chat/create#chat-create-stop",
+        unless=("o3-mini",),
+    ),
+    OptionRule(
+        "openai-gpt5-stop",
+        "stop",
+        _OPENAI_CHAT,
+        ("gpt-5", "o1-mini"),
+        _given("stop"),
+        "{model} takes no stop sequences (OpenAI's own error: \"Unsupported parameter: 'stop' "
+        'is not supported with this model.")',
+        "the API's error as published: community.openai.com/t/1113029 (o1-mini); "
+        'github.com/crewAIInc/crewAI commit 5ed8633 "GPT-5.x models reject the stop '
+        "parameter\"; litellm's OpenAIGPT5Config lists stop as unsupported",
+        unless=("gpt-5-chat",),
+    ),
+    OptionRule(
+        "openai-no-reasoning",
+        "reasoning_effort",
+        _OPENAI,
+        (*_OPENAI_NOT_REASONING, "o1-mini"),
+        _given("reasoning_effort"),
+        "{model} is not a model OpenAI lets you set reasoning effort on: the API answers "
+        '"Unrecognized request argument supplied: reasoning_effort" '
+        f"({_OPENAI_REASONING_DOC})",
+        f"{_OPENAI_REASONING_DOC}; the API's errors as published: "
+        "github.com/generative-computing/mellea/issues/270 (chat, gpt-4o), "
+        'github.com/BoundaryML/baml/pull/2708 (Responses, gpt-4.1: "Unsupported parameter: '
+        "'reasoning.effort' is not supported with this model.\"); "
+        "community.openai.com/t/1110750/7 (o1-mini: no reasoning_effort)",
+    ),
+    # -- Anthropic (and Claude on Bedrock) --------------------------------------------------
+    OptionRule(
+        "claude-sampling-removed-temperature",
+        "temperature",
+        _CLAUDE,
+        ("claude-opus-4-7", "claude-opus-4-8"),
+        _other_than("temperature", 1),
+        "{model} takes no temperature other than the default (1): Anthropic removed it "
+        "(platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7)",
+        "platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7"
+        "#sampling-parameters-removed; the Bedrock model card for Opus 4.7 "
+        "(docs.aws.amazon.com/bedrock/latest/userguide/model-card-anthropic-claude-opus-4-7.html);"
+        ' Opus 4.8, probed: temperature 0 and 0.5 -> 400 "`temperature` is deprecated for this '
+        'model", 1 -> 200 (github.com/mnfst/modelparams.dev/pull/238)',
+    ),
+    OptionRule(
+        "claude-sampling-removed-top-p",
+        "top_p",
+        _CLAUDE,
+        ("claude-opus-4-7", "claude-opus-4-8"),
+        _given("top_p"),
+        "{model} takes no top_p: Anthropic removed it "
+        "(platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7)",
+        "platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-7"
+        "#sampling-parameters-removed; Opus 4.8, probed: top_p 0.5, 0.97 and 1 -> 400 "
+        "(github.com/mnfst/modelparams.dev/pull/238)",
+    ),
+    OptionRule(
+        "claude-thinking-forced-tool",
+        "reasoning_effort",
+        _CLAUDE,
+        _CLAUDE_THINKING,
+        _thinking(_forced_tool),
+        "{model}: extended thinking allows only tool_choice 'auto' or 'none', and tool_choice "
+        f"forces a tool ({_CLAUDE_THINKING_DOC})",
+        f"{_CLAUDE_THINKING_DOC} (extended thinking with tool use); the API's error "
+        '"Thinking may not be enabled when tool_choice forces tool use."',
+    ),
+    OptionRule(
+        "claude-thinking-temperature",
+        "temperature",
+        _CLAUDE,
+        _CLAUDE_THINKING,
+        _thinking(_other_than("temperature", 1)),
+        "{model} with thinking (reasoning_effort) takes only temperature 1 "
+        f"({_CLAUDE_THINKING_DOC})",
+        f"{_CLAUDE_THINKING_DOC} (feature compatibility); the API's error \"`temperature` may "
+        'only be set to 1 when thinking is enabled or in adaptive mode"',
+    ),
+    OptionRule(
+        "claude-thinking-top-p",
+        "top_p",
+        _CLAUDE,
+        _CLAUDE_THINKING,
+        _thinking(_top_p_below_095),
+        "{model} with thinking (reasoning_effort) takes top_p only from 0.95 to 1 "
+        f"({_CLAUDE_THINKING_DOC})",
+        f"{_CLAUDE_THINKING_DOC} (feature compatibility: top_p between 0.95 and 1)",
+    ),
+    OptionRule(
+        "claude-one-sampler",
+        "top_p",
+        _CLAUDE,
+        (
+            "claude-opus-4-1",
+            "claude-opus-4-5",
+            "claude-opus-4-6",
+            "claude-sonnet-4-5",
+            "claude-sonnet-4-6",
+            "claude-haiku-4-5",
+        ),
+        _top_p_with_temperature,
+        "{model} takes temperature or top_p, not both "
+        "(platform.claude.com/docs/en/about-claude/models/migrating-to-claude-4)",
+        "platform.claude.com/docs/en/about-claude/models/migrating-to-claude-4 (Sonnet 4.5, "
+        "Haiku 4.5); the API's error \"`temperature` and `top_p` cannot both be specified for "
+        'this model. Please use only one." as published for Opus 4.1 '
+        "(github.com/aws-samples/bedrock-chat/pull/979), Opus 4.5 "
+        "(github.com/OpenHands/OpenHands/issues/11838), Opus 4.6 "
+        "(github.com/OpenHands/OpenHands/pull/12874), Sonnet 4.6 "
+        "(github.com/Vali-98/ChatterUI/issues/564)",
+    ),
+    OptionRule(
+        "claude-no-thinking",
+        "reasoning_effort",
+        _CLAUDE,
+        ("claude-3-5-sonnet", "claude-3-5-haiku"),
+        _given("reasoning_effort"),
+        "{model} has no extended thinking, which reasoning_effort turns on "
+        f"({_CLAUDE_THINKING_DOC}: Claude 3.7 Sonnet and the Claude 4 models)",
+        f"{_CLAUDE_THINKING_DOC} (supported models)",
+    ),
+    # -- Gemini and Vertex ------------------------------------------------------------------
+    OptionRule(
+        "gemini-no-thinking",
+        "reasoning_effort",
+        _GEMINI,
+        ("gemini-2.0-flash", "gemini-1.5-pro", "gemini-1.5-flash"),
+        _given("reasoning_effort"),
+        "{model} has no thinking, which reasoning_effort sets "
+        "(ai.google.dev/gemini-api/docs/thinking: the 2.5 models and later)",
+        "ai.google.dev/gemini-api/docs/thinking; the API's errors as published: "
+        '"thinking_config is not supported." '
+        '(github.com/immersive-translate/immersive-translate/issues/2976), "Unable to '
+        'submit request because thinking is not supported by this model." '
+        "(github.com/googleapis/js-genai/issues/681)",
+    ),
+    # -- OpenAI-compatible presets ----------------------------------------------------------
+    OptionRule(
+        "deepseek-reasoner-temperature",
+        "temperature",
+        frozenset({"deepseek"}),
+        ("deepseek-reasoner",),
+        _given("temperature"),
+        "{model} ignores temperature: DeepSeek accepts it and it has no effect "
+        "(api-docs.deepseek.com/guides/reasoning_model)",
+        "api-docs.deepseek.com/guides/reasoning_model (not supported: temperature, top_p, ... "
+        '"will not trigger an error but will also not take effect")',
+    ),
+    OptionRule(
+        "deepseek-reasoner-top-p",
+        "top_p",
+        frozenset({"deepseek"}),
+        ("deepseek-reasoner",),
+        _given("top_p"),
+        "{model} ignores top_p: DeepSeek accepts it and it has no effect "
+        "(api-docs.deepseek.com/guides/reasoning_model)",
+        "api-docs.deepseek.com/guides/reasoning_model",
+    ),
+    OptionRule(
+        "xai-reasoning-stop",
+        "stop",
+        frozenset({"xai"}),
+        ("grok-3-mini", "grok-4"),
+        _given("stop"),
+        "{model} is a reasoning model: xAI refuses stop (docs.x.ai/docs/guides/reasoning)",
+        'docs.x.ai/docs/guides/reasoning ("presencePenalty, frequencyPenalty and stop '
+        'parameters are not supported by reasoning models")',
+        unless=(
+            "grok-4-fast-non-reasoning",
+            "grok-4-1-fast-non-reasoning",
+            "grok-4.20-non-reasoning",
+        ),
+    ),
+    OptionRule(
+        "xai-no-effort",
+        "reasoning_effort",
+        frozenset({"xai"}),
+        ("grok-3", "grok-4"),
+        _given("reasoning_effort"),
+        "{model} takes no reasoning_effort: xAI answers an error "
+        "(docs.x.ai/docs/guides/reasoning: only grok-3-mini takes it)",
+        'docs.x.ai/docs/guides/reasoning ("reasoning_effort is not supported by grok-3, grok-4 '
+        'and grok-4-fast-reasoning")',
+        unless=("grok-3-mini", "grok-4.3", "grok-4.20-multi-agent"),
+    ),
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rules_for(provider: str, model: str) -> tuple[OptionRule, ...]:
+    # Every call with an option set asks; the answer for a name never changes.
+    provider_name = provider.strip().lower()
+    name = _rule_name(provider_name, model)
+    return tuple(
+        rule for rule in OPTION_RULES if provider_name in rule.providers and rule.covers(name)
+    )
+
+
+def _rule_name(provider: str, model: str) -> str:
+    """The name the rules look up: Bedrock's profile ids and ``anthropic.`` prefix removed."""
+    name = _normalise(model)
+    if provider == "bedrock":
+        name = _bedrock_model(name).removeprefix("anthropic.")
+    return name
+
+
 _BOOL_KEYS: Final = ("tools", "strict_schema", "json_mode", "preflight")
 _INT_KEYS: Final = ("context_window", "max_output_tokens", "output_reservation")
 _STR_KEYS: Final = ("tokenizer",)
-OVERRIDE_KEYS: Final = frozenset(_BOOL_KEYS + _INT_KEYS + _STR_KEYS)
+#: The call options the known model rules never refuse for this model (a list of names).
+_ALLOW_KEY: Final = "allow_options"
+OVERRIDE_KEYS: Final = frozenset(_BOOL_KEYS + _INT_KEYS + _STR_KEYS + (_ALLOW_KEY,))
 
 
 def _validated(
@@ -486,6 +893,8 @@ def _validated(
                 raise ValueError(
                     f"{where}[{key!r}] must be a whole number >= {minimum}, not {value!r}"
                 )
+        elif key == _ALLOW_KEY:
+            value = _allowed_options(value, f"{where}[{key!r}]")
         elif not isinstance(value, str) or value not in TOKENIZERS:
             raise ValueError(
                 f"{where}['tokenizer'] must be one of "
@@ -493,6 +902,23 @@ def _validated(
             )
         out[key] = value
     return out
+
+
+def _allowed_options(value: Any, where: str) -> tuple[str, ...]:
+    from fluid_build.copilot.call.options import SAMPLING_FIELDS
+
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ValueError(
+            f"{where} must be a list of call options ({', '.join(SAMPLING_FIELDS)}), "
+            f"not {value!r:.60}"
+        )
+    for name in value:
+        if name not in SAMPLING_FIELDS:
+            raise ValueError(
+                f"{where} names {name!r:.40}, which is not a call option the model rules "
+                f"refuse; known: {', '.join(SAMPLING_FIELDS)}"
+            )
+    return tuple(value)
 
 
 #: The environment's equivalent of the ``capability_matrix`` argument.
@@ -551,7 +977,7 @@ def _matrix_document(raw: str) -> Any:
         load = load_json if path.lower().endswith(".json") else load_yaml
         return load(content, name=f"the file {shown}", max_depth=_MAX_MATRIX_DEPTH)
     except TooDeepError as exc:
-        raise _matrix_error(f"{exc.reason}: a matrix needs two levels at most") from None
+        raise _matrix_error(f"{exc.reason}: a matrix needs three levels at most") from None
     except UnsafeFileError as exc:
         raise _matrix_error(f"names {exc.path}, which {exc.reason}") from None
     except UnicodeDecodeError:
@@ -875,9 +1301,32 @@ def emit_run_start_banner(
         LOG.info("capability: %s", warning)
 
 
-def option_rules(provider: str, model: str, fields: Mapping[str, Any]) -> dict[str, str]:
+def option_rules(
+    provider: str,
+    model: str,
+    fields: Mapping[str, Any],
+    matrix: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
     """The call options of ``fields`` that ``provider:model`` refuses (option -> why).
 
-    Filled in by issue 34's model rules; none yet.
+    ``fields`` are a call's :class:`CallSpec` sampling fields (only those set). The
+    rules are :data:`OPTION_RULES`, the model found like the matrix's rows (Azure
+    deployments by their name: a deployment called ``o3-mini`` is covered, one
+    called ``prod`` is not). ``matrix`` is the caller's ``capability_matrix``: its
+    ``allow_options`` names options no rule refuses for this model (for a model
+    the table gets wrong); a malformed one raises ValueError. The first rule that
+    refuses an option gives its reason, and the later rules see the call without it.
     """
-    return {}
+    allowed: tuple[str, ...] = ()
+    if matrix and _ALLOW_KEY in matrix:
+        allowed = _allowed_options(matrix[_ALLOW_KEY], f"capability_matrix[{_ALLOW_KEY!r}]")
+    shown = model.strip()
+    refused: dict[str, str] = {}
+    sent = dict(fields)
+    for rule in _rules_for(provider, model):
+        # Each rule judges the call as it would be sent: an option an earlier rule refused
+        # is gone (Claude's "temperature or top_p" keeps top_p when temperature is refused).
+        if rule.option in sent and rule.option not in allowed and rule.applies(sent):
+            refused[rule.option] = rule.why.format(model=shown)
+            del sent[rule.option]
+    return refused

@@ -14,6 +14,7 @@ the sync or async shell does the I/O it asks for.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -139,6 +140,9 @@ class CallOptions(TypedDict, total=False):
     #: provider:option) instead of refusing it.
     drop_unsupported: bool
 
+
+#: A CallSpec field's value when its option is not set (an option dropped goes back to it).
+_UNSET: dict[str, Any] = {"stop": (), "extra_headers": {}}
 
 #: The names a call option may have (a fallback entry's ``options`` are checked against them).
 CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
@@ -432,8 +436,22 @@ class Entry:
             count=self.budget is not None,
             sampling=fields,
         )
+        if fields or prepared.spec.tool_choice is not None:
+            prepared = self.whole(prepared, bool(options.get("drop_unsupported")))
         deadline.check("the pre-flight")
         return prepared
+
+    def whole(self, prepared: Prepared, drop: bool) -> Prepared:
+        """``prepared`` without what its provider cannot send beside the rest of the request
+        (the adapter's ``refusals``: thinking beside a forced tool ...): refused, or dropped
+        under ``drop_unsupported``."""
+        spec = prepared.spec
+        refused = self.adapter.refusals(spec)
+        if not refused:
+            return prepared
+        unsupported(self.provider, self.model, dict.fromkeys(refused), refused, drop=drop)
+        unset: dict[str, Any] = {name: _UNSET.get(name) for name in refused}
+        return dataclasses.replace(prepared, spec=dataclasses.replace(spec, **unset))
 
     def refusals(
         self, fields: Mapping[str, Any], matrix: Mapping[str, Any] | None
@@ -443,12 +461,16 @@ class Entry:
         from fluid_build.copilot.call.capabilities import option_rules
 
         takes = self.adapter.supported_options(self.model)
-        refused = {
-            name: f"{self.provider} has no such field"
-            for name in fields
-            if name in SAMPLING_OPTIONS and name not in takes
-        }
-        for name, why in option_rules(self.provider, self.model, fields).items():
+        lacking = [name for name in fields if name in SAMPLING_OPTIONS and name not in takes]
+        given = {**self.capability_matrix, **matrix} if matrix else self.capability_matrix
+        # An adapter that refuses an option for this model (Gemini 2.0's reasoning_effort)
+        # shows a model rule's reason where one explains it: the model and the source.
+        explained = option_rules(self.provider, self.model, fields, given) if lacking else {}
+        no_field = f"{self.provider} has no such field"
+        refused = {name: explained.get(name, no_field) for name in lacking}
+        # The model rules judge the call as it would be sent: without what is refused here.
+        kept = {name: value for name, value in fields.items() if name not in refused}
+        for name, why in option_rules(self.provider, self.model, kept, given).items():
             refused.setdefault(name, why)
         return refused
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+import re
+from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -13,15 +14,139 @@ from fluid_build.copilot.llm.base import (
     Parsed,
     Request,
     StreamState,
+    merge_body,
+    set_headers,
     text_of,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
-__all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "THINKING_BUDGETS",
+    "AnthropicAdapter",
+    "adaptive_thinking",
+    "choose_tool",
+    "takes_thinking",
+    "thinking_fields",
+    "thinking_refusals",
+]
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
+
+#: ``reasoning_effort`` -> ``thinking.budget_tokens`` (docs/llm-providers.md, "Call
+#: options"). 1024 is the least Anthropic takes; 24576 keeps budget and answer room
+#: (:data:`DEFAULT_MAX_TOKENS`) under the 32000-token output of the smallest thinking model.
+THINKING_BUDGETS: Final = {"low": 1024, "medium": 8192, "high": 24576}
+MIN_THINKING_BUDGET: Final = 1024
+#: Claude models before extended thinking (Claude 2, Instant, the 3 and 3.5 families):
+#: ``thinking`` is an error there, so ``reasoning_effort`` is refused before sending.
+_NO_THINKING: Final = re.compile(r"claude-(?:instant|v?2|3-(?:haiku|sonnet|opus|5))")
+
+
+def takes_thinking(model: str) -> bool:
+    """Whether a Claude model id (Anthropic's or Bedrock's) has extended thinking: any but
+    the families known to lack it (a name fluid does not know, such as a proxy's alias,
+    is given the benefit of the doubt)."""
+    return _NO_THINKING.search(model) is None
+
+
+#: Claude models that think adaptively: ``thinking: {"type": "adaptive"}`` with the effort in
+#: ``output_config.effort``. Opus 4.7 and later take nothing else (``"enabled"`` with a
+#: budget is a 400); Opus and Sonnet 4.6 deprecate the budget. Sources:
+#: platform.claude.com/docs/en/build-with-claude/adaptive-thinking and
+#: docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html.
+_ADAPTIVE: Final = re.compile(
+    r"claude-(?:(?:opus|sonnet)-4-[6-9]|(?:opus|sonnet|haiku)-[5-9]|mythos|fable)"
+)
+
+
+def adaptive_thinking(model: str) -> bool:
+    """Whether a Claude model id (Anthropic's or Bedrock's) thinks adaptively."""
+    return _ADAPTIVE.search(model) is not None
+
+
+def thinking_fields(effort: str, cap: int | None, model: str) -> tuple[dict[str, Any], int]:
+    """The request fields for ``reasoning_effort`` and the ``max_tokens`` to send beside them.
+
+    Adaptive models get ``thinking: {"type": "adaptive"}`` and ``output_config.effort``;
+    the others ``thinking: {"type": "enabled", "budget_tokens": N}``
+    (:data:`THINKING_BUDGETS`). Thinking counts toward ``max_tokens``: without a cap the
+    answer gets :data:`DEFAULT_MAX_TOKENS` beside the effort's budget. A cap
+    (``max_output_tokens``, or the one a USD budget sets) is kept; when it does not exceed
+    the budget, thinking gets half of it (at least 1024). A cap too small to think in is
+    one of :func:`thinking_refusals`, refused (or dropped) before the request is built.
+    """
+    budget = THINKING_BUDGETS[effort]
+    if adaptive_thinking(model):
+        fields: dict[str, Any] = {
+            "thinking": {"type": "adaptive"},
+            "output_config": {"effort": effort},
+        }
+        return fields, cap if cap is not None else budget + DEFAULT_MAX_TOKENS
+    if cap is None:
+        return {
+            "thinking": {"type": "enabled", "budget_tokens": budget}
+        }, budget + DEFAULT_MAX_TOKENS
+    if cap <= budget:
+        budget = max(MIN_THINKING_BUDGET, cap // 2)
+    return {"thinking": {"type": "enabled", "budget_tokens": budget}}, cap
+
+
+def thinking_refusals(spec: CallSpec, respond: str | None) -> dict[str, str]:
+    """Why ``reasoning_effort`` cannot go with the rest of ``spec`` (empty: it can).
+
+    Extended thinking takes only tool choices ``auto`` and ``none``, so a forced tool
+    (``required``, a name, or the answer tool fluid forces for a ``response_model``)
+    refuses it, as pydantic-ai refuses thinking with output tools; and a budgeted model
+    needs more than :data:`MIN_THINKING_BUDGET` tokens of ``max_tokens``.
+    """
+    if spec.reasoning_effort is None:
+        return {}
+    choice, _ = choose_tool(spec, respond)
+    if choice is not None and choice not in ("auto", "none"):
+        why = (
+            "a response_model (answered through a tool fluid forces)"
+            if spec.response_schema is not None and spec.tool_choice not in ("required", choice)
+            else f"tool_choice={spec.tool_choice!r}"
+        )
+        return {
+            "reasoning_effort": f"extended thinking allows only tool_choice 'auto' or 'none', "
+            f"and {why} forces a tool (docs.claude.com, extended thinking)"
+        }
+    cap = spec.max_output_tokens
+    if cap is not None and cap <= MIN_THINKING_BUDGET and not adaptive_thinking(spec.model):
+        return {
+            "reasoning_effort": f"thinking needs at least {MIN_THINKING_BUDGET} tokens and the "
+            f"answer more, and max_output_tokens={cap} leaves none"
+        }
+    return {}
+
+
+def choose_tool(spec: CallSpec, respond: str | None) -> tuple[str | None, bool]:
+    """The tool choice of a forced-tool provider (Anthropic, Bedrock Converse), as
+    ``(choice, offer_respond)``: choice is None (send none), ``"auto"``, ``"none"``,
+    ``"any"`` or a tool's name; ``respond`` is the structured answer's tool, if any.
+
+    With a response schema the answer itself is a tool call, so the caller's
+    ``tool_choice`` is read against the caller's tools: ``"auto"`` (and no choice)
+    lets the model call one of them or answer (``"any"``, or the answer's tool when
+    there are no others), ``"none"`` forces the answer, and ``"required"`` or a name
+    forces the caller's tools, without the answer's tool on offer this turn.
+    """
+    choice = spec.tool_choice
+    if respond is None:
+        if not spec.tools:
+            return None, False  # nothing to choose among: tool_choice needs tools
+        if choice is None:
+            return ("auto" if spec.parallel_tool_calls is not None else None), False
+        return ("any" if choice == "required" else choice), False
+    if choice in (None, "auto"):
+        return ("any" if spec.tools else respond), True
+    if choice == "none":
+        return respond, True
+    return ("any" if choice == "required" else choice), False
 
 
 def _respond_tool(spec: CallSpec) -> str:
@@ -103,6 +228,14 @@ def _usage(counts: dict[str, int]) -> Usage:
     )
 
 
+def _anthropic_choice(choice: str, parallel: bool | None) -> dict[str, Any]:
+    kinds = {"auto": {"type": "auto"}, "none": {"type": "none"}, "any": {"type": "any"}}
+    out: dict[str, Any] = kinds.get(choice) or {"type": "tool", "name": choice}
+    if parallel is not None and out["type"] != "none":
+        out["disable_parallel_tool_use"] = not parallel
+    return out
+
+
 class AnthropicAdapter(Adapter):
     provider = "anthropic"
     shape: ClassVar[Any] = {
@@ -123,6 +256,25 @@ class AnthropicAdapter(Adapter):
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     #: message_delta's stop_reason comes with the final usage: only message_stop follows.
     stream_end: ClassVar[str] = "message_stop (or a message_delta with a stop_reason)"
+    #: No ``seed``: the Messages API has none.
+    options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "temperature",
+            "top_p",
+            "stop",
+            "max_output_tokens",
+            "tool_choice",
+            "parallel_tool_calls",
+            "reasoning_effort",
+        }
+    )
+
+    def supported_options(self, model: str) -> frozenset[str]:
+        return self.options if takes_thinking(model) else self.options - {"reasoning_effort"}
+
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        return thinking_refusals(spec, respond)
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
@@ -133,33 +285,48 @@ class AnthropicAdapter(Adapter):
         }
         if self.config.api_key:
             headers["x-api-key"] = self.config.api_key
+        max_tokens = spec.max_output_tokens
+        thinking: dict[str, Any] | None = None
+        if spec.reasoning_effort is not None:
+            self.refuse(spec)  # what the call's checks let through: never sent as is
+            thinking, max_tokens = thinking_fields(spec.reasoning_effort, max_tokens, spec.model)
         body: dict[str, Any] = {
             "model": spec.model,
-            "max_tokens": spec.max_output_tokens or DEFAULT_MAX_TOKENS,
+            "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
             "messages": anthropic_messages(spec),
         }
         if spec.system:
             body["system"] = spec.system
+        if thinking is not None:
+            body.update(thinking)
+        if spec.temperature is not None:
+            body["temperature"] = spec.temperature
+        if spec.top_p is not None:
+            body["top_p"] = spec.top_p
+        if spec.stop:
+            body["stop_sequences"] = list(spec.stop)
         tools = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
             for t in spec.tools
         ]
-        if spec.response_schema is not None:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        choice, offer_respond = choose_tool(spec, respond)
+        if respond is not None and offer_respond:
             tools.append(
                 {
-                    "name": _respond_tool(spec),
+                    "name": respond,
                     "description": "Return the final answer in exactly this shape.",
-                    "input_schema": dict(spec.response_schema),
+                    "input_schema": dict(spec.response_schema or {}),
                 }
             )
-            body["tool_choice"] = (
-                {"type": "any"} if spec.tools else {"type": "tool", "name": _respond_tool(spec)}
-            )
+        if choice is not None:
+            body["tool_choice"] = _anthropic_choice(choice, spec.parallel_tool_calls)
         if tools:
             body["tools"] = tools
         if stream:
             body["stream"] = True
-        body.update(spec.extra)
+        merge_body(body, spec.extra)
+        set_headers(headers, spec.extra_headers)
         return Request("POST", f"{base}/v1/messages", headers, body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:

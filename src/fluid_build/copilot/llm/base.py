@@ -29,6 +29,7 @@ __all__ = [
     "iter_stream",
     "loads_arguments",
     "merge_body",
+    "set_headers",
     "text_of",
 ]
 
@@ -65,6 +66,16 @@ def merge_body(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
         else:
             body[key] = value
     return body
+
+
+def set_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with ``extra`` (a call's ``extra_headers``) set last, in place: a name
+    already there in any case is replaced, never sent twice."""
+    for name, value in extra.items():
+        for mine in [k for k in headers if k.lower() == name.lower()]:
+            del headers[mine]
+        headers[name] = value
+    return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +235,21 @@ class Adapter:
         """The call options this adapter sends for ``model``; a call that sets another is
         refused before sending (or, with ``drop_unsupported``, sent without it)."""
         return self.options
+
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        """The options of ``spec`` this provider cannot send beside the rest of it (option ->
+        why): what only the whole request shows (thinking beside a forced tool ...). The
+        call refuses them before sending, or drops them under ``drop_unsupported``."""
+        return {}
+
+    def refuse(self, spec: CallSpec) -> None:
+        """``llm.unsupported_option`` for the first of :meth:`refusals`, if any: a guard in
+        ``request()`` for a spec that did not come through the call's checks."""
+        refused = self.refusals(spec)
+        if refused:
+            from fluid_build.copilot.call.options import unsupported
+
+            unsupported(self.provider, spec.model, dict.fromkeys(refused), refused, drop=False)
 
     @property
     def endpoint(self) -> str | None:

@@ -19,6 +19,12 @@ from urllib.parse import quote, urlsplit
 
 from fluid_build._redact import install_log_redaction, one_line, redact, truncate
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.anthropic import (
+    choose_tool,
+    takes_thinking,
+    thinking_fields,
+    thinking_refusals,
+)
 from fluid_build.copilot.llm.base import (
     COUNT,
     NULL,
@@ -28,6 +34,8 @@ from fluid_build.copilot.llm.base import (
     ProviderConfig,
     Request,
     StreamState,
+    merge_body,
+    set_headers,
     text_of,
 )
 from fluid_build.copilot.llm.checks import not_configured, url_problem
@@ -171,6 +179,25 @@ def not_installed() -> ProviderError:
 
 def _respond_tool(spec: CallSpec) -> str:
     return f"respond_{spec.schema_name}"[:64]
+
+
+#: Cross-region inference profiles put a geography before the model id.
+_GEOGRAPHIES: Final = frozenset({"us", "us-gov", "eu", "apac", "jp", "au", "ca", "in", "global"})
+#: The options every Converse model takes: inferenceConfig and toolConfig.toolChoice.
+CONVERSE_OPTIONS: Final = frozenset(
+    {"temperature", "top_p", "stop", "max_output_tokens", "tool_choice"}
+)
+
+
+def model_family(model: str) -> str:
+    """The family (``anthropic``, ``amazon``, ``meta`` ...) of a Bedrock model id, an
+    inference profile's id or its ARN; "" when the id does not say (an application
+    inference profile's ARN, an imported model)."""
+    name = model.rpartition("/")[2]
+    geography, _, rest = name.partition(".")
+    name = rest if rest and geography in _GEOGRAPHIES else name
+    family, dot, _ = name.partition(".")
+    return family if dot else ""
 
 
 def bedrock_messages(spec: CallSpec) -> list[dict[str, Any]]:
@@ -447,6 +474,29 @@ class BedrockAdapter(Adapter):
         "usage": _USAGE,
     }
 
+    options: ClassVar[frozenset[str]] = CONVERSE_OPTIONS
+
+    def supported_options(self, model: str) -> frozenset[str]:
+        """Converse's own fields for every model; ``reasoning_effort`` only where the
+        family documents a field for it in additionalModelRequestFields (Anthropic's
+        Claude with extended thinking)."""
+        if model_family(model) == "anthropic" and takes_thinking(model):
+            return CONVERSE_OPTIONS | {"reasoning_effort"}
+        return CONVERSE_OPTIONS
+
+    def refusals(self, spec: CallSpec) -> dict[str, str]:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        refused = thinking_refusals(spec, respond)
+        choice, _ = choose_tool(spec, respond)
+        if choice == "none" and any(
+            m.get("role") == "tool" or m.get("tool_calls") for m in spec.messages
+        ):
+            refused["tool_choice"] = (
+                "Converse's toolChoice has no 'none', and its tools may not be left out once "
+                "a turn of the conversation used one"
+            )
+        return refused
+
     def __init__(self, config: ProviderConfig) -> None:
         super().__init__(config)
         region = config.region or "us-east-1"
@@ -480,7 +530,9 @@ class BedrockAdapter(Adapter):
         body = self.body(spec)
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
-        elif self.signer is not None:
+        set_headers(headers, spec.extra_headers)
+        if self.config.api_key is None and self.signer is not None:
+            # Signed last: the caller's headers and the merged body are what is signed.
             headers = self.signer.sign(url, headers, _body_bytes(body))
         return Request("POST", url, headers, body)
 
@@ -488,8 +540,22 @@ class BedrockAdapter(Adapter):
         body: dict[str, Any] = {"messages": bedrock_messages(spec)}
         if spec.system:
             body["system"] = [{"text": spec.system}]
-        if spec.max_output_tokens is not None:
-            body["inferenceConfig"] = {"maxTokens": spec.max_output_tokens}
+        max_tokens = spec.max_output_tokens
+        more: dict[str, Any] = {}
+        self.refuse(spec)  # what the call's checks let through: never sent as is
+        if spec.reasoning_effort is not None:
+            more, max_tokens = thinking_fields(spec.reasoning_effort, max_tokens, spec.model)
+        inference: dict[str, Any] = {}
+        if max_tokens is not None:
+            inference["maxTokens"] = max_tokens
+        if spec.temperature is not None:
+            inference["temperature"] = spec.temperature
+        if spec.top_p is not None:
+            inference["topP"] = spec.top_p
+        if spec.stop:
+            inference["stopSequences"] = list(spec.stop)
+        if inference:
+            body["inferenceConfig"] = inference
         tools = [
             {
                 "toolSpec": {
@@ -500,24 +566,32 @@ class BedrockAdapter(Adapter):
             }
             for t in spec.tools
         ]
-        config: dict[str, Any] = {}
-        if spec.response_schema is not None:
+        respond = _respond_tool(spec) if spec.response_schema is not None else None
+        choice, offer_respond = choose_tool(spec, respond)
+        if respond is not None and offer_respond:
             # Converse's portable structured output: a tool the model must call.
             tools.append(
                 {
                     "toolSpec": {
-                        "name": _respond_tool(spec),
+                        "name": respond,
                         "description": "Return the final answer in exactly this shape.",
-                        "inputSchema": {"json": dict(spec.response_schema)},
+                        "inputSchema": {"json": dict(spec.response_schema or {})},
                     }
                 }
             )
-            config["toolChoice"] = (
-                {"any": {}} if spec.tools else {"tool": {"name": _respond_tool(spec)}}
-            )
+        if choice == "none":
+            # No "none" in Converse: the tools are left out, which Bedrock allows only
+            # while no turn of the conversation used one (refusals() says so before).
+            tools, choice = [], None
+        config: dict[str, Any] = {}
+        if choice is not None:
+            kinds: dict[str, dict[str, Any]] = {"auto": {"auto": {}}, "any": {"any": {}}}
+            config["toolChoice"] = kinds.get(choice) or {"tool": {"name": choice}}
         if tools:
             body["toolConfig"] = {"tools": tools, **config}
-        body.update(spec.extra)
+        if more:
+            body["additionalModelRequestFields"] = more
+        merge_body(body, spec.extra)
         return body
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:

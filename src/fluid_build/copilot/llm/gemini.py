@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+import re
+from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
@@ -14,6 +15,8 @@ from fluid_build.copilot.llm.base import (
     Parsed,
     Request,
     StreamState,
+    merge_body,
+    set_headers,
     text_of,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
@@ -23,6 +26,37 @@ __all__ = ["GeminiAdapter"]
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 # MODEL_ARMOR: Vertex AI's Model Armor screened the prompt or the answer.
 _BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION", "MODEL_ARMOR"}
+
+#: ``reasoning_effort`` -> ``thinkingConfig.thinkingBudget`` on Gemini 2.5 (1024 up to
+#: 24576, the most 2.5 Flash takes; 2.5 Pro takes 128 to 32768). Gemini 3 and later
+#: take ``thinkingLevel`` instead (docs/llm-providers.md, "Call options").
+THINKING_BUDGETS: Final = {"low": 1024, "medium": 8192, "high": 24576}
+_VERSION: Final = re.compile(r"gemini-(\d+)(?:\.(\d+))?")
+_CHOICES: Final = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+
+
+def thinking_kind(model: str) -> str | None:
+    """How ``model`` is told how much to think: ``"level"`` (Gemini 3 and later),
+    ``"budget"`` (Gemini 2.5, and a Gemini whose version its name does not say, such as
+    ``gemini-flash-latest``: every thinking Gemini takes a budget), or None (no
+    thinking: Gemini 2.0 and before, Gemma). A name fluid does not know (a tuned
+    model's endpoint) is given the benefit of the doubt: a budget."""
+    if "gemma" in model:
+        return None
+    found = _VERSION.search(model)
+    if found is None:
+        return "budget"
+    version = (int(found.group(1)), int(found.group(2) or 0))
+    if version >= (3, 0):
+        return "level"
+    return "budget" if version >= (2, 5) else None
+
+
+def thinking_config(effort: str, model: str) -> dict[str, Any]:
+    if thinking_kind(model) == "level":
+        # The enum's names, as google-genai sends them to the Gemini API and Vertex alike.
+        return {"thinkingLevel": effort.upper()}
+    return {"thinkingBudget": THINKING_BUDGETS[effort]}
 
 
 def gemini_contents(spec: CallSpec) -> list[dict[str, Any]]:
@@ -102,6 +136,23 @@ class GeminiAdapter(Adapter):
     default_base_url = GEMINI_BASE_URL
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a candidate with a finishReason"
+    #: No ``parallel_tool_calls``: generateContent has no such field.
+    options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "temperature",
+            "top_p",
+            "stop",
+            "seed",
+            "max_output_tokens",
+            "tool_choice",
+            "reasoning_effort",
+        }
+    )
+
+    def supported_options(self, model: str) -> frozenset[str]:
+        if thinking_kind(model.removeprefix("models/")) is None:
+            return self.options - {"reasoning_effort"}
+        return self.options
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")
@@ -126,15 +177,31 @@ class GeminiAdapter(Adapter):
                     ]
                 }
             ]
+        if spec.tools and spec.tool_choice is not None:
+            calling: dict[str, Any] = {"mode": _CHOICES.get(spec.tool_choice, "ANY")}
+            if spec.tool_choice not in _CHOICES:
+                calling["allowedFunctionNames"] = [spec.tool_choice]
+            body["toolConfig"] = {"functionCallingConfig": calling}
         config: dict[str, Any] = {}
+        if spec.temperature is not None:
+            config["temperature"] = spec.temperature
+        if spec.top_p is not None:
+            config["topP"] = spec.top_p
+        if spec.stop:
+            config["stopSequences"] = list(spec.stop)
+        if spec.seed is not None:
+            config["seed"] = spec.seed
         if spec.response_schema is not None:
             config["responseMimeType"] = "application/json"
             config["responseJsonSchema"] = dict(spec.response_schema)
         if spec.max_output_tokens is not None:
             config["maxOutputTokens"] = spec.max_output_tokens
+        if spec.reasoning_effort is not None:
+            config["thinkingConfig"] = thinking_config(spec.reasoning_effort, model)
         if config:
             body["generationConfig"] = config
-        body.update(spec.extra)
+        merge_body(body, spec.extra)
+        set_headers(headers, spec.extra_headers)
         return Request("POST", f"{base}/models/{model}:{action}", headers, body)
 
     def _check_blocked(self, data: dict[str, Any], spec: CallSpec) -> None:

@@ -52,6 +52,11 @@ def _usage(data: dict[str, Any]) -> Usage:
     )
 
 
+def _harmony(model: str) -> bool:
+    """Whether ``model`` is OpenAI's gpt-oss (``gpt-oss:20b``, ``library/gpt-oss``)."""
+    return model.lower().rsplit("/", 1)[-1].startswith("gpt-oss")
+
+
 def _options(spec: CallSpec) -> dict[str, Any]:
     """The call's sampling options as /api/chat's ``options`` (the Modelfile's parameters)."""
     out: dict[str, Any] = {}
@@ -90,8 +95,17 @@ class OllamaAdapter(Adapter):
     stream_end: ClassVar[str] = "a line with done: true"
     #: /api/chat has no tool_choice and no parallel_tool_calls: those are refused.
     options: ClassVar[frozenset[str]] = frozenset(
-        {"temperature", "top_p", "stop", "seed", "max_output_tokens", "reasoning_effort"}
+        {"temperature", "top_p", "stop", "seed", "max_output_tokens"}
     )
+
+    def supported_options(self, model: str) -> frozenset[str]:
+        # ``think`` takes a level ("low", "medium", "high") only on a harmony model
+        # (gpt-oss); any other model answers 400 "think value ... is not supported for
+        # this model" (ollama server/routes.go, ChatHandler). On/off thinking has no
+        # effort to map: a caller turns it on with extra_body={"think": True}.
+        if _harmony(model):
+            return self.options | {"reasoning_effort"}
+        return self.options
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
@@ -108,8 +122,7 @@ class OllamaAdapter(Adapter):
         if options:
             body["options"] = options
         if spec.reasoning_effort is not None:
-            # A level, as gpt-oss takes it; a model with only on/off thinks at its default.
-            body["think"] = spec.reasoning_effort
+            body["think"] = spec.reasoning_effort  # a level: gpt-oss only (supported_options)
         headers = {"content-type": "application/json", **self.config.headers}
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"

@@ -52,6 +52,8 @@ DIALECTS: Final[Mapping[str, Dialect]] = {
     # DeepSeek: no seed, no parallel_tool_calls, no reasoning effort (deepseek-reasoner
     # always reasons).
     "deepseek": Dialect(lacks=frozenset({"seed", "parallel_tool_calls", "reasoning_effort"})),
+    # Together's and Fireworks' chat-completions references name no parallel_tool_calls
+    # (and Fireworks' no seed): refused rather than sent to a server that may ignore it.
     "together": Dialect(lacks=frozenset({"parallel_tool_calls"})),
     "fireworks": Dialect(lacks=frozenset({"seed", "parallel_tool_calls"})),
     "vllm": _GENERIC,
@@ -59,19 +61,6 @@ DIALECTS: Final[Mapping[str, Dialect]] = {
     # chat-template argument there (chat_template_kwargs), not a request field.
     "llamacpp": Dialect(lacks=frozenset({"reasoning_effort"}), named_tool_choice=False),
 }
-
-# xAI: reasoning_effort only on grok-3-mini, and no stop on a reasoning model (docs.x.ai,
-# Guides > Reasoning: "Specifying reasoning_effort ... will get an error response";
-# "presencePenalty, frequencyPenalty and stop parameters are not supported by reasoning
-# models").
-_XAI_EFFORT: Final = ("grok-3-mini",)
-
-
-def _xai_reasons(model: str) -> bool:
-    name = model.lower().rsplit("/", 1)[-1]
-    if "non-reasoning" in name:
-        return False
-    return name.startswith(("grok-3-mini", "grok-4", "grok-code"))
 
 
 class OpenAICompatibleAdapter(OpenAIAdapter):
@@ -85,13 +74,9 @@ class OpenAICompatibleAdapter(OpenAIAdapter):
         return DIALECTS.get(self.config.provider, _GENERIC)
 
     def supported_options(self, model: str) -> frozenset[str]:
-        takes = CHAT_OPTIONS - self.dialect.lacks
-        if self.config.provider == "xai":
-            if not model.lower().rsplit("/", 1)[-1].startswith(_XAI_EFFORT):
-                takes -= {"reasoning_effort"}
-            if _xai_reasons(model):
-                takes -= {"stop"}
-        return takes
+        # Per model (xAI's reasoning models refuse stop, most refuse reasoning_effort): the
+        # model rules of call/capabilities.py, with their sources.
+        return CHAT_OPTIONS - self.dialect.lacks
 
     def fields(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
         dialect = self.dialect

@@ -28,7 +28,7 @@ import httpx
 from fluid_build._files import UnsafeFileError, load_json, read_regular
 from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
-from fluid_build.copilot.llm.base import ProviderConfig, Request
+from fluid_build.copilot.llm.base import ProviderConfig, Request, set_headers
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.gemini import GeminiAdapter
 from fluid_build.copilot.llm.types import CallSpec
@@ -589,4 +589,5 @@ class VertexAdapter(GeminiAdapter):
         request.headers.pop("x-goog-api-key", None)
         token = self.config.api_key if self.tokens is None else self.tokens.token()
         request.headers["authorization"] = f"Bearer {token}"
+        set_headers(request.headers, spec.extra_headers)  # the caller's word is last
         return request
