@@ -429,6 +429,11 @@ def test_exhausted_is_not_retryable_and_says_spent_left_and_needed() -> None:
     assert "2026-03-15 00:00 UTC" in error.message
     assert error.retry_after == 300.0  # 12 h to midnight, capped as every wait is
     assert error.details["window_end"] == _at("2026-03-15T00:00:00")
+    # The advice can be followed: from the command line, and from Python.
+    assert "a shorter answer (--max-output-tokens (max_output_tokens= in Python))" in error.message
+    from fluid_build.cli._messages import describe
+
+    assert "a shorter answer (--max-output-tokens) or" in describe(error).headline
     assert pickle.loads(pickle.dumps(error)).code  # noqa: S301 - our own bytes == "budget.cost_exhausted"
 
 

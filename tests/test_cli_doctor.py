@@ -815,3 +815,52 @@ def test_doctor_names_a_bad_phase_limit(monkeypatch: pytest.MonkeyPatch) -> None
     text = " ".join(out.split())
     assert "phase limits: BROKEN (FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS 'soon'" in text
     assert "FLUID_LLM_FIRST_TOKEN_TIMEOUT_SECONDS=300" in text  # a valid value
+
+
+# -- call defaults from the environment (issue 34 item 5) --------------------------------------
+
+
+def test_doctor_shows_the_call_defaults_the_environment_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLUID_LLM_TEMPERATURE", "0.37")
+    monkeypatch.setenv("FLUID_LLM_MAX_OUTPUT_TOKENS", "500")
+    assert report()["call_defaults"] == {
+        "temperature": {"value": 0.37, "source": "FLUID_LLM_TEMPERATURE"},
+        "max_output_tokens": {"value": 500, "source": "FLUID_LLM_MAX_OUTPUT_TOKENS"},
+    }
+    code, out = run()
+    assert code == 0
+    assert (
+        "call defaults: temperature 0.37 (FLUID_LLM_TEMPERATURE), max output tokens 500 "
+        "(FLUID_LLM_MAX_OUTPUT_TOKENS), on every call"
+    ) in " ".join(out.split())
+
+
+def test_doctor_says_nothing_of_call_defaults_none_set() -> None:
+    assert report()["call_defaults"] == {}
+    code, out = run()
+    assert code == 0
+    assert "call defaults" not in out
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLUID_LLM_TEMPERATURE", "warm"),
+        ("FLUID_LLM_TEMPERATURE", "nan"),
+        ("FLUID_LLM_TEMPERATURE", "2.5"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "-1"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "lots"),
+    ],
+)
+def test_doctor_names_a_bad_call_default(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, out = run()
+    assert code == 0  # a finding in the report, not a crash
+    text = " ".join(out.split())
+    assert f"call defaults: BROKEN ({name}={value!r} cannot be used" in text
+    assert "(llm.not_configured)" in text
+    assert "Traceback" not in out

@@ -503,7 +503,7 @@ def test_record_keeps_the_exchange_and_no_secret(tmp_path: Path) -> None:
     assert cassette.source.startswith("recorded ")
     first = cassette.exchanges[0]
     assert first.request == ExchangeRequest(
-        method="POST", path="/v1/chat/completions", model="gpt-4o-mini"
+        method="POST", path="/v1/chat/completions", model="gpt-4o-mini", settings={}
     )
     assert "x-echo-auth" not in first.response.headers
     assert "[REDACTED]" in first.response.body["error"]["message"]

@@ -151,6 +151,13 @@ def _forge_wrote(out: str) -> Callable[[Place], None]:
     return check
 
 
+def _forge_limited(place: Place) -> None:
+    """docs/cli.md's --max-output-tokens 4000: in every request the forge sent."""
+    _forge_wrote("forge-out")(place)
+    sent = [r.body.get("max_completion_tokens") for r in place.model.requests]
+    assert sent == [4000] * len(sent)
+
+
 def _offline_forge(place: Place) -> None:
     assert (place.cwd / "forge-out" / "contract.fluid.yaml").is_file()
     assert not place.model.requests, "the offline default asked a model"
@@ -181,6 +188,12 @@ def _batch_wrote(place: Place) -> None:
     lines = (place.cwd / "results.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2
     assert len(place.model.requests) == 2
+
+
+def _batch_sampled(place: Place) -> None:
+    _batch_wrote(place)
+    sent = [(r.body.get("temperature"), r.body.get("seed")) for r in place.model.requests]
+    assert sent == [(0.0, 42), (0.0, 42)]
 
 
 def _one_get(place: Place) -> None:
@@ -234,9 +247,15 @@ CASES: dict[str, Case] = {
     "fluid forge my-intent.yaml --replay run.json": Case(
         0, "contract", _forge_recording, check=_offline_forge
     ),
+    "fluid forge my-intent.yaml --max-output-tokens 4000": Case(
+        0, "contract", _live_forge, check=_forge_limited
+    ),
     # docs/batch.md
     "fluid batch prompts.txt --out results.jsonl": Case(0, "success", _prompts, check=_batch_wrote),
     "fluid batch prompts.txt --json --concurrency 4": Case(0, '"summary"', _prompts),
+    "fluid batch prompts.txt --temperature 0 --seed 42 --out results.jsonl": Case(
+        0, "success", _prompts, check=_batch_sampled
+    ),
     # docs/ai-setup.md
     "fluid ai setup --provider openai --model gpt-4o": Case(
         0, "openai", lambda p: p.keyring(), stdin=OPENAI_KEY + "\n"

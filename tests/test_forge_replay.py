@@ -104,10 +104,11 @@ def test_a_body_that_differs_names_the_request_the_field_and_both_values() -> No
     assert transport.mismatches == [str(error)]
 
 
-def test_the_same_conversation_replays_whatever_the_schemas_and_settings() -> None:
+def test_the_same_conversation_replays_whatever_the_schemas_and_tools() -> None:
+    # The call's settings (temperature, max_tokens ...) are compared: test_replay_settings.py.
     recorded = chat(user("hi"), response_format={"type": "json_schema", "v": 1}, tools=[1])
     transport = ReplayTransport([exchange(recorded)])
-    response = send(transport, chat(user("hi"), response_format={"v": 2}, max_tokens=9))
+    response = send(transport, chat(user("hi"), response_format={"v": 2}, tools=[2]))
     assert response.json() == {"ok": True}
     assert transport.first_mismatch is None
     transport.finish()

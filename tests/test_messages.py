@@ -323,7 +323,8 @@ def test_a_replay_mismatch_shows_its_code_and_how_to_record_again() -> None:
     assert lines == [
         "fluid: ReplayMismatch [replay.mismatch]: request 2: the request differs at model",
         "hint: if the change is intended, record the run again (`fluid forge --record FILE`); "
-        "otherwise replay the cassette with the intent and version it was recorded with.",
+        "otherwise replay the cassette with the intent, version and options (--temperature, "
+        "--max-output-tokens, --seed) it was recorded with.",
     ]
     check_operator_text(lines[1].removeprefix("hint: "))
 

@@ -12,7 +12,11 @@ import pytest
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
-from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
+from fluid_build.copilot.llm.settings import (
+    PROVIDERS,
+    call_defaults_from_env,
+    resolve_provider_config,
+)
 
 
 def test_the_single_provider_whose_key_is_set() -> None:
@@ -369,3 +373,49 @@ def test_the_providers_table_in_the_docs_matches_the_code() -> None:
         for variable in info.key_vars:
             assert f"`{variable}`" in column, (name, variable)
         assert ("(optional" in column) is not info.key_required, name
+
+
+# -- FLUID_LLM_TEMPERATURE and FLUID_LLM_MAX_OUTPUT_TOKENS (issue 34 item 5) ----------------
+
+
+def test_call_defaults_from_the_environment() -> None:
+    env = {"FLUID_LLM_TEMPERATURE": " 0.37 ", "FLUID_LLM_MAX_OUTPUT_TOKENS": "500"}
+    found = call_defaults_from_env(env)
+    assert found == {"temperature": 0.37, "max_output_tokens": 500}
+    assert isinstance(found["temperature"], float)
+    assert isinstance(found["max_output_tokens"], int)
+    assert call_defaults_from_env({"FLUID_LLM_TEMPERATURE": "0"}) == {"temperature": 0.0}
+    assert call_defaults_from_env({"FLUID_LLM_TEMPERATURE": "2"}) == {"temperature": 2.0}
+    # Unset, empty or blank: nothing, the provider's own default applies.
+    assert call_defaults_from_env({}) == {}
+    assert (
+        call_defaults_from_env({"FLUID_LLM_TEMPERATURE": " ", "FLUID_LLM_MAX_OUTPUT_TOKENS": ""})
+        == {}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLUID_LLM_TEMPERATURE", "warm"),
+        ("FLUID_LLM_TEMPERATURE", "nan"),
+        ("FLUID_LLM_TEMPERATURE", "inf"),
+        ("FLUID_LLM_TEMPERATURE", "-0.5"),
+        ("FLUID_LLM_TEMPERATURE", "2.01"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "0"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "-100"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "1.5"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "lots"),
+        ("FLUID_LLM_MAX_OUTPUT_TOKENS", "sk-proj-abcdefghijklmnopqrstuvwx"),
+    ],
+)
+def test_a_bad_call_default_is_not_configured_naming_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ProviderError) as caught:
+        call_defaults_from_env({name: value})
+    error = caught.value
+    assert error.code == "llm.not_configured"
+    assert error.retryable is False
+    assert error.details["variable"] == name
+    assert name in error.message
+    assert f"{name}={error.details['example']}" in error.message  # a valid value to copy
+    assert "sk-proj-abcdefghijklmnopqrstuvwx" not in str(error)  # a pasted key is not echoed

@@ -36,7 +36,8 @@ _HINTS_BY_EXIT: Final = {
     3: "fix the file named above (or give another path) and run again.",
     4: "remove the symbolic link named above, or choose another --out, and run again.",
     30: "if the change is intended, record the run again (`fluid forge --record FILE`); "
-    "otherwise replay the cassette with the intent and version it was recorded with.",
+    "otherwise replay the cassette with the intent, version and options (--temperature, "
+    "--max-output-tokens, --seed) it was recorded with.",
 }
 
 

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 
 from fluid_build.cli._messages import report_error
-from fluid_build.cli._options import model_option, provider_option
+from fluid_build.cli._options import (
+    call_options,
+    call_options_given,
+    model_option,
+    provider_option,
+)
 from fluid_build.cli.exit_codes import Interrupted, PromptsFileError
 
 if TYPE_CHECKING:
@@ -25,6 +30,7 @@ if TYPE_CHECKING:
 
     from fluid_build._files import OutputFile
     from fluid_build.copilot.batch import Batch, Outcome
+    from fluid_build.copilot.call.core import CallOptions
     from fluid_build.copilot.client import LLMClient
     from fluid_build.copilot.llm.types import Completion
     from fluid_build.errors import FluidError
@@ -108,6 +114,7 @@ async def _run(
     concurrency: int,
     fail_fast: bool,
     bar: bool,
+    options: CallOptions,
 ) -> Batch[Completion]:
     """``client.amap`` with the bar; Ctrl-C cancels it and is raised as ``Interrupted``."""
     import asyncio
@@ -142,7 +149,7 @@ async def _run(
     try:
         with shown as progress:
             return await client.amap(
-                prompts, concurrency=concurrency, fail_fast=fail_fast, progress=progress
+                prompts, concurrency=concurrency, fail_fast=fail_fast, progress=progress, **options
             )
     except asyncio.CancelledError:
         if interrupted:
@@ -266,6 +273,7 @@ def _write_results(
     help="Calls in flight at once (default: the library's, 8).",
 )
 @click.option("--fail-fast", is_flag=True, help="After the first failure, send no other prompt.")
+@call_options
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -279,6 +287,9 @@ def command(
     model: str | None,
     concurrency: int | None,
     fail_fast: bool,
+    max_output_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
     out: Path | None,
     as_json: bool,
 ) -> None:
@@ -319,7 +330,8 @@ def command(
         )
         bar = console.is_terminal and not as_json
         texts = [text for _, text in items]
-        batch = asyncio.run(_run(client, texts, workers, fail_fast, bar))
+        options = call_options_given(max_output_tokens, temperature, seed)
+        batch = asyncio.run(_run(client, texts, workers, fail_fast, bar, options))
         lines = "".join(
             json.dumps(_record(outcome, line)) + "\n"
             for outcome, (line, _) in zip(batch, items, strict=True)

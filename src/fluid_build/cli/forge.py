@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fluid_build.cli._messages import report_error
-from fluid_build.cli._options import model_option, provider_option
+from fluid_build.cli._options import (
+    call_options,
+    call_options_given,
+    model_option,
+    provider_option,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -314,6 +319,7 @@ def _stored_env() -> dict[str, str]:
     is_flag=True,
     help="With --record: keep no prompt, request body or model output (flow only).",
 )
+@call_options
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result on stdout.")
 def command(
     intent_file: Path | None,
@@ -324,6 +330,9 @@ def command(
     cassette: Path | None,
     record_to: Path | None,
     no_bodies: bool,
+    max_output_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
     as_json: bool,
 ) -> None:
     """Forge a data product from INTENT_FILE.
@@ -414,6 +423,7 @@ def command(
                 or (intent_file.resolve().parent if intent_file is not None else Path.cwd()),
                 # A replay that stopped short of the cassette differs: say so, write nothing.
                 before_write=transport.finish if transport is not None else None,
+                options=call_options_given(max_output_tokens, temperature, seed),
             )
         if recording is not None:
             recording.save(

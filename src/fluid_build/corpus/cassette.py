@@ -170,12 +170,20 @@ class ExchangeRequest(_Strict):
     ``body`` is the request's JSON body, redacted, kept only by recorders
     asked for it (``fluid forge --record``, with bodies); replay then compares
     the conversation in it (:data:`COMPARED_BODY_FIELDS`, tool results aside).
+
+    ``settings`` are the call settings the body carried (temperature, seed,
+    answer length ...: :data:`~fluid_build.corpus.compare.SETTING_FIELDS`, by
+    their path in the body), kept by every recording that does not keep the
+    body; replay compares them (from ``body`` when it is kept). ``{}``: none was
+    sent. Absent: recorded before fluid kept them, and then not compared unless
+    the body is kept.
     """
 
     method: str
     path: str
     model: str | None = None
     body: Any | None = None
+    settings: dict[str, Any] | None = None
 
 
 class ExchangeResponse(_Strict):
@@ -234,6 +242,12 @@ class CallRecipe(_Strict):
     response_model: str | None = None
     strict_schema: bool = False
     max_output_tokens: int | None = Field(default=None, ge=1)
+    #: The sampling options the call set; absent (None) is not set, as in old cassettes.
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     capability_matrix: dict[str, Any] = Field(default_factory=dict)
 
@@ -248,6 +262,19 @@ class CallRecipe(_Strict):
             ):
                 raise ValueError("a loop recipe takes one user message with text content")
         return self
+
+    def options(self) -> dict[str, Any]:
+        """The call options the recipe sets besides its messages, as ``complete()``
+        takes them; one that is not set is left out."""
+        given = {
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop,
+            "seed": self.seed,
+            "reasoning_effort": self.reasoning_effort,
+        }
+        return {name: value for name, value in given.items() if value is not None}
 
 
 class Expectation(_Strict):
@@ -381,17 +408,25 @@ def load_cassette(path: str | Path) -> Cassette:
     return cassette
 
 
+#: The recipe's sampling options, newer than the format: written only when set.
+_RECIPE_OPTIONS: Final = ("temperature", "top_p", "stop", "seed", "reasoning_effort")
+
+
 def dump_cassette(cassette: Cassette) -> str:
     """The cassette as the JSON text this module writes (stable: same cassette, same bytes).
 
     ``bodies``, ``omitted`` and ``forge_run`` are written only when they say
-    something (false, true, true), so a call recorded with bodies reads as it always did.
+    something (false, true, true), and the recipe's sampling options and a request's
+    ``settings`` only when set, so a call recorded with bodies reads as it always did.
     """
     data = cassette.model_dump(mode="json")
     if data.get("bodies") is True:
         del data["bodies"]
     if data.get("forge_run") is False:
         del data["forge_run"]
+    for name in _RECIPE_OPTIONS:  # written only when set, so older recipes read as before
+        if data["call"].get(name) is None:
+            del data["call"][name]
     for exchange in data["exchanges"]:
         if exchange["response"].get("omitted") is False:
             del exchange["response"]["omitted"]
@@ -400,6 +435,8 @@ def dump_cassette(cassette: Cassette) -> str:
             del exchange["response"]["body_base64"]
         if exchange["request"].get("body") is None:
             del exchange["request"]["body"]
+        if exchange["request"].get("settings") is None:
+            del exchange["request"]["settings"]
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -47,6 +47,7 @@ from fluid_build.corpus.cassette import (
     resolve_response_model,
     write_cassette,
 )
+from fluid_build.corpus.compare import request_settings
 from fluid_build.corpus.run import Clock, recipe_client, run_recipe
 
 if TYPE_CHECKING:
@@ -240,7 +241,17 @@ def _redacted_frames(content: bytes, secrets: Sequence[str]) -> bytes:
 class _Raw:
     """One exchange as it happened, kept until the cassette is made (then redacted)."""
 
-    __slots__ = ("body", "content", "headers", "method", "model", "path", "status", "text")
+    __slots__ = (
+        "body",
+        "content",
+        "headers",
+        "method",
+        "model",
+        "path",
+        "settings",
+        "status",
+        "text",
+    )
 
     def __init__(
         self,
@@ -252,10 +263,13 @@ class _Raw:
         text: str,
         body: Any = None,
         content: bytes | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         self.method, self.path, self.model = method, path, model
         self.status, self.headers, self.text = status, headers, text
         self.body = body
+        #: The call settings the body carried, kept when the body is not.
+        self.settings = settings
         #: The answer's bytes, kept only when they are binary framing (:func:`is_binary`).
         self.content = content
 
@@ -385,6 +399,10 @@ class Recorder:
             model = data["model"]
         binary = is_binary(response.headers.get("content-type", ""))
         text = "" if binary else content.decode(response.encoding or "utf-8", errors="replace")
+        kept_body = self.bodies and self.request_bodies
+        # A kept body holds the settings already; otherwise they are kept on their own
+        # (none of them is a prompt or an answer), so that replay still compares them.
+        settings = None if kept_body or not isinstance(data, dict) else request_settings(data)
         raw = _Raw(
             request.method.upper(),
             request.url.path,
@@ -392,8 +410,9 @@ class Recorder:
             response.status_code,
             list(response.headers.multi_items()),
             text,
-            data if self.bodies and self.request_bodies else None,
+            data if kept_body else None,
             content if binary else None,
+            settings,
         )
         with self._lock:
             self._raw.append(raw)
@@ -423,6 +442,9 @@ class Recorder:
                         path=redact_url(raw.path, secrets),
                         model=redact(raw.model, secrets) if raw.model is not None else None,
                         body=redact_json(raw.body, secrets) if raw.body is not None else None,
+                        settings=(
+                            redact_json(raw.settings, secrets) if raw.settings is not None else None
+                        ),
                     ),
                     response=(
                         sanitize_binary(
@@ -674,6 +696,9 @@ _RECORDED_ENV: Final = (
     "FLUID_LLM_MAX_ATTEMPTS",
     "FLUID_LLM_DEADLINE_SECONDS",
     "FLUID_OLLAMA_ALLOW_REMOTE",
+    # Every call's defaults: a replay sends what the recording sent.
+    "FLUID_LLM_TEMPERATURE",
+    "FLUID_LLM_MAX_OUTPUT_TOKENS",
 )
 
 
@@ -715,6 +740,11 @@ def record(
     kind: Literal["complete", "stream", "loop"] = "complete",
     system: str | None = None,
     max_output_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    stop: str | list[str] | None = None,
+    seed: int | None = None,
+    reasoning_effort: Literal["low", "medium", "high"] | None = None,
     strict_schema: bool = False,
     name: str | None = None,
     description: str = "",
@@ -764,6 +794,11 @@ def record(
         response_model=response_model,
         strict_schema=strict_schema,
         max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop=stop,
+        seed=seed,
+        reasoning_effort=reasoning_effort,
     )
     if response_model is not None:
         resolve_response_model(response_model)

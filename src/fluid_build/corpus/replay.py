@@ -32,6 +32,7 @@ from fluid_build.corpus.cassette import (
     Cassette,
     DataProduct,
     Exchange,
+    ExchangeRequest,
     ExchangeResponse,
     Plan,
     is_dropped_header,
@@ -39,10 +40,13 @@ from fluid_build.corpus.cassette import (
     summarize_request,
 )
 from fluid_build.corpus.compare import (
+    NOT_SET,
     SHOWN_CHARS,
     ReplayMismatch,
     body_difference,
     compared_body,
+    request_settings,
+    settings_difference,
     shown_pair,
 )
 from fluid_build.corpus.record import Recorder
@@ -94,6 +98,11 @@ def _request_json(request: httpx.Request) -> Any:
         return None
 
 
+def _setting_text(value: Any) -> str:
+    """A setting as an operator reads it: JSON (``0.0``, ``["END"]``), redacted, cut short."""
+    return truncate(one_line(redact(json.dumps(value, ensure_ascii=False))), SHOWN_CHARS)
+
+
 # -- the transport ------------------------------------------------------------------
 
 
@@ -101,8 +110,10 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     """Serves a cassette's exchanges in order, sync or async; refuses anything else.
 
     Each request must match the next exchange's method, path, (when the
-    cassette names one) model and (when the cassette holds it) the
-    conversation in its body (:func:`compared_body`); a mismatch or a request
+    cassette names one) model, the call settings recorded (temperature, seed,
+    answer length ...: :func:`settings_difference`, from the body when it is
+    kept) and (when the cassette holds it) the conversation in its body
+    (:func:`compared_body`); a mismatch or a request
     past the last exchange raises :class:`ReplayMismatch`, whose reason is kept
     in :attr:`mismatches` and the error itself in :attr:`errors`. :attr:`seen`
     holds every request received. An answer recorded without its body raises
@@ -166,6 +177,33 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             self.errors.append(error)
         return error
 
+    def _check_settings(self, number: int, want: ExchangeRequest, sent: Any) -> None:
+        """Refuse a request whose call settings (temperature, seed, answer length ...)
+        are not the recorded ones; a cassette that kept neither them nor the body
+        (recorded before they were kept) is not compared."""
+        if want.settings is not None:
+            recorded = want.settings
+        elif want.body is not None:
+            recorded = request_settings(want.body)
+        else:
+            return
+        found = settings_difference(recorded, request_settings(sent))
+        if found is None:
+            return
+        option, path, expected, got = found
+        shown_expected, shown_got = (
+            NOT_SET if value == NOT_SET else _setting_text(value) for value in (expected, got)
+        )
+        raise self._fail(
+            f"request {number} differs: {option} (body.{path}): the cassette was recorded "
+            f"with {shown_expected}, the client sent {shown_got}; replay with the options it "
+            "was recorded with, or record it again",
+            index=number,
+            field=f"body.{path}",
+            expected=shown_expected,
+            got=shown_got,
+        )
+
     def _serve(self, request: httpx.Request) -> httpx.Response:
         with self._lock:
             index = len(self.seen)
@@ -200,8 +238,9 @@ class ReplayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 expected=truncate(want.model, SHOWN_CHARS),
                 got=truncate(redact(str(got.model)), SHOWN_CHARS),
             )
+        sent = redact_json(_request_json(request))
+        self._check_settings(number, want, sent)
         if want.body is not None:
-            sent = redact_json(_request_json(request))
             found = body_difference(compared_body(want.body), compared_body(sent))
             if found is not None:
                 where, expected, actual = found

@@ -10,7 +10,7 @@ the recording waited), with an in-memory cooldown, driven as the recipe says
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httpx
 from pydantic import BaseModel
@@ -19,6 +19,7 @@ from fluid_build.corpus.cassette import CallRecipe, resolve_response_model
 from fluid_build.corpus.compare import ReplayMismatch
 
 if TYPE_CHECKING:
+    from fluid_build.copilot.call.core import CallOptions
     from fluid_build.copilot.call.envelope import RetryEvent
     from fluid_build.copilot.client import LLMClient
 
@@ -93,21 +94,14 @@ def _as_json(value: Any) -> Any:
 def run_recipe(client: LLMClient, recipe: CallRecipe, clock: Clock) -> Any:
     """Run ``recipe`` on ``client``: the validated output as JSON (without a model, the text)."""
     model = resolve_response_model(recipe.response_model) if recipe.response_model else None
+    # The recipe's options as the recorded caller passed them; one not set is left out.
+    sampling = recipe.options()
+    options = cast("CallOptions", {"system": recipe.system, "response_model": model, **sampling})
     if recipe.kind == "complete":
-        done = client.complete(
-            recipe.messages,
-            system=recipe.system,
-            response_model=model,
-            max_output_tokens=recipe.max_output_tokens,
-        )
+        done = client.complete(recipe.messages, **options)
         return _as_json(done.parsed if model is not None else done.text)
     if recipe.kind == "stream":
-        events: Iterator[Any] = client.stream(
-            recipe.messages,
-            system=recipe.system,
-            response_model=model,
-            max_output_tokens=recipe.max_output_tokens,
-        )
+        events: Iterator[Any] = client.stream(recipe.messages, **options)
         completion = None
         for event in events:
             if event.type == "done":
@@ -117,6 +111,7 @@ def run_recipe(client: LLMClient, recipe: CallRecipe, clock: Clock) -> Any:
         return _as_json(completion.parsed if model is not None else completion.text)
     from fluid_build.copilot.loop.agent import AgentLoop
 
+    sampling.pop("max_output_tokens", None)  # the loop's own argument
     loop = AgentLoop(
         client,
         response_model=model,
@@ -124,6 +119,7 @@ def run_recipe(client: LLMClient, recipe: CallRecipe, clock: Clock) -> Any:
         max_output_tokens=recipe.max_output_tokens,
         clock=clock,
         env=recipe.env,
+        options=cast("CallOptions", sampling),
     )
     result = loop.run(str(recipe.messages[0]["content"]))
     return _as_json(result.output)

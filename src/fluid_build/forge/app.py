@@ -224,13 +224,28 @@ class _Counted:
     Both forge paths count through this, so the plain stages and the agent loop
     (whose own ``usage.llm_calls`` counts calls, one per answer) report alike.
     It also notes the answers that had no price, so the run's cost is not
-    shown as the whole cost when it is only part of it.
+    shown as the whole cost when it is only part of it, and gives every call
+    the run's options (the CLI's ``--temperature`` ...) that the call leaves unset.
     """
 
-    def __init__(self, client: LLMClient, stage: StageRecord, run: ForgeRun | None = None) -> None:
+    def __init__(
+        self,
+        client: LLMClient,
+        stage: StageRecord,
+        run: ForgeRun | None = None,
+        options: CallOptions | None = None,
+    ) -> None:
         self._client = client
         self._stage = stage
         self._run = run
+        self._options = options or {}
+
+    def _with_run_options(self, options: dict[str, Any]) -> CallOptions:
+        """The call's options, each the run's (``fluid forge --temperature`` ...) where the
+        stage left it unset; an option still None is left out, so that the client's own
+        default (FLUID_LLM_MAX_OUTPUT_TOKENS ...) applies rather than a None over it."""
+        merged = {**self._options, **{k: v for k, v in options.items() if v is not None}}
+        return cast("CallOptions", merged)
 
     def _answered(self, completion: Completion) -> Completion:
         self._stage.llm_calls += completion.attempts
@@ -240,7 +255,7 @@ class _Counted:
 
     def complete(self, messages: Messages, **options: Any) -> Completion:
         try:
-            completion = self._client.complete(messages, **cast("CallOptions", options))
+            completion = self._client.complete(messages, **self._with_run_options(options))
         except AgentExecutionError as error:
             self._stage.llm_calls += _sent_by(error)
             raise
@@ -248,7 +263,7 @@ class _Counted:
 
     async def acomplete(self, messages: Messages, **options: Any) -> Completion:
         try:
-            completion = await self._client.acomplete(messages, **cast("CallOptions", options))
+            completion = await self._client.acomplete(messages, **self._with_run_options(options))
         except AgentExecutionError as error:
             self._stage.llm_calls += _sent_by(error)
             raise
@@ -297,8 +312,10 @@ class _Pipeline:
         run: ForgeRun,
         on_stage: Callable[[str], None],
         on_note: Callable[[str], None] = lambda note: None,
+        options: CallOptions | None = None,
     ) -> None:
         self.on_note = on_note
+        self.options = options
         self.client = client
         self.intent = intent
         self.run = run
@@ -347,7 +364,7 @@ class _Pipeline:
         stage = StageRecord(name)
         self.run.stages.append(stage)
         last: SchemaValidationError | None = None
-        client = _Counted(self.client, stage, self.run)
+        client = _Counted(self.client, stage, self.run, self.options)
         for _ in range(MAX_STAGE_ATTEMPTS):
             stage.attempts += 1
             completion = client.complete(
@@ -565,8 +582,12 @@ def run_forge(
     agent_loop: bool = False,
     workspace: Path | None = None,
     before_write: Callable[[], None] | None = None,
+    options: CallOptions | None = None,
 ) -> ForgeRun:
     """Plan, generate and validate, then write the contract, the files and the receipt.
+
+    ``options`` go with every model call of the run, the agent loop's included,
+    where the stage sets none itself (``fluid forge --temperature`` ...).
 
     ``before_write`` runs once every stage succeeded, before anything is
     written: what it raises ends the run with nothing written (a replay
@@ -595,10 +616,12 @@ def run_forge(
 
     client.envelope.hook = hook
     try:
-        pipeline = _Pipeline(client, intent, run, on_stage, on_note)
+        pipeline = _Pipeline(client, intent, run, on_stage, on_note, options)
         plan = pipeline.plan()
         if agent_loop:
-            output = _generate_with_tools(client, intent, plan, run, on_stage, on_note, workspace)
+            output = _generate_with_tools(
+                client, intent, plan, run, on_stage, on_note, workspace, options
+            )
         else:
             output = pipeline.generate(plan)
         on_stage("validate")
@@ -628,6 +651,7 @@ def _generate_with_tools(
     on_stage: Callable[[str], None],
     on_note: Callable[[str], None],
     workspace: Path | None,
+    options: CallOptions | None = None,
 ) -> ForgeOutput:
     """The generate stage as an agent loop: workspace tools, then a final answer that must
     validate against :class:`ForgeOutput` and pass :func:`validate_output`; each failure
@@ -651,12 +675,14 @@ def _generate_with_tools(
 
     loop = AgentLoop(
         # The loop sees the client through the counter: its requests, not its calls.
-        cast("LLMClient", _Counted(client, stage, run)),
+        cast("LLMClient", _Counted(client, stage, run, options)),
         tools=workspace_tools(),
         workspace=root,
         response_model=ForgeOutput,
         system=GENERATE_SYSTEM,
         budget=Budget(max_llm_calls=20),
+        # Also the loop's own worst-case cost check, not only what is sent.
+        max_output_tokens=(options or {}).get("max_output_tokens"),
         check=check,
         max_corrections=MAX_STAGE_ATTEMPTS - 1,
         on_correction=corrected,

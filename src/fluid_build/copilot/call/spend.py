@@ -281,7 +281,8 @@ class BudgetSpend:
             f"budget {name} is spent: {usd_text(state.spent)} spent and {usd_text(state.reserved)} "
             f"reserved of {usd_text(state.limit)}, {usd_text(state.left)} left, and this call to "
             f"{self.provider}:{self.model} needs up to {usd_text(amount)}; no request was sent"
-            f"{when}; ask for a shorter answer or use a cheaper model (--model)",
+            f"{when}; ask for a shorter answer (--max-output-tokens "
+            f"{python_aside('max_output_tokens')}) or use a cheaper model (--model)",
             "budget.cost_exhausted",
             False,
             retry_after=retry_after,

@@ -32,7 +32,13 @@ from fluid_build.copilot.llm.checks import clean as _clean
 from fluid_build.copilot.llm.checks import not_configured as _not_configured
 from fluid_build.copilot.llm.checks import url_problem as _url_problem
 
-__all__ = ["PROVIDERS", "ProviderInfo", "resolve_provider_config"]
+__all__ = [
+    "CALL_DEFAULT_VARIABLES",
+    "PROVIDERS",
+    "ProviderInfo",
+    "call_defaults_from_env",
+    "resolve_provider_config",
+]
 
 DEFAULT_TIMEOUT: Final = 120.0
 
@@ -134,6 +140,8 @@ EXAMPLES: Final[Mapping[str, str]] = {
     "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": "https://bedrock-runtime.us-east-1.amazonaws.com",
     "AWS_ENDPOINT_URL": "https://bedrock-runtime.us-east-1.amazonaws.com",
     "AWS_REGION": "us-east-1",
+    "FLUID_LLM_TEMPERATURE": "0.2",
+    "FLUID_LLM_MAX_OUTPUT_TOKENS": "1024",
 }
 # The example for a server speaking the OpenAI API that is not OpenAI itself.
 _LOCAL_SERVER: Final = "http://127.0.0.1:8000/v1"
@@ -438,3 +446,56 @@ def resolve_provider_config(
         api_version=_api_version(name, env),
         region=region,
     )
+
+
+#: The variables that give every call of a client a default option: variable -> option.
+CALL_DEFAULT_VARIABLES: Final[Mapping[str, str]] = {
+    "FLUID_LLM_TEMPERATURE": "temperature",
+    "FLUID_LLM_MAX_OUTPUT_TOKENS": "max_output_tokens",
+}
+_MAX_TEMPERATURE: Final = 2.0
+
+
+def _bad_default(name: str, raw: str, expected: str) -> ProviderError:
+    example = EXAMPLES[name]
+    return _not_configured(
+        f"{name}={_shown(raw, 40)} cannot be used: it must be {expected}, e.g. {name}={example}; "
+        f"unset it to leave the provider's default",
+        variable=name,
+        example=example,
+    )
+
+
+def call_defaults_from_env(env: Mapping[str, str]) -> dict[str, float | int]:
+    """The call options the environment sets for every call: ``temperature`` from
+    ``FLUID_LLM_TEMPERATURE`` (a number from 0 to 2) and ``max_output_tokens`` from
+    ``FLUID_LLM_MAX_OUTPUT_TOKENS`` (a whole number from 1); only those set appear.
+
+    Unlike a timeout, a bad value is not replaced by a default: a temperature the
+    operator asked for and did not get is a wrong answer nobody sees. So garbage,
+    ``nan``, ``inf``, a negative or out-of-range value is ``llm.not_configured``
+    naming the variable (``details["variable"]``) and a valid example. Empty or
+    blank is unset.
+    """
+    found: dict[str, float | int] = {}
+    raw = _get(env, "FLUID_LLM_TEMPERATURE")
+    if raw is not None:
+        try:
+            temperature = float(raw)
+        except ValueError:
+            temperature = math.nan
+        if not (math.isfinite(temperature) and 0.0 <= temperature <= _MAX_TEMPERATURE):
+            raise _bad_default("FLUID_LLM_TEMPERATURE", raw, "a number from 0 to 2")
+        found["temperature"] = temperature
+    raw = _get(env, "FLUID_LLM_MAX_OUTPUT_TOKENS")
+    if raw is not None:
+        try:
+            tokens = int(raw, 10)
+        except ValueError:
+            tokens = 0
+        if tokens < 1:
+            raise _bad_default(
+                "FLUID_LLM_MAX_OUTPUT_TOKENS", raw, "a whole number of tokens, 1 or more"
+            )
+        found["max_output_tokens"] = tokens
+    return found
