@@ -166,6 +166,35 @@ def test_the_clients_options_reach_every_call_and_a_call_overrides_them(
     assert body(route)["seed"] == 1
 
 
+def test_the_environment_sets_defaults_under_the_clients_and_the_calls(
+    mock: respx.MockRouter, clock: FakeClock
+) -> None:
+    route = mock.post(OPENAI_URL).respond(200, json=OK)
+    env = {"FLUID_LLM_TEMPERATURE": "0.37", "FLUID_LLM_MAX_OUTPUT_TOKENS": "77"}
+    client = make("openai", clock, model="gpt-4o-mini", env=env)
+    client.complete("hi")
+    assert (body(route)["temperature"], body(route)["max_completion_tokens"]) == (0.37, 77)
+    # A None from the caller (the agent loop's max_output_tokens) is not set: the default holds.
+    client.complete("hi", temperature=0.5, max_output_tokens=None)
+    assert (body(route)["temperature"], body(route)["max_completion_tokens"]) == (0.5, 77)
+    client = make("openai", clock, model="gpt-4o-mini", env=env, options={"temperature": 0.9})
+    client.complete("hi")
+    assert (body(route)["temperature"], body(route)["max_completion_tokens"]) == (0.9, 77)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("FLUID_LLM_TEMPERATURE", "hot"), ("FLUID_LLM_MAX_OUTPUT_TOKENS", "-5")],
+)
+def test_a_bad_environment_default_is_not_configured_naming_it(
+    clock: FakeClock, variable: str, value: str
+) -> None:
+    with pytest.raises(ProviderError) as caught:
+        make("openai", clock, model="gpt-4o-mini", env={variable: value})
+    assert caught.value.code == "llm.not_configured"
+    assert caught.value.details["variable"] == variable
+
+
 def test_a_bad_client_default_fails_at_construction(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="temperature must be from 0 to 2"):
         make("openai", clock, model="gpt-4o-mini", options={"temperature": 9})

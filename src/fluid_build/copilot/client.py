@@ -216,9 +216,11 @@ class LLMClient:
         drop_unsupported: bool | None = None,
     ) -> None:
         _load()
+        source = os.environ if env is None else env
         #: Every call's options unless the call sets its own (docs/llm-providers.md,
-        #: "Call options"); checked here, so a misspelt name fails at construction.
-        self.options: CallOptions = self._defaults(options, drop_unsupported)
+        #: "Call options"): FLUID_LLM_TEMPERATURE / FLUID_LLM_MAX_OUTPUT_TOKENS, then
+        #: ``options``; checked here, so a misspelt name or a bad value fails at construction.
+        self.options: CallOptions = self._defaults(source, options, drop_unsupported)
         #: What a stream cut after text reached the caller does: "raise" or "restart".
         self.on_cut: OnCut = _on_cut(on_cut, "on_cut=")
         config = resolve_provider_config(
@@ -232,7 +234,6 @@ class LLMClient:
             config = replace(config, headers=checked_headers(headers, "headers="))
         info = PROVIDERS[config.provider]
         self.envelope = envelope if envelope is not None else RetryEnvelope.from_env(env)
-        source = os.environ if env is None else env
         # One bound on each whole call: pre-flight, attempts, waits, every read.
         self.deadline: float = (
             deadline
@@ -520,19 +521,24 @@ class LLMClient:
     # -- calls: one plan each, run by the sync or the async shell ------------------------
 
     @staticmethod
-    def _defaults(options: CallOptions | None, drop_unsupported: bool | None) -> CallOptions:
+    def _defaults(
+        source: Mapping[str, str], options: CallOptions | None, drop_unsupported: bool | None
+    ) -> CallOptions:
         from fluid_build.copilot.call.core import CALL_OPTIONS
         from fluid_build.copilot.call.options import check_names, sampling
+        from fluid_build.copilot.llm.settings import call_defaults_from_env
 
         given = dict(options or {})
         check_names(given, CALL_OPTIONS, "LLMClient(options=)")
         sampling(given)  # a bad value fails here, not on the first call
+        given = {k: v for k, v in given.items() if v is not None}
         if drop_unsupported is not None:
             given["drop_unsupported"] = bool(drop_unsupported)
-        return cast("CallOptions", given)
+        return cast("CallOptions", {**call_defaults_from_env(source), **given})
 
     def _options(self, options: CallOptions, where: str) -> CallOptions:
-        """The call's options over the client's; a name no call takes is a ``TypeError``."""
+        """The call's options over the client's (an option the call gives as None is not
+        set: the client's applies); a name no call takes is a ``TypeError``."""
         from fluid_build.copilot.call.core import CALL_OPTIONS
 
         if not options.keys() <= CALL_OPTIONS:
@@ -540,7 +546,8 @@ class LLMClient:
 
             check_names(options, CALL_OPTIONS, f"LLMClient.{where}()")
         if self.options:
-            return cast("CallOptions", {**self.options, **options})
+            given = {k: v for k, v in options.items() if v is not None}
+            return cast("CallOptions", {**self.options, **given})
         return options
 
     def complete(self, messages: Messages, **options: Unpack[CallOptions]) -> Completion:
