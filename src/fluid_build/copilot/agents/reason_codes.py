@@ -164,9 +164,9 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         False,
         "The call set an option (temperature, seed, stop ...) that this provider has no field "
         "for, or that this model refuses; nothing was sent.",
-        "Remove the option the message names (details['option']) or run again with a model "
-        "that takes it (--model); a fallback in FLUID_LLM_FALLBACKS that takes it answers "
-        "instead.",
+        "Leave out the option the message names (--temperature, --seed ... on the command "
+        "line) or run again with a model that takes it (--model); a fallback in "
+        "FLUID_LLM_FALLBACKS that takes it answers instead.",
     ),
     ReasonCode(
         "llm.model_not_found",
