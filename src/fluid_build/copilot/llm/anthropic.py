@@ -15,6 +15,7 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     merge_body,
+    sampling_fields,
     set_headers,
     text_of,
 )
@@ -30,6 +31,9 @@ __all__ = [
     "thinking_fields",
     "thinking_refusals",
 ]
+
+#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
+_NAMES: Final = {"temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences"}
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -299,12 +303,7 @@ class AnthropicAdapter(Adapter):
             body["system"] = spec.system
         if thinking is not None:
             body.update(thinking)
-        if spec.temperature is not None:
-            body["temperature"] = spec.temperature
-        if spec.top_p is not None:
-            body["top_p"] = spec.top_p
-        if spec.stop:
-            body["stop_sequences"] = list(spec.stop)
+        body.update(sampling_fields(spec, _NAMES))
         tools = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
             for t in spec.tools

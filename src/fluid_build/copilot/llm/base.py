@@ -29,6 +29,7 @@ __all__ = [
     "iter_stream",
     "loads_arguments",
     "merge_body",
+    "sampling_fields",
     "set_headers",
     "text_of",
     "unsupported_option",
@@ -65,6 +66,21 @@ def unsupported_option(provider: str, model: str, refused: Mapping[str, str]) ->
         retryable=False,
         details={"option": option, "options": sorted(refused), "reason": why},
     )
+
+
+def sampling_fields(spec: CallSpec, names: Mapping[str, str]) -> dict[str, Any]:
+    """The spec's sampling options that are set, each under the provider's name for it.
+
+    ``names``: option (``temperature``, ``top_p``, ``stop``, ``seed``) -> the provider's
+    field; an option not in it is not sent here. ``stop`` goes as a list. An option not
+    set is left out, so a call without options sends the body it always did.
+    """
+    out: dict[str, Any] = {}
+    for option, name in names.items():
+        value = getattr(spec, option)
+        if value is not None and value != ():
+            out[name] = list(value) if option == "stop" else value
+    return out
 
 
 def merge_body(body: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     merge_body,
+    sampling_fields,
     set_headers,
     text_of,
 )
@@ -43,6 +44,9 @@ from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending,
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
+
+#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
+_NAMES: Final = {"temperature": "temperature", "top_p": "topP", "stop": "stopSequences"}
 
 PIP_LINE: Final = "pip install 'fluid-build[bedrock]'"
 #: The step that fixes most rejected or missing AWS credentials, for a message.
@@ -548,12 +552,7 @@ class BedrockAdapter(Adapter):
         inference: dict[str, Any] = {}
         if max_tokens is not None:
             inference["maxTokens"] = max_tokens
-        if spec.temperature is not None:
-            inference["temperature"] = spec.temperature
-        if spec.top_p is not None:
-            inference["topP"] = spec.top_p
-        if spec.stop:
-            inference["stopSequences"] = list(spec.stop)
+        inference.update(sampling_fields(spec, _NAMES))
         if inference:
             body["inferenceConfig"] = inference
         tools = [

@@ -16,12 +16,21 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     merge_body,
+    sampling_fields,
     set_headers,
     text_of,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
+
+#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
+_NAMES: Final = {
+    "temperature": "temperature",
+    "top_p": "topP",
+    "stop": "stopSequences",
+    "seed": "seed",
+}
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 # MODEL_ARMOR: Vertex AI's Model Armor screened the prompt or the answer.
@@ -182,15 +191,7 @@ class GeminiAdapter(Adapter):
             if spec.tool_choice not in _CHOICES:
                 calling["allowedFunctionNames"] = [spec.tool_choice]
             body["toolConfig"] = {"functionCallingConfig": calling}
-        config: dict[str, Any] = {}
-        if spec.temperature is not None:
-            config["temperature"] = spec.temperature
-        if spec.top_p is not None:
-            config["topP"] = spec.top_p
-        if spec.stop:
-            config["stopSequences"] = list(spec.stop)
-        if spec.seed is not None:
-            config["seed"] = spec.seed
+        config = sampling_fields(spec, _NAMES)
         if spec.response_schema is not None:
             config["responseMimeType"] = "application/json"
             config["responseJsonSchema"] = dict(spec.response_schema)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -15,6 +15,7 @@ from fluid_build.copilot.llm.base import (
     StreamState,
     function_calls,
     merge_body,
+    sampling_fields,
     text_of,
 )
 from fluid_build.copilot.llm.openai import with_extra_headers
@@ -57,17 +58,12 @@ def _harmony(model: str) -> bool:
     return model.lower().rsplit("/", 1)[-1].startswith("gpt-oss")
 
 
+_NAMES: Final = {"temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed": "seed"}
+
+
 def _options(spec: CallSpec) -> dict[str, Any]:
     """The call's sampling options as /api/chat's ``options`` (the Modelfile's parameters)."""
-    out: dict[str, Any] = {}
-    if spec.temperature is not None:
-        out["temperature"] = spec.temperature
-    if spec.top_p is not None:
-        out["top_p"] = spec.top_p
-    if spec.stop:
-        out["stop"] = list(spec.stop)
-    if spec.seed is not None:
-        out["seed"] = spec.seed
+    out = sampling_fields(spec, _NAMES)
     if spec.max_output_tokens is not None:
         out["num_predict"] = spec.max_output_tokens
     return out

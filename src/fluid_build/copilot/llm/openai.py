@@ -11,6 +11,7 @@ from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
     NULL,
+    SAMPLING_OPTIONS,
     TEXT,
     Adapter,
     Parsed,
@@ -18,6 +19,7 @@ from fluid_build.copilot.llm.base import (
     StreamState,
     function_calls,
     merge_body,
+    sampling_fields,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
@@ -32,18 +34,13 @@ __all__ = [
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 #: The call options chat completions has a field for (docs/llm-providers.md, "Call options").
-CHAT_OPTIONS: Final = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "stop",
-        "seed",
-        "max_output_tokens",
-        "tool_choice",
-        "parallel_tool_calls",
-        "reasoning_effort",
-    }
-)
+CHAT_OPTIONS: Final = SAMPLING_OPTIONS
+_CHAT_NAMES: Final = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "seed": "seed",
+}
 
 
 def with_extra_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
@@ -253,15 +250,7 @@ class OpenAIAdapter(Adapter):
     def sampling(self, spec: CallSpec) -> dict[str, Any]:
         """The call's sampling and tool options under chat completions' names; only those
         set (an option not set changes nothing in the body)."""
-        out: dict[str, Any] = {}
-        if spec.temperature is not None:
-            out["temperature"] = spec.temperature
-        if spec.top_p is not None:
-            out["top_p"] = spec.top_p
-        if spec.stop:
-            out["stop"] = list(spec.stop)
-        if spec.seed is not None:
-            out["seed"] = spec.seed
+        out = sampling_fields(spec, _CHAT_NAMES)
         if spec.tool_choice is not None:
             out["tool_choice"] = named_tool_choice(spec.tool_choice)
         # OpenAI answers 400 to parallel_tool_calls without tools; with no tool there is
