@@ -49,6 +49,16 @@ VLLM_REFUSAL = {
     "param": None,
     "code": 400,
 }
+#: An OpenAI-style upstream that has no such parameter (QuantumNous/new-api#418, verbatim
+#: but for its request ids).
+UNKNOWN_PARAMETER = {
+    "error": {
+        "message": "Unknown parameter: 'stream_options'.",
+        "type": "invalid_request_error",
+        "param": "stream_options",
+        "code": "unknown_parameter",
+    }
+}
 #: FastAPI's 422 for the same, as a pydantic-validated server answers it.
 FASTAPI_REFUSAL = {
     "detail": [
@@ -208,8 +218,13 @@ def test_every_compatible_preset_asks_for_the_usage_and_prices_the_stream(
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize(
     ("refusal", "status"),
-    [(VLLM_REFUSAL, 400), (FIREWORKS_REFUSAL, 400), (FASTAPI_REFUSAL, 422)],
-    ids=["vllm-extra-forbidden", "fireworks", "fastapi-422"],
+    [
+        (VLLM_REFUSAL, 400),
+        (FIREWORKS_REFUSAL, 400),
+        (UNKNOWN_PARAMETER, 400),
+        (FASTAPI_REFUSAL, 422),
+    ],
+    ids=["vllm-extra-forbidden", "fireworks", "unknown-parameter", "fastapi-422"],
 )
 def test_a_server_refusing_stream_options_is_asked_again_without_it_once_per_client(
     mode: str, refusal: dict[str, Any], status: int

@@ -190,9 +190,10 @@ class Endpoints:
 
 def names_stream_options(answer: httpx.Response) -> bool:
     """Whether an error answer's own words (message, param, code; or a text body) name
-    ``stream_options``: vLLM's ``extra_forbidden`` at ``('body', 'stream_options')``,
-    Fireworks' "Extra inputs are not permitted, field: 'stream_options'", OpenAI's and
-    Azure's "Unrecognized request argument supplied: stream_options"."""
+    ``stream_options``: vLLM's ``extra_forbidden`` at ``('body', 'stream_options')``
+    (modelscope/ms-agent#489), Fireworks' "Extra inputs are not permitted, field:
+    'stream_options'" (FlowiseAI/Flowise#2866), an OpenAI-style upstream's "Unknown
+    parameter: 'stream_options'" with ``param`` naming it (QuantumNous/new-api#418)."""
     body = read_body(answer)
     if body.kind == "json" and isinstance(body.data, dict | list):
         fields = extract_fields(body.data)
