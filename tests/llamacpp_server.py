@@ -262,6 +262,7 @@ class Seen:
     path: str
     status: int
     authorization: str | None
+    body: bytes = b""
 
 
 @dataclass
@@ -293,7 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             status, headers, content = self.server.forward(self.command, self.path, self, body)
         with self.server.lock:
-            script.seen.append(Seen(self.command, path, status, self.headers.get("authorization")))
+            authorization = self.headers.get("authorization")
+            script.seen.append(Seen(self.command, path, status, authorization, body))
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)

@@ -130,6 +130,7 @@ class Seen:
     at: float  # time.time() on arrival
     path: str
     headers: dict[str, str]
+    body: bytes = b""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -138,8 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
-        self.rfile.read(length)
-        seen = Seen(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()})
+        body = self.rfile.read(length)
+        seen = Seen(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()}, body)
         with self.server.lock:
             self.server.seen.append(seen)
         status, headers, body = self.server.reply(seen)

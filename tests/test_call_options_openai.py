@@ -411,9 +411,7 @@ def bare(provider: str, stream: bool) -> set[str]:
         return {"model", "messages", "stream"}
     if not stream:
         return {"model", "messages"}
-    if provider in ("openai", "azure"):
-        return {"model", "messages", "stream", "stream_options"}
-    return {"model", "messages", "stream"}  # the compatible servers: no stream_options
+    return {"model", "messages", "stream", "stream_options"}  # the usage, in a last chunk
 
 
 @pytest.mark.parametrize("mode", ["complete", "stream"])
@@ -575,13 +573,13 @@ def test_the_stream_options_fluid_sets_keep_what_extra_body_adds(server: _Server
 
 
 def test_a_compatible_server_gets_the_stream_options_the_caller_asks_for(server: _Server) -> None:
-    # fluid sends none to these servers (several reject them); a caller whose server takes
-    # them asks in extra_body, which is merged after fluid's own fields.
+    # fluid asks these servers for the usage too (issue 35); what a caller sets in
+    # extra_body is merged after fluid's own fields, and wins.
     with client(server, "vllm", "Qwen/Qwen3-8B") as llm:
-        run(llm, "stream", extra_body={"stream_options": {"include_usage": True}})
+        run(llm, "stream", extra_body={"stream_options": {"include_usage": False}})
         run(llm, "stream")
-    assert server.seen[0].body["stream_options"] == {"include_usage": True}
-    assert "stream_options" not in server.seen[1].body
+    assert server.seen[0].body["stream_options"] == {"include_usage": False}
+    assert server.seen[1].body["stream_options"] == {"include_usage": True}
 
 
 @pytest.mark.parametrize(

@@ -432,6 +432,105 @@ def test_words_near_a_policy_are_no_refusal(message: str) -> None:
     assert answer(400, message).code == "llm.invalid_request"
 
 
+# -- issue 35 item 4: the wordings litellm's table reads otherwise -----------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # litellm's table: test_is_azure_content_policy_violation_error_case_insensitive
+        "The Response Was Filtered Due To The Prompt Triggering Azure OpenAI's Content Management",
+        "THE RESPONSE WAS FILTERED DUE TO THE PROMPT TRIGGERING AZURE OPENAI'S CONTENT MANAGEMENT",
+        "The response was filtered due to the prompt triggering Azure OpenAI\u2019s content "
+        "management",
+        "INVALID_REQUEST_ERROR CONTENT_POLICY_VIOLATION",
+        "YOUR TASK FAILED AS A RESULT OF OUR SAFETY SYSTEM",
+        "Content_Filter_Policy restriction detected",
+    ],
+)
+def test_a_refusal_in_any_case_is_content_filtered(message: str) -> None:
+    error = answer(400, message)
+    assert (error.code, error.retryable) == ("llm.content_filtered", False)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Content Management API unavailable",
+        "Your content management settings were saved",
+        "The prompt triggered a validation error",
+    ],
+)
+def test_content_management_alone_is_no_refusal(message: str) -> None:
+    assert answer(400, message).code == "llm.invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("message", "overflow"),
+    [
+        (
+            "Invalid 'messages[17].content': string too long. Expected a string with maximum "
+            "length 1048576, but got a string with length 1744259 instead.",
+            True,
+        ),
+        ("INVALID 'INPUT': STRING TOO LONG. EXPECTED A STRING WITH MAXIMUM LENGTH 10", True),
+        (
+            "Invalid 'user': string too long. Expected a string with maximum length 64, "
+            "but got a string with length 123 instead.",
+            False,
+        ),
+        # litellm's row names no string: nothing says it is the prompt
+        ("Validation Error: string too long. expected a string with maximum length 1000.", False),
+    ],
+)
+def test_the_string_too_long_wording_alone_reads_as_its_code(message: str, overflow: bool) -> None:
+    error = answer(400, message)
+    assert isinstance(error, ContextOverflowError) is overflow
+    assert error.code == ("llm.context_overflow" if overflow else "llm.invalid_request")
+    assert not error.retryable
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_the_model_producing_invalid_content_is_a_server_error_worth_retrying(status: int) -> None:
+    error = answer(
+        status,
+        "The model produced invalid content. Consider modifying your prompt if you are seeing "
+        "this error persistently.",
+        type="model_error",
+    )
+    assert type(error) is ProviderServerError
+    assert (error.code, error.retryable) == ("llm.server_error", True)
+
+
+def test_google_status_in_lower_case_is_still_a_per_minute_limit() -> None:
+    # A relay that lower-cases Google's status: its "exceeded your current quota" is still
+    # RESOURCE_EXHAUSTED per minute (no per-day id, no "limit: 0"), not a spent quota.
+    body = {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota, please check your plan and billing "
+            "details.",
+            "status": "resource_exhausted",
+        }
+    }
+    error = classify(status_error(429, body))
+    assert isinstance(error, RateLimitError)
+    assert (error.code, error.retryable) == ("llm.rate_limited", True)
+
+
+def test_a_quota_of_zero_in_any_case_is_spent() -> None:
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Quota exceeded for metric: generate_content_free_tier_requests, "
+            "Limit: 0, model: gemini-2.5-pro",
+            "status": "RESOURCE_EXHAUSTED",
+        }
+    }
+    error = classify(status_error(429, body))
+    assert (error.code, error.retryable) == ("llm.quota_exhausted", False)
+
+
 # -- 7. an upstream 429 relayed as a 5xx ---------------------------------------------------
 
 

@@ -148,6 +148,20 @@ async def test_an_async_stream(small: LlamaServer) -> None:
     assert events[-1].completion.text == "".join(e.text or "" for e in events if e.type == "text")
 
 
+def test_a_stream_asks_for_its_usage_and_llama_cpp_takes_the_field(small: LlamaServer) -> None:
+    # Issue 35: stream_options.include_usage goes to llama.cpp too; the server takes it (one
+    # request, a 200) and the streamed answer carries its usage.
+    with counting_proxy(small.url) as proxy, llamacpp(proxy.base_url) as client:
+        events = list(client.stream("Count to three.", max_output_tokens=12))
+    completion = events[-1].completion
+    assert completion is not None
+    assert completion.usage.input_tokens > 0
+    assert 1 <= completion.usage.output_tokens <= 12
+    posts = [seen for seen in proxy.script.seen if seen.method == "POST"]
+    assert [(seen.path, seen.status) for seen in posts] == [("/v1/chat/completions", 200)]
+    assert json.loads(posts[0].body)["stream_options"] == {"include_usage": True}
+
+
 def test_structured_output_is_typed_either_way(small: LlamaServer) -> None:
     """The schema reaches the server (its grammar makes the answer JSON); gibberish cut
     at 16 tokens is a typed SchemaValidationError, never an untyped failure. (A real

@@ -211,7 +211,11 @@ _TOO_LARGE = _rx(r"request_too_large", r"request too large", r"request entity to
 # OpenAI's string_above_max_length is an overflow only when the long string is the prompt:
 # "messages", "messages[3].content", "input[0].content[0].text"; "tools[0].function.description"
 # or "messages[1].tool_calls[0].id" too long is a malformed request.
-_LONG_STRING = re.compile("string_above_max_length")
+# OpenAI words the code "string too long. Expected a string with maximum length N"; a relay
+# that passes on only the message leaves that wording (litellm's table), and it means the same.
+_LONG_STRING = _rx(
+    r"string_above_max_length", r"string too long\. expected a string with maximum length"
+)
 _PROMPT_PARAM = re.compile(
     r"^(?:messages|input|prompt)(?:\[\d+\](?:\.content(?:\[\d+\](?:\.text)?)?)?)?$", re.IGNORECASE
 )
@@ -261,7 +265,15 @@ _CREDITS = _rx(
     r"spend(?:ing)? limit",
 )
 
-_AZURE_FILTER = _rx(r"responsibleaipolicyviolation", r"content management policy")
+# Azure's sentence also reaches us cut short and in title case ("... Triggering Azure OpenAI's
+# Content Management"): the text is lower-cased, and "content management" counts only after
+# "azure openai's", never alone ("Management API unavailable" is no refusal).
+_AZURE_FILTER = _rx(
+    r"responsibleaipolicyviolation",
+    r"content management policy",
+    r"filtered due to the prompt triggering",
+    r"azure openai['\u2019]s content management",
+)
 _CONTENT_FILTER = _rx(r"content[_ ]filter")
 _OPENAI_POLICY = _rx(
     r"content_policy_violation",
@@ -296,6 +308,9 @@ _BUSY = _rx(
     r"\b(?:model|server|servers|engine|service|system|api) (?:is |are )?(?:currently )?overloaded",
     r"over capacity",
 )
+# OpenAI's type model_error (500; Azure sends it as a 400): the model's own output broke,
+# neither the request nor a content filter; asking again usually gets an answer.
+_MODEL_BROKE = _rx(r"the model produced invalid content")
 _RESOURCES = _rx(r"requires more system memory", r"out of memory", r"insufficient memory")
 
 # AWS Bedrock: its error types (lower-cased, as the event stream spells them too) and the
@@ -400,22 +415,26 @@ def _over_token_budget(evidence: Evidence) -> bool:
     return bool(match and "used" not in evidence.text and int(match.group(2)) > int(match.group(1)))
 
 
+_NO_FREE_TIER = re.compile(r"\blimit: 0\b", re.IGNORECASE)
+
+
 def _not_google_exhausted(evidence: Evidence) -> bool:
     """Google's RESOURCE_EXHAUSTED says "quota" for per-minute limits: its ids decide."""
-    return evidence.fields.type != "RESOURCE_EXHAUSTED"
+    return not _google_exhausted(evidence)
 
 
 def _google_quota_spent(evidence: Evidence) -> bool:
     """RESOURCE_EXHAUSTED on a per-day quota, or on a quota of 0 (no free tier)."""
     fields = evidence.fields
-    if fields.type != "RESOURCE_EXHAUSTED":
+    if not _google_exhausted(evidence):
         return False
     ids = " ".join(fields.quota_ids).lower()
-    return "perday" in ids or "per_day" in ids or bool(re.search(r"\blimit: 0\b", fields.message))
+    return "perday" in ids or "per_day" in ids or bool(_NO_FREE_TIER.search(fields.message))
 
 
 def _google_exhausted(evidence: Evidence) -> bool:
-    return evidence.fields.type == "RESOURCE_EXHAUSTED"
+    """Google's status ``RESOURCE_EXHAUSTED``, however a relay cased it."""
+    return evidence.fields.type.upper() == "RESOURCE_EXHAUSTED"
 
 
 def _names_a_model(evidence: Evidence) -> bool:
@@ -486,10 +505,14 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         "openai-string-above-max-length",
-        "`string_above_max_length` whose param (or quoted name) is the prompt",
+        "`string_above_max_length` or 'string too long. Expected a string with maximum "
+        "length N' whose param (or quoted name) is the prompt; any other string is an "
+        "invalid request",
         OVERFLOW,
-        f"issue gptscript-ai/clio#41 ({_ERRORS_JSON}: "
-        "openai-400-string-above-max-length-messages-content)",
+        "OpenAI's 400 invalid_request_error, code string_above_max_length, param naming the "
+        "string: issues gptscript-ai/clio#41, VectorlyApp/bluebox#31 "
+        f"({_ERRORS_JSON}: openai-400-string-above-max-length-messages-content, "
+        "openai-400-string-too-long-wording-only)",
         wording=_LONG_STRING,
         when=_prompt_too_long,
     ),
@@ -704,10 +727,13 @@ RULES: Final[tuple[Rule, ...]] = (
     # -- the content was refused ---------------------------------------------------
     Rule(
         "azure-content-filter",
-        "`ResponsibleAIPolicyViolation`, 'content management policy' (Azure OpenAI)",
+        "`ResponsibleAIPolicyViolation`, 'content management policy', 'filtered due to the "
+        "prompt triggering Azure OpenAI's Content Management', in any case (Azure OpenAI)",
         FILTERED,
         "https://learn.microsoft.com/en-us/azure/ai-services/openai/concepts/content-filter; "
-        f"issue microsoft/TinyTroupe#85 ({_ERRORS_JSON}: azure-400-content-filter)",
+        "issue microsoft/TinyTroupe#85; litellm test_exception_mapping_utils.py "
+        "test_is_azure_content_policy_violation_error_case_insensitive "
+        f"({_ERRORS_JSON}: azure-400-content-filter, azure-400-content-filter-title-case)",
         wording=_AZURE_FILTER,
     ),
     Rule(
@@ -871,6 +897,17 @@ RULES: Final[tuple[Rule, ...]] = (
         OVERLOADED,
         f"issue ikechan8370/chatgpt-plugin#125 ({_ERRORS_JSON}: openai-503-model-overloaded)",
         wording=_BUSY,
+    ),
+    Rule(
+        "model-produced-invalid-content",
+        "'The model produced invalid content' (OpenAI 500 `model_error`; Azure sends it as a "
+        "400): the model's output broke, not the request, and no content filter spoke",
+        SERVER_ERROR,
+        "https://platform.openai.com/docs/guides/error-codes (500: retry after a brief wait); "
+        "issues BerriAI/litellm#8020, microsoft/autogen#3487 (Azure '400 model_error') "
+        f"({_ERRORS_JSON}: openai-500-model-produced-invalid-content, "
+        "azure-400-model-produced-invalid-content)",
+        wording=_MODEL_BROKE,
     ),
     Rule(
         "aws-server-trouble",

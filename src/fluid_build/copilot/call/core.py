@@ -584,9 +584,22 @@ class Entry:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
-            state = StreamState()
             if self.pending is not None and (refresh := self.pending()) is not None:
                 yield Blocking(refresh, deadline)
+            opened = yield from exchange(may_resend=True)
+            if opened is None:
+                # The server refused a field the adapter adds by itself (stream_options):
+                # asked again without it at once, as the same attempt. A second refusal,
+                # or any other error answer, is raised and classified as it is.
+                deadline.check("the request without the refused field")
+                opened = yield from exchange(may_resend=False)
+            assert opened is not None  # without may_resend, an exchange opens or raises
+            return opened
+
+        def exchange(
+            may_resend: bool,
+        ) -> Plan[tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamState] | None]:
+            state = StreamState()
             wire = self.adapter.request(spec, stream=True)
             timeout, phases = self.config.timeout, self.phases
             request = http_request(pool, wire, deadline, timeout, phases, stream=True)
@@ -613,6 +626,16 @@ class Entry:
                 if not state.done:  # nothing for the caller, and no end: retried
                     raise decoder.cut(state, reader, emitted=False, response=response)
                 return response, chunks, [], reader, state
+            except httpx.HTTPStatusError as exc:
+                yield Close(response)
+                if may_resend and self.adapter.refused_own_field(spec, exc.response):
+                    LOG.info(
+                        "%s refused a field fluid_build adds by itself (stream_options); "
+                        "asking again without it: this client's streams from it carry no usage",
+                        self.label,
+                    )
+                    return None
+                raise
             except httpx.TimeoutException as exc:
                 yield Close(response)
                 raise timed_out(exc, deadline, reader.reader.where, phase) or exc from exc

@@ -291,6 +291,16 @@ class Adapter:
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError
 
+    def refused_own_field(self, spec: CallSpec, answer: Any) -> bool:
+        """Whether ``answer`` (an error response to a stream's request, its body read)
+        refused a field this adapter adds of its own accord and can do without.
+
+        When it did, the adapter leaves the field out from then on, and the call
+        sends the request again at once, within the same attempt (call/core.py);
+        a field the caller set (``extra_body``) is never the adapter's to drop.
+        """
+        return False
+
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         raise NotImplementedError
 

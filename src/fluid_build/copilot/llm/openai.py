@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+import httpx
+
 from fluid_build._redact import truncate
+from fluid_build.copilot.agents.error_answers import extract_fields, read_body
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -15,6 +21,7 @@ from fluid_build.copilot.llm.base import (
     TEXT,
     Adapter,
     Parsed,
+    ProviderConfig,
     Request,
     StreamState,
     function_calls,
@@ -149,6 +156,53 @@ def _text(content: Any) -> str:
     raise TypeError("content")
 
 
+#: How many endpoints one adapter remembers as refusing ``stream_options``: an adapter has
+#: one URL, so one in practice; the cap bounds the memory whatever asks.
+REMEMBERED_ENDPOINTS: Final = 64
+# "stream_options" as a word, or "stream options" (vLLM: "Stream options can only be defined
+# when `stream=True`"); never inside a longer name.
+_STREAM_OPTIONS: Final = re.compile(r"(?<![a-z0-9_])stream[_ ]options(?![a-z0-9_])", re.I)
+
+
+class Endpoints:
+    """A bounded set of URLs, safe from any thread: past ``cap``, the oldest is forgotten."""
+
+    def __init__(self, cap: int = REMEMBERED_ENDPOINTS) -> None:
+        self.cap = cap
+        self._urls: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, url: object) -> bool:
+        with self._lock:
+            return url in self._urls
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._urls)
+
+    def add(self, url: str) -> None:
+        with self._lock:
+            self._urls[url] = None
+            self._urls.move_to_end(url)
+            while len(self._urls) > self.cap:
+                self._urls.popitem(last=False)
+
+
+def names_stream_options(answer: httpx.Response) -> bool:
+    """Whether an error answer's own words (message, param, code; or a text body) name
+    ``stream_options``: vLLM's ``extra_forbidden`` at ``('body', 'stream_options')``
+    (modelscope/ms-agent#489), Fireworks' "Extra inputs are not permitted, field:
+    'stream_options'" (FlowiseAI/Flowise#2866), an OpenAI-style upstream's "Unknown
+    parameter: 'stream_options'" with ``param`` naming it (QuantumNous/new-api#418)."""
+    body = read_body(answer)
+    if body.kind == "json" and isinstance(body.data, dict | list):
+        fields = extract_fields(body.data)
+        said = f"{fields.search_text()} {fields.param}"
+    else:
+        said = body.text[:4000]
+    return bool(_STREAM_OPTIONS.search(said))
+
+
 def _refused(refusal: str, spec: CallSpec, provider: str) -> ProviderError:
     """A refusal where a structured answer was asked for: no retry or correction can help."""
     return ProviderError(
@@ -209,6 +263,13 @@ class OpenAIAdapter(Adapter):
 
     options: ClassVar[frozenset[str]] = CHAT_OPTIONS
 
+    def __init__(self, config: ProviderConfig) -> None:
+        super().__init__(config)
+        #: The endpoints that refused ``stream_options`` (a 400 naming it): their streams are
+        #: asked without it from then on, for this adapter's life (its client's: a new client,
+        #: or a new process, asks again). See :meth:`refused_own_field`.
+        self.without_stream_options = Endpoints()
+
     def url(self) -> str:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
         return f"{base}/chat/completions"
@@ -244,8 +305,26 @@ class OpenAIAdapter(Adapter):
         body.update(self.sampling(spec))
         if stream:
             body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+            # The usage of a stream comes only when asked for, in a last chunk of its own.
+            if self.url() not in self.without_stream_options:
+                body["stream_options"] = {"include_usage": True}
         return body
+
+    def refused_own_field(self, spec: CallSpec, answer: Any) -> bool:
+        """A 400 (422 from a FastAPI server) naming ``stream_options``, which fluid sent of its
+        own accord (not the caller's ``extra_body``): the endpoint is remembered, and its
+        streams are asked again without it, carrying no usage."""
+        url = self.url()
+        if (
+            not isinstance(answer, httpx.Response)
+            or answer.status_code not in (400, 422)
+            or "stream_options" in spec.extra
+            or url in self.without_stream_options
+            or not names_stream_options(answer)
+        ):
+            return False
+        self.without_stream_options.add(url)
+        return True
 
     def sampling(self, spec: CallSpec) -> dict[str, Any]:
         """The call's sampling and tool options under chat completions' names; only those

@@ -93,6 +93,6 @@ class OpenAICompatibleAdapter(OpenAIAdapter):
             name = choice["function"]["name"]
             body["tool_choice"] = "required"
             body["tools"] = [t for t in body["tools"] if t["function"]["name"] == name]
-        # Several servers (vLLM before 0.5, llama.cpp builds of 2024) reject stream_options.
-        body.pop("stream_options", None)
+        # stream_options stays: a server that refuses it (vLLM before 0.5, Fireworks in 2024)
+        # is asked again without it, once per client (OpenAIAdapter.refused_own_field).
         return body
