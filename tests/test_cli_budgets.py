@@ -185,3 +185,67 @@ def test_reset_of_a_budget_nobody_has_is_a_usage_error_naming_those_there_are(
     unread = fluid(tmp_path, "doctor", "--reset", "--budget", "nosuch", env=broken)
     assert unread.returncode == EXIT_CODES["auth"]
     assert "FLUID_BUDGETS cannot be used" in unread.stderr
+
+
+# -- the refusal (item 9) --------------------------------------------------------------------
+
+
+def test_a_refused_call_says_what_it_would_reserve_and_the_flag_that_makes_it_fit(
+    tmp_path: Path,
+) -> None:
+    import re
+
+    (tmp_path / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    env = fresh_env(
+        tmp_path,
+        OPENAI_API_KEY="sk-budget-test",
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",  # the discard port: nothing listens
+        FLUID_LLM_MAX_ATTEMPTS="1",
+        FLUID_BUDGETS="tiny=0.00003usd/day",
+        FLUID_BUDGET="tiny",
+    )
+    done = fluid(tmp_path, "batch", "prompts.txt", env=env)
+    assert done.returncode == EXIT_CODES["agent"], done.stderr
+    headline = next(line for line in done.stderr.splitlines() if line.startswith("fluid: "))
+    assert headline.startswith(
+        "fluid: AgentExecutionError [budget.cost_exhausted]: budget tiny has 0.00003 USD left "
+        "(0 USD spent and 0 USD reserved by calls in flight, of 0.00003 USD/day), and this call "
+        "to openai:gpt-4o-mini would reserve up to 0.009832 USD ("
+    )
+    assert "is spent" not in headline
+    assert "in Python" not in done.stderr
+    assert "server asked" not in done.stderr  # the wait is the budget's window
+    fits = re.search(
+        r"ask for them with --max-output-tokens (\d+), or use a cheaper model", headline
+    )
+    assert fits is not None, headline
+    hint = next(line for line in done.stderr.splitlines() if line.startswith("hint: "))
+    assert "--max-output-tokens" in hint
+
+    # The advice works: with that cap the budget lets the call through (to a port where
+    # nothing listens, so it fails there, past the budget).
+    sent = fluid(tmp_path, "batch", "prompts.txt", "--max-output-tokens", fits[1], env=env)
+    assert sent.returncode == EXIT_CODES["timeout"], sent.stderr
+    assert "budget.cost_exhausted" not in sent.stdout + sent.stderr
+
+
+def test_a_budget_that_no_answer_fits_in_says_so() -> None:
+    from fluid_build.copilot.call.prices import ModelPrice
+    from fluid_build.copilot.call.spend import BudgetGuard
+    from fluid_build.copilot.health.budget import MemoryBudgetLedger
+
+    guard = BudgetGuard(
+        BudgetSpec("one", 500, ""),  # 0.0005 USD: less than the prompt alone costs
+        MemoryBudgetLedger(),
+        prices={"m": ModelPrice(input=1.0, output=2.0)},
+        wall=lambda: 1_700_000_000.0,
+    )
+    with pytest.raises(AgentExecutionError) as caught:
+        guard.spend("openai_compatible", "m", 1_000, 100, deadline=30).reserve()
+    message = caught.value.message
+    assert message.startswith("budget one has 0.0005 USD left (0 USD spent and 0 USD reserved")
+    assert "it lasts until `fluid doctor --reset --budget one`" in message
+    assert message.endswith(
+        "not even a one-token answer fits in what is left: use a cheaper model (--model)"
+    )
+    assert caught.value.details["fitting_max_output_tokens"] is None
