@@ -249,3 +249,77 @@ def test_a_budget_that_no_answer_fits_in_says_so() -> None:
         "not even a one-token answer fits in what is left: use a cheaper model (--model)"
     )
     assert caught.value.details["fitting_max_output_tokens"] is None
+
+
+# -- the command line's way to say it (item 11) ----------------------------------------------
+
+
+def test_a_client_naming_an_undeclared_budget_says_fluid_budget_from_the_command_line(
+    tmp_path: Path,
+) -> None:
+    from fluid_build.cli._messages import describe
+    from fluid_build.copilot.call.spend import BudgetGuard
+    from fluid_build.copilot.health.store import MemoryCooldownStore
+
+    (tmp_path / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    env = fresh_env(tmp_path, OPENAI_API_KEY="sk-budget-test", FLUID_BUDGETS="team=1usd")
+    done = fluid(tmp_path, "batch", "prompts.txt", env={**env, "FLUID_BUDGET": "taem"})
+    assert done.returncode == EXIT_CODES["auth"], done.stderr
+    headline = done.stderr.splitlines()[0]
+    assert "budget 'taem' is not declared there (declared: team); name one of those with " in (
+        headline
+    )
+    assert "FLUID_BUDGET, or declare 'taem'" in headline
+    assert "budget=" not in headline
+    assert "in Python" not in done.stderr
+    # The Python caller keeps the argument beside the variable.
+    with pytest.raises(AgentExecutionError) as caught:
+        BudgetGuard.from_env("taem", MemoryCooldownStore(), {"FLUID_BUDGETS": ""})
+    assert "declare it, or unset FLUID_BUDGET (budget= in Python)" in caught.value.message
+    assert "(budget= in Python)" not in describe(caught.value).headline
+
+
+def test_vertex_advises_the_access_token_variable_and_python_keeps_api_key() -> None:
+    from fluid_build.cli._messages import describe
+    from fluid_build.copilot.llm import vertex
+
+    assert "set FLUID_LLM_API_KEY to an access token (api_key= in Python)" in vertex._LOGIN
+    assert "with api_key=" not in vertex._LOGIN
+    error = vertex._not_configured(f"vertex found no Google credentials: {vertex._LOGIN}")
+    shown = describe(error).headline
+    assert shown.endswith("or set FLUID_LLM_API_KEY to an access token")
+    assert "api_key" not in shown
+
+
+def test_doctor_names_variables_never_python_arguments(tmp_path: Path) -> None:
+    # Azure and the local servers have no base URL here: the cell says which variable sets it.
+    env = fresh_env(tmp_path, FLUID_LLM_PROVIDER="vertex", GOOGLE_CLOUD_PROJECT="p")
+    done = fluid(tmp_path, "doctor", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "in Python" not in done.stdout
+    assert "set AZURE_OPENAI_ENDPOINT, e.g. AZURE_OPENAI_ENDPOINT=" in done.stdout
+    bare = fluid(tmp_path, "doctor", env=fresh_env(tmp_path))
+    assert "or --provider, or run `fluid ai setup --provider <name>`" in bare.stdout
+    assert "in Python" not in bare.stdout
+    as_json = fluid(tmp_path, "doctor", "--json", env=fresh_env(tmp_path))
+    assert "in Python" not in as_json.stdout
+    data = json.loads(as_json.stdout)
+    azure = next(row for row in data["providers"] if row["name"] == "azure")
+    assert azure["base_url_error"].endswith(
+        "AZURE_OPENAI_ENDPOINT=https://my-resource.openai.azure.com"
+    )
+
+
+def test_a_warning_the_command_prints_leaves_the_python_aside_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from fluid_build.cli._console import warnings_once
+    from fluid_build.copilot.agents.errors import python_aside
+
+    with warnings_once():
+        logging.getLogger("fluid_build.test").warning(
+            "set its real size with FLUID_CAPABILITY_MATRIX %s", python_aside("capability_matrix")
+        )
+    assert capsys.readouterr().err == "warning: set its real size with FLUID_CAPABILITY_MATRIX\n"

@@ -86,7 +86,10 @@ def command(
         raise click.UsageError("--provider, --model, --endpoint and --budget go with --reset")
     report = collect_report(os.environ)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        from fluid_build.copilot.agents.errors import without_python_asides
+
+        # Messages name flags and variables here, as the lines do: no "(base_url= in Python)".
+        click.echo(without_python_asides(json.dumps(report, indent=2)))
     else:
         _render(report)
 
@@ -1203,8 +1206,13 @@ def _path_lines(paths: Mapping[str, Any]) -> list[str]:
 
 
 def _printable(text: str) -> str:
-    """``text`` with control characters escaped: a value from the environment never drives
-    the terminal (an ANSI escape in FLUID_LLM_MODEL is shown, not obeyed)."""
+    """``text`` as the report shows it: control characters escaped (a value from the
+    environment never drives the terminal: an ANSI escape in FLUID_LLM_MODEL is shown,
+    not obeyed), and no aside naming a Python argument (the operator of `fluid doctor`
+    sets the variable beside it)."""
+    from fluid_build.copilot.agents.errors import without_python_asides
+
+    text = without_python_asides(text)
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)

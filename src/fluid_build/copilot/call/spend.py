@@ -108,11 +108,19 @@ class BudgetGuard:
             return None
         specs = budgets_from_env(source)
         if name not in specs:
-            declared = ", ".join(sorted(specs)) or "none"
-            raise budget_error(
-                f"budget {name!r} is not declared there (declared: {declared}); the client "
-                "names it with budget= or FLUID_BUDGET"
-            )
+            named = f"FLUID_BUDGET {python_aside('budget')}"
+            if specs:
+                reason = (
+                    f"budget {name!r} is not declared there (declared: "
+                    f"{', '.join(sorted(specs))}); name one of those with {named}, or declare "
+                    f"{name!r}"
+                )
+            else:
+                reason = (
+                    f"budget {name!r} is named but none is declared there; declare it, or "
+                    f"unset {named}"
+                )
+            raise budget_error(reason)
         ledger = ledger_for(store)
         if ledger is None:
             # A budget kept per client (or per process) would let each spend the whole
