@@ -324,8 +324,9 @@ class BudgetSpend:
 
     def _fitting_output(self, left: int) -> int | None:
         """The largest output cap whose worst case fits in ``left`` micro-USD (None: none
-        does). Prices are linear in output tokens below any tier, so one division finds it;
-        the worst case is checked at the answer, and a step down covers rounding."""
+        does). For a given prompt the worst case is linear in output tokens, so one division
+        finds it; each candidate is priced again, and a step either way covers the rounding
+        up to whole micro-USD."""
         from fluid_build.copilot.call.prices import worst_case_usd
 
         def cost(out: int) -> int | None:
@@ -339,8 +340,8 @@ class BudgetSpend:
             return None
         most = self.max_output_tokens - 1  # the cap asked for does not fit
         guess = (left - base) * 1_000_000 // (one - base)
-        for out in (guess + 1, guess, guess - 1, guess * 9 // 10):
-            out = min(out, most)
+        for tried in (guess + 1, guess, guess - 1, guess * 9 // 10):
+            out = min(tried, most)
             spent = cost(out) if out >= 1 else None
             if spent is not None and spent <= left:
                 return out
