@@ -70,7 +70,8 @@ def command(
     Lists every circuit breaker and cooldown in the shared store: state,
     since and until when, why, and who holds a half-open trial. Keys are
     never shown, only where they were found. Exits 0 even when something is
-    missing; `--reset` exits 1 only when the store cannot be reached.
+    missing; `--reset` exits 1 only when the store cannot be reached, and
+    `--reset --budget NAME` 2 when no budget has that name.
     """
     if reset and reset_budget is not None:
         if reset_provider or reset_model or reset_endpoint:
