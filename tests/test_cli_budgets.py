@@ -140,6 +140,32 @@ def test_doctor_names_a_budget_variable_no_budget_answers_to(tmp_path: Path) -> 
     )
 
 
+def test_doctor_names_a_budget_no_store_can_keep(tmp_path: Path) -> None:
+    (tmp_path / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    env = fresh_env(
+        tmp_path,
+        FLUID_BUDGETS="team=1usd",
+        FLUID_BUDGET="team",
+        FLUID_COOLDOWN_URL="off",
+        OPENAI_API_KEY="sk-budget-test",
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",  # never reached: the budget refuses first
+    )
+    done = fluid(tmp_path, "doctor", env=env)
+    assert done.returncode == 0, done.stderr
+    assert _budget_lines(done.stdout)[0] == (
+        "budgets: PROBLEM: FLUID_BUDGET=team needs a shared store, and FLUID_COOLDOWN_URL=off: "
+        "every call is refused with budget.store_unavailable (exit 22) until FLUID_COOLDOWN_URL "
+        "names a store (unset: the sqlite file), or FLUID_BUDGET_FAIL_OPEN=1 lets calls "
+        "through unmetered"
+    )
+    # What doctor foretells is what a run does.
+    run = fluid(tmp_path, "batch", "prompts.txt", env=env)
+    assert run.returncode == EXIT_CODES["agent"]
+    assert "[budget.store_unavailable]" in run.stderr
+    unmetered = fluid(tmp_path, "doctor", env={**env, "FLUID_BUDGET_FAIL_OPEN": "1"})
+    assert "FLUID_BUDGET_FAIL_OPEN=1 lets every call through unmetered" in unmetered.stdout
+
+
 def test_doctor_says_a_malformed_fluid_budgets_is_a_setting_not_a_store_failure(
     tmp_path: Path,
 ) -> None:

@@ -833,11 +833,34 @@ def _budgets(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
         selected = None  # no budget can be told apart from a typo in a setting not read
     now = time.time()
     states = {}
+    ledger = None
     try:
         ledger = ledger_for(made.probe)
         states = {state.name: state for state in ledger.states(now)} if ledger else {}
     except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
         result["error"] = _finding(exc)["message"]
+    if selected in declared and ledger is None and result["error"] is None:
+        unmetered = env.get("FLUID_BUDGET_FAIL_OPEN", "") == "1"
+        stand_in = getattr(made.probe, "why", None)  # a store standing in for one unusable
+        why = (
+            "FLUID_COOLDOWN_URL cannot be used (see the cooldown store line)"
+            if made.error is not None
+            else "FLUID_COOLDOWN_URL=off"
+            if made.probe is None
+            else stand_in
+            if isinstance(stand_in, str)
+            else f"its store {made.probe!r} keeps no budgets"
+        )
+        result["problems"].append(
+            f"FLUID_BUDGET={selected} needs a shared store, and {why}: "
+            + (
+                "FLUID_BUDGET_FAIL_OPEN=1 lets every call through unmetered"
+                if unmetered
+                else "every call is refused with budget.store_unavailable (exit 22) until "
+                "FLUID_COOLDOWN_URL names a store (unset: the sqlite file), or "
+                "FLUID_BUDGET_FAIL_OPEN=1 lets calls through unmetered"
+            )
+        )
     if selected is not None and selected not in declared:
         known = ", ".join(sorted(declared)) or "none"
         result["problems"].append(
