@@ -323,9 +323,8 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         False,
         "The run, or the shared USD budget (FLUID_BUDGETS), has no room left for this call.",
         "Ask for a shorter answer, which reserves less (--max-output-tokens, or "
-        "FLUID_LLM_MAX_OUTPUT_TOKENS; the message says how many tokens fit), or use a cheaper "
-        "model (--model); else wait for the budget's window to reset (`fluid doctor` shows "
-        "when), or raise it in FLUID_BUDGETS.",
+        "FLUID_LLM_MAX_OUTPUT_TOKENS), or use a cheaper model (--model); else wait for the "
+        "budget's window to reset (`fluid doctor` shows when), or raise it in FLUID_BUDGETS.",
     ),
     ReasonCode(
         "budget.cost_unknown",
