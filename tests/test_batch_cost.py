@@ -124,7 +124,12 @@ def test_a_free_answer_costs_zero_not_unknown() -> None:
     assert batch.summary()["cost_usd"] == 0.0
 
 
-def test_the_summary_rounds_to_a_millionth_of_a_dollar() -> None:
+def test_the_summary_rounds_to_a_billionth_of_a_dollar() -> None:
+    # Nano-USD, as every USD amount fluid writes in JSON (docs/budgets.md): a tenth of a
+    # micro-USD is kept, float noise from the sum is not.
     batch = Batch((_answer(0, 1.2e-7), _answer(1, 0.0010001)))
     assert batch.cost_usd == pytest.approx(0.00100022)
-    assert batch.summary()["cost_usd"] == 0.001
+    assert batch.summary()["cost_usd"] == 0.00100022
+    noisy = Batch((_answer(0, 0.1), _answer(1, 0.2)))
+    assert noisy.cost_usd == 0.30000000000000004
+    assert noisy.summary()["cost_usd"] == 0.3

@@ -412,7 +412,7 @@ def test_a_call_reserves_its_worst_case_and_settles_its_price() -> None:
     assert (state.spent, state.reserved) == (1_200, 0)
 
 
-def test_exhausted_is_not_retryable_and_says_spent_left_and_needed() -> None:
+def test_exhausted_is_not_retryable_and_says_spent_left_and_what_it_would_reserve() -> None:
     ledger = MemoryBudgetLedger()
     guard = _guard(ledger, usd=0.003, window="day")
     first = guard.spend("openai_compatible", "m", 1_000, 500, deadline=30)
@@ -422,18 +422,31 @@ def test_exhausted_is_not_retryable_and_says_spent_left_and_needed() -> None:
     error = caught.value
     assert error.code == "budget.cost_exhausted"
     assert error.retryable is False
-    assert "0.0015 USD spent" in error.message
-    assert "0.0015 USD left" in error.message
-    assert "needs up to 0.002 USD" in error.message
-    assert "no request was sent" in error.message
-    assert "2026-03-15 00:00 UTC" in error.message
+    # What happened: not "spent", but a call that needs more than is left.
+    assert error.message.startswith(
+        "budget team has 0.0015 USD left (0.0015 USD spent and 0 USD reserved by calls in flight, "
+        "of 0.003 USD/day), and this call to openai_compatible:m would reserve up to 0.002 USD "
+        "(1,000 input tokens and up to 500 output tokens, priced), more than is left; no "
+        "request was sent; the budget starts again at 2026-03-15 00:00 UTC; "
+    )
     assert error.retry_after == 300.0  # 12 h to midnight, capped as every wait is
+    assert error.summary == error.message  # the wait is the budget's, never a server's
     assert error.details["window_end"] == _at("2026-03-15T00:00:00")
+    # 1,000 input tokens cost 0.001 USD; each output token 2 micro-USD: 250 fit in 0.0015.
+    assert error.details["fitting_max_output_tokens"] == 250
+    assert error.details["left_usd"] == 0.0015
     # The advice can be followed: from the command line, and from Python.
-    assert "a shorter answer (--max-output-tokens (max_output_tokens= in Python))" in error.message
+    assert error.message.endswith(
+        "at most 250 output tokens fit in what is left: ask for them with --max-output-tokens "
+        "250 (max_output_tokens= in Python), or use a cheaper model (--model)"
+    )
     from fluid_build.cli._messages import describe
 
-    assert "a shorter answer (--max-output-tokens) or" in describe(error).headline
+    shown = describe(error)
+    assert "ask for them with --max-output-tokens 250, or use a cheaper model" in shown.headline
+    assert "in Python" not in shown.headline
+    assert shown.hint is not None
+    assert "--max-output-tokens" in shown.hint
     assert pickle.loads(pickle.dumps(error)).code  # noqa: S301 - our own bytes == "budget.cost_exhausted"
 
 

@@ -88,7 +88,7 @@ def test_every_prompt_answered_in_input_order(place: Place) -> None:
     assert [r["index"] for r in records] == [0, 1, 2, 3]
     assert [r["text"] for r in records] == [f"echo: {p}" for p in PROMPTS]
     assert all(r["ok"] for r in records)
-    summary = {"success": 4, "cost_usd": round(4 * GPT_4O_ANSWER, 6)}
+    summary = {"success": 4, "cost_usd": round(4 * GPT_4O_ANSWER, 9)}
     assert result == {"ok": True, "exit_code": 0, "summary": summary}
     assert len(place.model.requests) == 4
     assert "\x1b[" not in done.stderr  # no bar, no color in a pipe
@@ -109,7 +109,7 @@ def test_some_failed_exits_with_the_first_failures_code(place: Place) -> None:
     assert result["summary"] == {
         "success": 2,
         "llm.server_error": 2,
-        "cost_usd": round(2 * GPT_4O_ANSWER, 6),
+        "cost_usd": round(2 * GPT_4O_ANSWER, 9),
     }
     assert result["exit_code"] == 14
     _no_key(done)
@@ -139,7 +139,7 @@ def test_each_answer_and_the_summary_carry_the_cost(place: Place) -> None:
         "absent",
         GPT_4O_ANSWER,
     ]
-    assert result["summary"]["cost_usd"] == round(3 * GPT_4O_ANSWER, 6) == 0.000128
+    assert result["summary"]["cost_usd"] == round(3 * GPT_4O_ANSWER, 9) == 0.0001275
 
 
 def test_the_summary_table_ends_with_the_cost(place: Place) -> None:
@@ -147,7 +147,7 @@ def test_the_summary_table_ends_with_the_cost(place: Place) -> None:
     done = run(place, "fluid batch prompts.txt --out results.jsonl")
     assert done.returncode == 0, done.stdout + done.stderr
     # 4 answers of 5 tokens in, 3 out from gpt-4o: 4 x 0.0000425 USD.
-    assert done.stderr.splitlines()[-1] == "cost: 0.000170 USD"
+    assert done.stderr.splitlines()[-1] == "cost: 0.00017 USD"
     assert "cost_usd" not in done.stderr  # the cost is not a row of the table of outcomes
     records = _lines((place.cwd / "results.jsonl").read_text(encoding="utf-8"))
     assert [r["cost_usd"] for r in records] == [GPT_4O_ANSWER] * 4

@@ -30,6 +30,7 @@ from click.testing import CliRunner
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.copilot.call.prices import price_call
+from fluid_build.copilot.health.budget import usd_amount
 from fluid_build.copilot.llm.types import Usage
 from fluid_build.corpus.cassette import CassetteError
 from fluid_build.corpus.record import Recorder
@@ -357,13 +358,14 @@ def test_the_summary_line_and_the_receipt_say_what_the_run_cost(
     cost = answers * ANSWER_USD
     done = machine.fluid("forge", "intent.yaml", *flags, env=machine.live(serve(*turns())))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"({answers} model calls, 0.0 s waited, {answers * 140} tokens, {cost:.6f} USD)" in (
-        shown(done)
+    assert (
+        f"({answers} model calls, 0.0 s waited, {answers * 140} tokens, {usd_amount(cost)} USD)"
+        in (shown(done))
     )
-    assert receipt(machine.project / "forge-out")["cost_usd"] == round(cost, 6)
+    assert receipt(machine.project / "forge-out")["cost_usd"] == round(cost, 9)
     env = machine.live(serve(*turns()))
     as_json = machine.fluid("forge", "intent.yaml", *flags, "--json", "--out", "again", env=env)
-    assert json.loads(as_json.stdout)["receipt"]["cost_usd"] == round(cost, 6)
+    assert json.loads(as_json.stdout)["receipt"]["cost_usd"] == round(cost, 9)
 
 
 def test_a_model_with_no_price_is_a_cost_unknown_not_zero(
@@ -386,10 +388,10 @@ def test_a_partly_priced_run_shows_its_cost_as_a_floor(
     done = machine.fluid("forge", "intent.yaml", "--model", "mystery-1", env=machine.live(model))
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
-        f"280 tokens, at least {ANSWER_USD or 0:.6f} USD: no price for openai:mystery-1, "
+        f"280 tokens, at least {usd_amount(ANSWER_USD or 0)} USD: no price for openai:mystery-1, "
         "see docs/budgets.md)" in shown(done)
     )
-    assert receipt(machine.project / "forge-out")["cost_usd"] == round(ANSWER_USD or 0, 6)
+    assert receipt(machine.project / "forge-out")["cost_usd"] == round(ANSWER_USD or 0, 9)
 
 
 def test_the_offline_example_spends_nothing_and_says_so(machine: Machine) -> None:

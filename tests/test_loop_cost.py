@@ -23,6 +23,7 @@ import respx
 
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.health.budget import usd_amount
 from fluid_build.copilot.loop.agent import AgentLoop, Budget, LoopSettings
 from fluid_build.copilot.loop.tools import forge_tool
 from tests.fakes import FakeClock, clocked_envelope
@@ -126,8 +127,8 @@ def test_the_third_call_that_could_cross_the_limit_is_never_sent(
     assert details["input_tokens"] > 0
     message = str(error)
     assert "no request was sent" in message
-    assert f"{2 * per_answer:.6f} USD spent" in message
-    assert f"{limit - 2 * per_answer:.6f} USD left" in message
+    assert f"{usd_amount(2 * per_answer)} USD spent" in message
+    assert f"{usd_amount(limit - 2 * per_answer)} USD left" in message
 
 
 def test_a_worst_case_over_the_limit_stops_before_the_first_request(

@@ -154,10 +154,15 @@ class _OncePerRun(logging.Handler):
         self.seen: set[tuple[int, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
+        from fluid_build.copilot.agents.errors import without_python_asides
+
         try:
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed log call must not end the run
             text = str(record.msg)
+        # The command's operator cannot pass a Python argument: the variable beside it is
+        # the advice.
+        text = without_python_asides(text)
         key = (record.levelno, text)
         if key in self.seen:
             return

@@ -98,13 +98,15 @@ def _error_record(error: FluidError) -> dict[str, Any]:
 
 
 def _record(outcome: Outcome[Completion], line: int) -> dict[str, Any]:
+    from fluid_build.copilot.health.budget import usd_json
+
     record: dict[str, Any] = {"index": outcome.index, "line": line, "ok": outcome.ok}
     if outcome.error is not None:
         record["error"] = _error_record(outcome.error)
     elif outcome.value is not None:
         record["text"] = outcome.value.text
         # null: no price is known for the model that answered (docs/budgets.md).
-        record["cost_usd"] = outcome.value.cost_usd
+        record["cost_usd"] = usd_json(outcome.value.cost_usd)
     return record
 
 
@@ -172,6 +174,8 @@ def _exit_code(batch: Batch[Completion]) -> int:
 
 def _cost_line(batch: Batch[Completion]) -> str:
     """What the answers cost, saying which answers had no price rather than counting them as 0."""
+    from fluid_build.copilot.health.budget import usd_amount
+
     answers = [outcome.value for outcome in batch if outcome.value is not None]
     if not answers:
         return "cost: none counted (no prompt was answered)"
@@ -186,8 +190,8 @@ def _cost_line(batch: Batch[Completion]) -> str:
         return f"cost: unknown ({missing})"
     if unpriced:
         priced = sum(answer.cost_usd is not None for answer in answers)
-        return f"cost: {cost:.6f} USD for {priced} of {len(answers)} answers ({missing})"
-    return f"cost: {cost:.6f} USD"
+        return f"cost: {usd_amount(cost)} USD for {priced} of {len(answers)} answers ({missing})"
+    return f"cost: {usd_amount(cost)} USD"
 
 
 def _print_summary(batch: Batch[Completion]) -> None:

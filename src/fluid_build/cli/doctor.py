@@ -70,7 +70,8 @@ def command(
     Lists every circuit breaker and cooldown in the shared store: state,
     since and until when, why, and who holds a half-open trial. Keys are
     never shown, only where they were found. Exits 0 even when something is
-    missing; `--reset` exits 1 only when the store cannot be reached.
+    missing; `--reset` exits 1 only when the store cannot be reached, and
+    `--reset --budget NAME` 2 when no budget has that name.
     """
     if reset and reset_budget is not None:
         if reset_provider or reset_model or reset_endpoint:
@@ -86,7 +87,10 @@ def command(
         raise click.UsageError("--provider, --model, --endpoint and --budget go with --reset")
     report = collect_report(os.environ)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        from fluid_build.copilot.agents.errors import without_python_asides
+
+        # Messages name flags and variables here, as the lines do: no "(base_url= in Python)".
+        click.echo(without_python_asides(json.dumps(report, indent=2)))
     else:
         _render(report)
 
@@ -154,12 +158,18 @@ def _reset(as_json: bool, provider: str | None, model: str | None, endpoint: str
 
 
 def _reset_budget(as_json: bool, name: str) -> None:
-    """``--reset --budget NAME``: forget one budget's spend and reservations, for every process."""
+    """``--reset --budget NAME``: forget one budget's spend and reservations, for every process.
+
+    A name neither FLUID_BUDGETS declares nor the store keeps is a typo: exit 2 naming
+    the budgets there are (10 when FLUID_BUDGETS cannot be read to tell)."""
     from fluid_build._redact import redact
-    from fluid_build.copilot.health.budget import ledger_for
+    from fluid_build.cli.exit_codes import EXIT_CODES
+    from fluid_build.copilot.agents.errors import AgentExecutionError
+    from fluid_build.copilot.health.budget import budgets_from_env, ledger_for
 
     made = _make_store(os.environ)
     result: dict[str, Any] = {"store": repr(made.probe), "budget": name, "cleared": False}
+    exit_code = 1
     try:
         ledger = ledger_for(made.probe)
         if made.error is not None:
@@ -167,7 +177,27 @@ def _reset_budget(as_json: bool, name: str) -> None:
         elif ledger is None:
             result["error"] = "FLUID_COOLDOWN_URL=off: no shared store keeps budgets"
         else:
-            result["cleared"] = ledger.reset(name)
+            kept = {state.name for state in ledger.states(time.time())}
+            try:
+                declared: set[str] | None = set(budgets_from_env(os.environ))
+            except AgentExecutionError as exc:
+                declared, unreadable = None, exc.message
+            if name in kept:
+                result["cleared"] = ledger.reset(name)
+            elif declared is None:
+                exit_code = EXIT_CODES["auth"]  # a setting that cannot be used
+                result["error"] = (
+                    f"no budget {name!r} in the shared store, and {unreadable}, so it cannot "
+                    "say which budgets exist"
+                )
+            elif name not in declared:
+                exit_code = EXIT_CODES["usage"]
+                result["error"] = (
+                    f"no budget {name!r}: FLUID_BUDGETS declares "
+                    f"{', '.join(sorted(declared)) or 'none (it is not set)'}, and the shared "
+                    "store keeps "
+                    f"spend for {', '.join(sorted(kept)) or 'none'}; nothing was cleared"
+                )
     except Exception as exc:  # noqa: BLE001 - say why, exit 1
         result["error"] = redact(f"{type(exc).__name__}: {exc}")
     finally:
@@ -181,7 +211,7 @@ def _reset_budget(as_json: bool, name: str) -> None:
     else:
         click.echo(f"budget {name} had nothing spent or reserved in {result['store']}")
     if result.get("error"):
-        raise SystemExit(1)
+        raise SystemExit(exit_code)
 
 
 def public_url(url: str | None) -> str | None:
@@ -767,36 +797,100 @@ def _parts(
         "budgets": _guarded(
             "budgets",
             lambda: _budgets(env, made),
-            lambda f: {"budgets": [], "error": f["message"]},
+            lambda f: {"budgets": [], "selected": None, "problems": [], "error": f["message"]},
         ),
     }
 
 
 def _budgets(env: Mapping[str, str], made: _Store) -> dict[str, Any]:
-    """Each USD budget: declared in FLUID_BUDGETS, or spent from in the shared store."""
-    if not env.get("FLUID_BUDGETS") and made.probe is None:
-        return {"budgets": [], "error": None}
-    from fluid_build.copilot.health.budget import MICRO, budgets_from_env, ledger_for
+    """Each USD budget: declared in FLUID_BUDGETS, or spent from in the shared store.
 
-    declared = budgets_from_env(env)
-    ledger = ledger_for(made.probe)
-    states = {state.name: state for state in ledger.states(time.time())} if ledger else {}
-    rows = []
+    ``problems`` are settings a run would refuse (a malformed FLUID_BUDGETS, a
+    FLUID_BUDGET naming no declared budget); ``error`` is a store that could not be read.
+    """
+    from fluid_build.copilot.agents.errors import AgentExecutionError
+    from fluid_build.copilot.health.budget import (
+        MICRO,
+        BudgetSpec,
+        budgets_from_env,
+        ledger_for,
+        usd_json,
+        window_end,
+    )
+
+    selected = env.get("FLUID_BUDGET") or None
+    result: dict[str, Any] = {"budgets": [], "selected": selected, "problems": [], "error": None}
+    if not env.get("FLUID_BUDGETS") and not selected and made.probe is None:
+        return result
+    declared: dict[str, BudgetSpec] = {}
+    try:
+        declared = budgets_from_env(env)
+    except AgentExecutionError as exc:
+        result["problems"].append(
+            f"{exc.message}; every call under a budget fails with {exc.code} (exit 10) until "
+            "it is fixed"
+        )
+        selected = None  # no budget can be told apart from a typo in a setting not read
+    now = time.time()
+    states = {}
+    ledger = None
+    try:
+        ledger = ledger_for(made.probe)
+        states = {state.name: state for state in ledger.states(now)} if ledger else {}
+    except Exception as exc:  # noqa: BLE001 - a report: the failure is the finding
+        result["error"] = _finding(exc)["message"]
+    if selected in declared and ledger is None and result["error"] is None:
+        unmetered = env.get("FLUID_BUDGET_FAIL_OPEN", "") == "1"
+        stand_in = getattr(made.probe, "why", None)  # a store standing in for one unusable
+        why = (
+            "FLUID_COOLDOWN_URL cannot be used (see the cooldown store line)"
+            if made.error is not None
+            else "FLUID_COOLDOWN_URL=off"
+            if made.probe is None
+            else stand_in
+            if isinstance(stand_in, str)
+            else f"its store {made.probe!r} keeps no budgets"
+        )
+        result["problems"].append(
+            f"FLUID_BUDGET={selected} needs a shared store, and {why}: "
+            + (
+                "FLUID_BUDGET_FAIL_OPEN=1 lets every call through unmetered"
+                if unmetered
+                else "every call is refused with budget.store_unavailable (exit 22) until "
+                "FLUID_COOLDOWN_URL names a store (unset: the sqlite file), or "
+                "FLUID_BUDGET_FAIL_OPEN=1 lets calls through unmetered"
+            )
+        )
+    if selected is not None and selected not in declared:
+        known = ", ".join(sorted(declared)) or "none"
+        result["problems"].append(
+            f"FLUID_BUDGET={selected} names no budget FLUID_BUDGETS declares (declared: "
+            f"{known}); every call fails with llm.not_configured (exit 10) until one of them "
+            "is named, or FLUID_BUDGET is unset"
+        )
     for name in sorted(set(declared) | set(states)):
         state, spec = states.get(name), declared.get(name)
-        limit = state.limit if state is not None else spec.limit if spec is not None else 0
-        rows.append(
+        window = spec.window if spec is not None else state.window if state else ""
+        limit = spec.limit if spec is not None else state.limit if state else 0
+        ends = state.ends if state is not None else None
+        if ends is None and window:
+            ends = window_end(window, now)  # type: ignore[arg-type]  # nothing spent yet
+        result["budgets"].append(
             {
                 "name": name,
                 "declared": spec is not None,
-                "limit_usd": (spec.limit if spec is not None else limit) / MICRO,
-                "spent_usd": (state.spent if state else 0) / MICRO,
-                "reserved_usd": (state.reserved if state else 0) / MICRO,
-                "window": (spec.window if spec is not None else state.window if state else ""),
-                "window_end": state.ends if state is not None else None,
+                "selected": name == selected,
+                "limit_usd": usd_json(limit / MICRO),
+                "spent_usd": usd_json((state.spent if state else 0) / MICRO),
+                "reserved_usd": usd_json((state.reserved if state else 0) / MICRO),
+                "left_usd": usd_json(
+                    max(limit - (state.spent + state.reserved if state else 0), 0) / MICRO
+                ),
+                "window": window,
+                "window_end": ends,
             }
         )
-    return {"budgets": rows, "error": None}
+    return result
 
 
 def _paths(
@@ -1136,8 +1230,13 @@ def _path_lines(paths: Mapping[str, Any]) -> list[str]:
 
 
 def _printable(text: str) -> str:
-    """``text`` with control characters escaped: a value from the environment never drives
-    the terminal (an ANSI escape in FLUID_LLM_MODEL is shown, not obeyed)."""
+    """``text`` as the report shows it: control characters escaped (a value from the
+    environment never drives the terminal: an ANSI escape in FLUID_LLM_MODEL is shown,
+    not obeyed), and no aside naming a Python argument (the operator of `fluid doctor`
+    sets the variable beside it)."""
+    from fluid_build.copilot.agents.errors import without_python_asides
+
+    text = without_python_asides(text)
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
@@ -1161,17 +1260,24 @@ def _at(wall: float | None, now: float) -> str:
 
 
 def _budget_lines(budgets: Mapping[str, Any]) -> list[str]:
+    from fluid_build.copilot.health.budget import usd_amount
+
+    lines = [f"budgets: PROBLEM: {problem}" for problem in budgets.get("problems") or []]
     if budgets.get("error"):
-        return [f"budgets: could not be read ({budgets['error']})"]
-    lines = []
+        lines.append(
+            f"budgets: the shared store could not be read ({budgets['error']}), so spend is "
+            "not shown; `fluid doctor` shows the store above"
+        )
     for row in budgets.get("budgets") or []:
-        left = max(row["limit_usd"] - row["spent_usd"] - row["reserved_usd"], 0.0)
         window = f"/{row['window']}" if row["window"] else ", until reset"
         end = row["window_end"]
         ends = f"; window ends {_at(end, time.time())}" if end is not None else ""
+        used = " (FLUID_BUDGET)" if row.get("selected") else ""
+        undeclared = "" if row.get("declared", True) else " (not in FLUID_BUDGETS)"
         lines.append(
-            f"budget {row['name']}: {row['spent_usd']:.6g} USD spent, {row['reserved_usd']:.6g} "
-            f"reserved of {row['limit_usd']:.6g}{window} ({left:.6g} left){ends}; "
+            f"budget {row['name']}{used}{undeclared}: {usd_amount(row['spent_usd'])} USD spent, "
+            f"{usd_amount(row['reserved_usd'])} reserved of {usd_amount(row['limit_usd'])}"
+            f"{window} ({usd_amount(row['left_usd'])} left){ends}; "
             f"`fluid doctor --reset --budget {row['name']}` clears it"
         )
     return lines

@@ -474,14 +474,18 @@ def command(
 
 def _cost_shown(run: ForgeRun) -> str:
     """The summary line's cost: never a guess, and never a replay's recorded price as spent."""
+    from fluid_build.copilot.health.budget import usd_amount
+
     if run.replay is not None:
         return "replayed: nothing spent"
     unpriced = ", ".join(sorted(run.unpriced)) or f"{run.provider}:{run.model}"
     if run.cost_usd is None:
         return f"cost unknown: no price for {unpriced}, see docs/budgets.md"
     if run.unpriced:
-        return f"at least {run.cost_usd:.6f} USD: no price for {unpriced}, see docs/budgets.md"
-    return f"{run.cost_usd:.6f} USD"
+        return (
+            f"at least {usd_amount(run.cost_usd)} USD: no price for {unpriced}, see docs/budgets.md"
+        )
+    return f"{usd_amount(run.cost_usd)} USD"
 
 
 def _save_failed_run(

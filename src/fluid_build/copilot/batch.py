@@ -109,14 +109,16 @@ class Batch(tuple[Outcome[T], ...]):
 
         ``{"success": 8, "llm.rate_limited": 2, "cost_usd": 0.0042}``:
         ``success`` first, then the reason codes, most frequent first, then
-        ``cost_usd`` (:attr:`cost_usd` rounded to 6 places, or None when no
+        ``cost_usd`` (:attr:`cost_usd` rounded to 9 places, or None when no
         answer had a known price). The counts are every entry but the last.
         """
+        from fluid_build.copilot.health.budget import usd_json
+
         counts = Counter(outcome.code for outcome in self)
         ordered = sorted(counts.items(), key=lambda item: (item[0] != SUCCESS, -item[1], item[0]))
         summary: dict[str, int | float | None] = dict(ordered)
         cost = self.cost_usd
-        summary[COST] = None if cost is None else round(cost, 6)
+        summary[COST] = usd_json(cost)
         return summary
 
     def failures(self) -> list[Outcome[T]]:

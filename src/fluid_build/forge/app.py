@@ -33,6 +33,7 @@ from fluid_build._version import __version__
 from fluid_build.copilot.agents.errors import AgentExecutionError, SchemaValidationError
 from fluid_build.copilot.call.envelope import RetryEvent
 from fluid_build.copilot.client import LLMClient
+from fluid_build.copilot.health.budget import usd_json
 from fluid_build.errors import FluidError
 from fluid_build.forge.intent import Intent
 
@@ -205,7 +206,7 @@ class ForgeRun:
                 "output": self.output_tokens,
                 "total": self.input_tokens + self.output_tokens,
             },
-            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "cost_usd": usd_json(self.cost_usd),
             "files": self.files,
         }
 

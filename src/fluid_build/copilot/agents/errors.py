@@ -77,9 +77,9 @@ BREAKER_CODES: Final = frozenset(
 MAX_RETRY_AFTER: Final = 300.0
 
 #: Details that mark a wait fluid set itself (the circuit breaker, the client's own
-#: rate-limit budget, a cooldown another call's answer started), which the message
-#: already states: no server asked this call to wait.
-_OWN_WAITS: Final = ("breaker_key", "rate_limit_budget", "cooldown")
+#: rate-limit budget, a cooldown another call's answer started, a USD budget's window),
+#: which the message already states: no server asked this call to wait.
+_OWN_WAITS: Final = ("breaker_key", "rate_limit_budget", "cooldown", "budget")
 # A wait is shown as a duration up to a year; past that the number says nothing.
 _LONGEST_SHOWN: Final = 366 * 86_400.0
 

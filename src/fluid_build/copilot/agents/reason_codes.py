@@ -322,8 +322,9 @@ REASON_CODES: Final[Mapping[str, ReasonCode]] = _table(
         "budget.cost_exhausted",
         False,
         "The run, or the shared USD budget (FLUID_BUDGETS), has no room left for this call.",
-        "Run again with a cheaper model (--model) or a shorter answer, wait for the budget's "
-        "window to reset (`fluid doctor` shows when), or raise it in FLUID_BUDGETS.",
+        "Ask for a shorter answer, which reserves less (--max-output-tokens, or "
+        "FLUID_LLM_MAX_OUTPUT_TOKENS), or use a cheaper model (--model); else wait for the "
+        "budget's window to reset (`fluid doctor` shows when), or raise it in FLUID_BUDGETS.",
     ),
     ReasonCode(
         "budget.cost_unknown",

@@ -108,11 +108,19 @@ class BudgetGuard:
             return None
         specs = budgets_from_env(source)
         if name not in specs:
-            declared = ", ".join(sorted(specs)) or "none"
-            raise budget_error(
-                f"budget {name!r} is not declared there (declared: {declared}); the client "
-                "names it with budget= or FLUID_BUDGET"
-            )
+            named = f"FLUID_BUDGET {python_aside('budget')}"
+            if specs:
+                reason = (
+                    f"budget {name!r} is not declared there (declared: "
+                    f"{', '.join(sorted(specs))}); name one of those with {named}, or declare "
+                    f"{name!r}"
+                )
+            else:
+                reason = (
+                    f"budget {name!r} is named but none is declared there; declare it, or "
+                    f"unset {named}"
+                )
+            raise budget_error(reason)
         ledger = ledger_for(store)
         if ledger is None:
             # A budget kept per client (or per process) would let each spend the whole
@@ -269,20 +277,36 @@ class BudgetSpend:
 
     def _exhausted(self, state: BudgetState, amount: int, now: float) -> AgentExecutionError:
         name = self.guard.spec.name
-        when = ""
         retry_after = None
         if state.ends is not None:
             retry_after = max(state.ends - now, 0.0)
             at = datetime.fromtimestamp(state.ends, UTC).strftime("%Y-%m-%d %H:%M UTC")
-            when = f"; it resets at {at}"
+            when = f"; the budget starts again at {at}"
         else:
             when = f"; it lasts until `fluid doctor --reset --budget {name}`"
+        window = f"/{state.window}" if state.window else ""
+        where = (
+            f"{usd_text(state.spent)} spent and {usd_text(state.reserved)} reserved by calls "
+            f"in flight, of {usd_text(state.limit)}{window}"
+        )
+        if state.left:
+            what = f"budget {name} has {usd_text(state.left)} left ({where})"
+        else:
+            what = f"budget {name} has nothing left ({where})"
+        fits = self._fitting_output(state.left)
+        if fits is not None:
+            less = (
+                f"at most {fits:,} output tokens fit in what is left: ask for them with "
+                f"--max-output-tokens {fits} {python_aside('max_output_tokens')}, or use a "
+                "cheaper model (--model)"
+            )
+        else:
+            less = "not even a one-token answer fits in what is left: use a cheaper model (--model)"
         return _refused(
-            f"budget {name} is spent: {usd_text(state.spent)} spent and {usd_text(state.reserved)} "
-            f"reserved of {usd_text(state.limit)}, {usd_text(state.left)} left, and this call to "
-            f"{self.provider}:{self.model} needs up to {usd_text(amount)}; no request was sent"
-            f"{when}; ask for a shorter answer (--max-output-tokens "
-            f"{python_aside('max_output_tokens')}) or use a cheaper model (--model)",
+            f"{what}, and this call to {self.provider}:{self.model} would reserve up to "
+            f"{usd_text(amount)} ({self.input_tokens:,} input tokens and up to "
+            f"{self.max_output_tokens:,} output tokens, priced), more than is left; no request "
+            f"was sent{when}; {less}",
             "budget.cost_exhausted",
             False,
             retry_after=retry_after,
@@ -290,9 +314,38 @@ class BudgetSpend:
             spent_usd=state.spent / MICRO,
             reserved_usd=state.reserved / MICRO,
             limit_usd=state.limit / MICRO,
+            left_usd=state.left / MICRO,
             needed_usd=amount / MICRO,
+            input_tokens=self.input_tokens,
+            max_output_tokens=self.max_output_tokens,
+            fitting_max_output_tokens=fits,
             window_end=state.ends,
         )
+
+    def _fitting_output(self, left: int) -> int | None:
+        """The largest output cap whose worst case fits in ``left`` micro-USD (None: none
+        does). For a given prompt the worst case is linear in output tokens, so one division
+        finds it; each candidate is priced again, and a step either way covers the rounding
+        up to whole micro-USD."""
+        from fluid_build.copilot.call.prices import worst_case_usd
+
+        def cost(out: int) -> int | None:
+            usd = worst_case_usd(
+                self.provider, self.model, self.input_tokens, out, overrides=self.guard.prices
+            )
+            return None if usd is None else max(micro_usd(usd), 1)
+
+        base, one = cost(0), cost(1_000_000)
+        if base is None or one is None or one <= base or base >= left:
+            return None
+        most = self.max_output_tokens - 1  # the cap asked for does not fit
+        guess = (left - base) * 1_000_000 // (one - base)
+        for tried in (guess + 1, guess, guess - 1, guess * 9 // 10):
+            out = min(tried, most)
+            spent = cost(out) if out >= 1 else None
+            if spent is not None and spent <= left:
+                return out
+        return None
 
     def settle(self, hold: Hold | None, usd: float | None) -> float | None:
         """Replace ``hold`` by what was spent: ``usd``, or the whole hold when unknown.

@@ -41,6 +41,7 @@ __all__ = [
     "IDLE_FORGET",
     "MICRO",
     "PROCESS_LEDGER",
+    "USD_PLACES",
     "BudgetLedger",
     "BudgetSpec",
     "BudgetState",
@@ -51,6 +52,8 @@ __all__ = [
     "ledger_for",
     "micro_usd",
     "parse_budgets",
+    "usd_amount",
+    "usd_json",
     "usd_text",
     "window_end",
 ]
@@ -68,11 +71,12 @@ BUDGETS_EXAMPLE: Final = "team=25usd/day; ci=5usd"
 
 Window = Literal["", "hour", "day", "month"]
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]+")
+# Read loosely (a sign, any unit, any window), so each mistake gets its own message.
 _ENTRY: Final = re.compile(
-    r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<amount>[0-9]+(?:\.[0-9]+)?)\s*usd"
-    r"\s*(?:/\s*(?P<window>hour|day|month))?\s*$",
-    re.IGNORECASE,
+    r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<amount>[-+]?[0-9]*\.?[0-9]+)\s*(?P<unit>[^\s/0-9.]*)"
+    r"\s*(?:/\s*(?P<window>\S*))?\s*$",
 )
+_WINDOWS: Final = ("hour", "day", "month")
 
 
 def micro_usd(usd: float) -> int:
@@ -86,9 +90,36 @@ def micro_usd(usd: float) -> int:
     return min(math.ceil(round(Decimal(repr(usd)) * MICRO, 6)), MOST)
 
 
+#: Decimal places every USD amount is shown and written with (nano-USD): a float sum of
+#: prices (``1.2499999999999999e-05``) reads as the amount it is (``0.0000125``).
+USD_PLACES: Final = 9
+
+
+def usd_amount(usd: float) -> str:
+    """``usd`` as people read it, no exponent: ``0.0000125``, ``25``, ``0.1``.
+
+    Rounded to :data:`USD_PLACES` places; an amount above 0 that rounds to 0 reads
+    as under a nano-USD, never as free."""
+    if not math.isfinite(usd):
+        return repr(usd)
+    rounded = round(Decimal(repr(usd)), USD_PLACES)
+    if not rounded and usd > 0:
+        return f"under {Decimal(1).scaleb(-USD_PLACES):f}"
+    text = f"{rounded:f}"
+    text = text.rstrip("0").rstrip(".") if "." in text else text
+    return "0" if text in ("-0", "") else text
+
+
 def usd_text(micro: int) -> str:
-    """``micro`` micro-USD as people read it: ``0.0016 USD``."""
-    return f"{micro / MICRO:.6f}".rstrip("0").rstrip(".") + " USD" if micro else "0 USD"
+    """``micro`` micro-USD as people read it: ``0.0016 USD`` (see :func:`usd_amount`)."""
+    return f"{usd_amount(micro / MICRO)} USD"
+
+
+def usd_json(usd: float | None) -> float | None:
+    """``usd`` as fluid writes it in JSON: rounded to :data:`USD_PLACES` places (None stays)."""
+    if usd is None or not math.isfinite(usd):
+        return None
+    return round(usd, USD_PLACES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +152,33 @@ def parse_budgets(text: str, variable: str = "FLUID_BUDGETS") -> dict[str, Budge
         match = _ENTRY.match(part)
         if match is None:
             raise budget_error(f"{part.strip()!r} is not NAME=AMOUNTusd[/window]", variable)
-        name = match["name"]
+        name, unit, window = match["name"], match["unit"], match["window"]
         if not _NAME.fullmatch(name):
             raise budget_error(f"budget name {name!r} is not [A-Za-z0-9_.-]+", variable)
         if name in specs:
             raise budget_error(f"budget {name!r} is declared twice", variable)
-        limit = math.ceil(Decimal(match["amount"]) * MICRO)
+        if unit.lower() != "usd":
+            said = f"is in {unit!r}" if unit else "has no currency"
+            raise budget_error(
+                f"budget {name!r} {said}: budgets are in USD only, e.g. "
+                f"{name}={match['amount'].lstrip('+-')}usd",
+                variable,
+            )
+        amount = Decimal(match["amount"])
+        limit = math.ceil(amount * MICRO)
         if limit <= 0 or limit > MOST:
-            raise budget_error(f"budget {name!r} must be above 0 and at most 1e9 USD", variable)
-        window: Window = (match["window"] or "").lower()  # type: ignore[assignment]
-        specs[name] = BudgetSpec(name, limit, window)
+            raise budget_error(
+                f"budget {name!r} is {match['amount']} USD: it must be above 0 and at most "
+                "1000000000 USD",
+                variable,
+            )
+        if window is not None and window.lower() not in _WINDOWS:
+            raise budget_error(
+                f"budget {name!r} has the window {'/' + window!r}: it must be /hour, /day or "
+                "/month, or none (until reset)",
+                variable,
+            )
+        specs[name] = BudgetSpec(name, limit, (window or "").lower())  # type: ignore[arg-type]
     return specs
 
 

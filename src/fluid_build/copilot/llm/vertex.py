@@ -27,7 +27,7 @@ import httpx
 
 from fluid_build._files import UnsafeFileError, load_json, read_regular
 from fluid_build._redact import install_log_redaction
-from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
 from fluid_build.copilot.llm.base import ProviderConfig, Request, set_headers
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.gemini import GeminiAdapter
@@ -53,7 +53,8 @@ TOKEN_TIMEOUT: Final = 30.0
 TOKEN_BODY_LIMIT: Final = 1 << 20
 _LOGIN: Final = (
     "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
-    "service-account key file, or pass an access token with api_key="
+    "service-account key file, or set FLUID_LLM_API_KEY to an access token "
+    + python_aside("api_key")
 )
 
 
@@ -75,7 +76,8 @@ def _google_auth() -> Any:
     except ImportError as exc:
         raise _not_configured(
             "provider vertex needs google-auth for Application Default Credentials: "
-            f"run {VERTEX_INSTALL} (or pass an access token with api_key=)"
+            f"run {VERTEX_INSTALL} (or set FLUID_LLM_API_KEY to an access token "
+            f"{python_aside('api_key')})"
         ) from exc
     install_log_redaction()  # google-auth's loggers carry token exchanges
     return google.auth

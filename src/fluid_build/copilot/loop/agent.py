@@ -36,6 +36,7 @@ from fluid_build.copilot.agents.errors import (
 )
 from fluid_build.copilot.call import drive
 from fluid_build.copilot.call.drive import Plan
+from fluid_build.copilot.health.budget import usd_amount
 from fluid_build.copilot.llm.types import Completion, ToolCall
 from fluid_build.copilot.loop.declare import Tool
 from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
@@ -479,8 +480,8 @@ class AgentLoop:
             raise self._stop(
                 state,
                 "budget.cost_exhausted",
-                f"{usage.cost_usd:.6f} USD spent of the run's max_cost_usd of "
-                f"{budget.max_cost_usd:g} USD",
+                f"{usd_amount(usage.cost_usd)} USD spent of the run's max_cost_usd of "
+                f"{usd_amount(budget.max_cost_usd)} USD",
                 spent_usd=usage.cost_usd,
                 left_usd=0.0,
                 limit_usd=budget.max_cost_usd,
@@ -568,9 +569,9 @@ class AgentLoop:
         raise self._stop(
             state,
             "budget.cost_exhausted",
-            f"{spent:.6f} USD spent of the run's max_cost_usd of {limit:g} USD, "
-            f"{left:.6f} USD left, and the next call to {worst.label} needs up to "
-            f"{worst.usd:.6f} USD "
+            f"{usd_amount(spent)} USD spent of the run's max_cost_usd of {usd_amount(limit)} USD, "
+            f"{usd_amount(left)} USD left, and the next call to {worst.label} needs up to "
+            f"{usd_amount(worst.usd)} USD "
             f"({worst.input_tokens} input tokens and up to {worst.max_output_tokens} output "
             "tokens, priced); no request was sent (raise max_cost_usd, lower "
             "max_output_tokens or use a cheaper model)",
