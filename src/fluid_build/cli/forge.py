@@ -281,6 +281,42 @@ def _write_failed(out_dir: Path, exc: OSError) -> Exception:
     )
 
 
+def _workspace_for(intent_file: Path | None, cassette: Path | None) -> Path:
+    """What the agent loop's tools see: the intent file's folder, or the working directory;
+    the bundled agent cassette replayed with no intent file is given the bundled workspace,
+    since it was recorded there and holds nothing of it."""
+    if intent_file is not None:
+        return intent_file.resolve().parent
+    if cassette is not None and cassette.resolve() == EXAMPLE_AGENT_CASSETTE.resolve():
+        return EXAMPLE_WORKSPACE
+    return Path.cwd()
+
+
+def _check_replayable(recorded: Cassette, path: Path, workspace: Path, *, agent_loop: bool) -> None:
+    """Refuse, before any request, a replay that must differ: the recording's tool calls
+    without --agent-loop, or a file they read that this workspace does not hold."""
+    from fluid_build.corpus.cassette import CassetteError
+    from fluid_build.forge.cassette import missing_workspace_file, recorded_tool_calls
+
+    if not agent_loop:
+        if recorded_tool_calls(recorded):
+            raise CassetteError(
+                "was recorded with --agent-loop (its model calls workspace tools)",
+                path=str(path),
+                hint="replay it with --agent-loop; nothing was sent",
+            )
+        return
+    missing = missing_workspace_file(recorded, workspace)
+    if missing is not None:
+        tool, name = missing
+        raise CassetteError(
+            f"its recorded {tool} call reads {name}, which the workspace {workspace} does not hold",
+            path=str(path),
+            hint="replay it from the workspace it was recorded in: the workspace is the "
+            "INTENT_FILE's folder, or with no INTENT_FILE the working directory; nothing was sent",
+        )
+
+
 def _stored_env() -> dict[str, str]:
     try:
         from fluid_build.aiconfig import apply_stored_config
@@ -385,6 +421,10 @@ def command(
             intent = _replay_intent(recorded, cassette, console)
         else:
             raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
+        if workspace is None:
+            workspace = _workspace_for(intent_file, cassette)
+        if recorded is not None and cassette is not None:
+            _check_replayable(recorded, cassette, workspace, agent_loop=agent_loop)
         # Before any model call: an output nobody can write would be paid for and lost.
         _check_out_dir(out_dir)
         if record_to is not None:  # and a cassette nobody can write would lose the run
@@ -419,8 +459,7 @@ def command(
                 on_note=on_note,
                 replay=str(cassette) if cassette else None,
                 agent_loop=agent_loop,
-                workspace=workspace
-                or (intent_file.resolve().parent if intent_file is not None else Path.cwd()),
+                workspace=workspace,
                 # A replay that stopped short of the cassette differs: say so, write nothing.
                 before_write=transport.finish if transport is not None else None,
                 options=call_options_given(max_output_tokens, temperature, seed),
