@@ -39,6 +39,7 @@ __all__ = [
     "EXAMPLE_INTENT",
     "EXAMPLE_WORKSPACE",
     "command",
+    "workspace_for",
 ]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "forge" / "examples"
@@ -281,7 +282,7 @@ def _write_failed(out_dir: Path, exc: OSError) -> Exception:
     )
 
 
-def _workspace_for(intent_file: Path | None, cassette: Path | None) -> Path:
+def workspace_for(intent_file: Path | None, cassette: Path | None) -> Path:
     """What the agent loop's tools see: the intent file's folder, or the working directory;
     the bundled agent cassette replayed with no intent file is given the bundled workspace,
     since it was recorded there and holds nothing of it."""
@@ -422,7 +423,7 @@ def command(
         else:
             raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
         if workspace is None:
-            workspace = _workspace_for(intent_file, cassette)
+            workspace = workspace_for(intent_file, cassette)
         if recorded is not None and cassette is not None:
             _check_replayable(recorded, cassette, workspace, agent_loop=agent_loop)
         # Before any model call: an output nobody can write would be paid for and lost.
