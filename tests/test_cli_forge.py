@@ -493,3 +493,36 @@ def test_an_agent_cassette_without_agent_loop_says_to_add_it(tmp_path: Path) -> 
     assert "was recorded with --agent-loop" in done.stderr
     assert "hint: replay it with --agent-loop" in done.stderr
     assert not (tmp_path / "forge-out").exists()
+
+
+# -- --provider and --model with the offline example or a replay (issue 35 item 8) --------
+
+
+@pytest.mark.parametrize(
+    ("flags", "given"),
+    [
+        (["--provider", "bedrock"], "--provider bedrock"),
+        (["--provider", "openai"], "--provider openai"),
+        (["--model", "claude-sonnet-4-5"], "--model claude-sonnet-4-5"),
+    ],
+)
+def test_a_provider_with_no_intent_is_refused_not_the_openai_example(
+    runner: CliRunner, tmp_path: Path, flags: list[str], given: str
+) -> None:
+    """No key and no INTENT_FILE: the offline example is a recorded OpenAI session, so a
+    --provider (or --model) is refused rather than ignored behind a run that exits 0."""
+    result = runner.invoke(cli, ["forge", *flags])
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    assert f"{given} chooses who forges your own intent: give an INTENT_FILE" in result.output
+    assert f"`fluid forge my-intent.yaml {given}`" in result.output
+    assert "No API key found" not in result.output
+    assert not (tmp_path / "forge-out").exists()
+
+
+def test_a_provider_with_replay_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(
+        cli, ["forge", "--replay", str(EXAMPLE_CASSETTE), "--provider", "anthropic"]
+    )
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    assert "--provider anthropic does not apply to --replay" in result.output
+    assert not (tmp_path / "forge-out").exists()

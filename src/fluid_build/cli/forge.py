@@ -282,6 +282,30 @@ def _write_failed(out_dir: Path, exc: OSError) -> Exception:
     )
 
 
+def _refuse_route_flags_on_a_replay(
+    provider: str | None, model: str | None, intent_file: Path | None, cassette: Path | None
+) -> None:
+    """--provider and --model choose who answers a live run; a replay is answered by its
+    cassette, and the offline example by a recorded OpenAI session: refused, so that no
+    one believes the provider they named answered."""
+    given = " ".join(
+        f"{flag} {value}" for flag, value in (("--provider", provider), ("--model", model)) if value
+    )
+    if not given:
+        return
+    if cassette is not None:
+        raise click.UsageError(
+            f"{given} does not apply to --replay: the cassette answers as it was recorded "
+            "(its provider and model); leave it out, or run the intent live without --replay"
+        )
+    if intent_file is None:
+        raise click.UsageError(
+            f"{given} chooses who forges your own intent: give an INTENT_FILE "
+            f"(`fluid forge my-intent.yaml {given}`); with no INTENT_FILE, `fluid forge` only "
+            "replays the bundled example, a recorded OpenAI session, offline"
+        )
+
+
 def workspace_for(intent_file: Path | None, cassette: Path | None) -> Path:
     """What the agent loop's tools see: the intent file's folder, or the working directory;
     the bundled agent cassette replayed with no intent file is given the bundled workspace,
@@ -400,6 +424,7 @@ def command(
                 "--record records a run against a provider and --replay replays one: "
                 "give one of them"
             )
+        _refuse_route_flags_on_a_replay(provider, model, intent_file, cassette)
         if cassette is None and intent_file is None and not _has_provider(env):
             if record_to is not None:
                 raise click.UsageError(
