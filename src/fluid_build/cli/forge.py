@@ -39,6 +39,7 @@ __all__ = [
     "EXAMPLE_INTENT",
     "EXAMPLE_WORKSPACE",
     "command",
+    "quiet",
     "workspace_for",
 ]
 
@@ -342,6 +343,14 @@ def _check_replayable(recorded: Cassette, path: Path, workspace: Path, *, agent_
         )
 
 
+def quiet(env: Mapping[str, str]) -> bool:
+    """``FLUID_QUIET`` or ``FLUID_NONINTERACTIVE`` is yes: the run-start banner is hidden
+    (docs/capability-warnings.md), and so is what the pre-flight would say in its place."""
+    from fluid_build.config import yes_no
+
+    return any(yes_no(env.get(name)) for name in ("FLUID_QUIET", "FLUID_NONINTERACTIVE"))
+
+
 def _stored_env() -> dict[str, str]:
     try:
         from fluid_build.aiconfig import apply_stored_config
@@ -465,7 +474,7 @@ def command(
             client = _live_client(provider, model, console, env, recording)
         label = f"{client.provider}:{client.model}" + (" (replay)" if cassette else "")
         console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
-        if not as_json:
+        if not as_json or quiet(env):
             client.run_start_warnings(uses_tools=agent_loop)
         with console.status("starting") as status:
 
