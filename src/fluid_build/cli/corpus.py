@@ -138,6 +138,8 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
     table.add_column("reason", overflow="fold")
     for result in results:
         verdict = "[green]OK[/]" if result.ok else "[bold red]MISMATCH[/]"
+        if result.skipped is not None:
+            verdict = "[yellow]SKIPPED[/]"
         table.add_row(
             escape(result.name),
             escape(result.provider or "?"),
@@ -145,16 +147,24 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
             str(result.attempts),
             _waits(result.waits),
             verdict,
-            escape("\n".join(result.mismatches)),
+            escape("\n".join(result.mismatches) or result.skipped or ""),
         )
     console.print(table)
     failed = sum(not r.ok for r in results)
+    skipped = [r for r in results if r.skipped is not None]
     if failed:
         console.print(
             f"[bold red]{failed} of {len(results)} cassette(s) did not replay as recorded[/]"
         )
     else:
-        console.print(f"[green]{len(results)} cassette(s) replayed as recorded[/]")
+        replayed = len(results) - len(skipped)
+        console.print(f"[green]{replayed} cassette(s) replayed as recorded[/]")
+    for reason in sorted({r.skipped for r in skipped if r.skipped is not None}):
+        count = sum(r.skipped == reason for r in skipped)
+        providers = ", ".join(sorted({r.provider for r in skipped if r.skipped == reason}))
+        console.print(
+            f"[yellow]{count} skipped[/] ({providers}): {escape(reason)}; install it to replay them"
+        )
 
 
 @corpus.command(name="replay")
@@ -195,6 +205,7 @@ def replay(paths: tuple[Path, ...], as_json: bool) -> None:
             "exit_code": code,
             "cassettes": len(results),
             "mismatched": sum(not r.ok for r in results),
+            "skipped": sum(r.skipped is not None for r in results),
             "results": [_result_json(r) for r in results],
         }
         click.echo(json.dumps(payload, indent=2, default=str))

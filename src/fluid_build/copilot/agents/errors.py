@@ -557,7 +557,11 @@ class ProviderError(AgentExecutionError):
 
     @property
     def action(self) -> str:
-        """The table's advice; for a setting that cannot be used, that variable and an example."""
+        """The table's advice; for a setting that cannot be used, that variable and an example;
+        for a provider whose optional extra is not installed, the line that installs it."""
+        install = self.details.get("install")
+        if self.code in _SETTING_CODES and isinstance(install, str) and install:
+            return f"Install the extra it needs, {install}, and run again."
         variable = self.details.get("variable")
         example = self.details.get("example")
         if (
