@@ -283,6 +283,22 @@ def _write_failed(out_dir: Path, exc: OSError) -> Exception:
     )
 
 
+def _intent_needed(provider: str | None, model: str | None, env: Mapping[str, str]) -> str:
+    """No INTENT_FILE while a provider is configured: name it, and the example's replay, which
+    works whatever is configured (a Vertex or Bedrock user has no key to remove)."""
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    try:
+        config = resolve_provider_config(provider, model, env=env)
+        route = f" with {config.provider}:{config.model}, as configured"
+    except Exception:  # noqa: BLE001 - a broken setting is the live run's to report
+        route = ""
+    return (
+        f"give an INTENT_FILE to forge{route} (`fluid forge my-intent.yaml`); to see the "
+        f"bundled example instead, replay it offline: `fluid forge --replay {EXAMPLE_CASSETTE}`"
+    )
+
+
 def _refuse_route_flags_on_a_replay(
     provider: str | None, model: str | None, intent_file: Path | None, cassette: Path | None
 ) -> None:
@@ -455,7 +471,7 @@ def command(
         elif recorded is not None and cassette is not None:
             intent = _replay_intent(recorded, cassette, console)
         else:
-            raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
+            raise click.UsageError(_intent_needed(provider, model, env))
         if workspace is None:
             workspace = workspace_for(intent_file, cassette)
         if recorded is not None and cassette is not None:
