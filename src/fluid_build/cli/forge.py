@@ -318,8 +318,8 @@ def _refuse_route_flags_on_a_replay(
     if intent_file is None:
         raise click.UsageError(
             f"{given} chooses who forges your own intent: give an INTENT_FILE "
-            f"(`fluid forge my-intent.yaml {given}`); with no INTENT_FILE, `fluid forge` only "
-            "replays the bundled example, a recorded OpenAI session, offline"
+            f"(`fluid forge my-intent.yaml {given}`); the bundled example is a recorded "
+            "OpenAI session, replayed offline whatever --provider or --model says"
         )
 
 
