@@ -526,3 +526,12 @@ def test_a_provider_with_replay_is_refused(runner: CliRunner, tmp_path: Path) ->
     assert result.exit_code == EXIT_CODES["usage"], result.output
     assert "--provider anthropic does not apply to --replay" in result.output
     assert not (tmp_path / "forge-out").exists()
+
+
+def test_provider_bedrock_with_no_key_from_the_console_script(tmp_path: Path) -> None:
+    """The issue's own command, as a new user types it: no key, no intent file."""
+    done = _console_script(tmp_path, "forge", "--provider", "bedrock")
+    assert done.returncode == EXIT_CODES["usage"], done.stdout + done.stderr
+    assert "--provider bedrock chooses who forges your own intent" in done.stderr
+    assert "No API key found" not in done.stderr + done.stdout
+    assert not (tmp_path / "forge-out").exists()
