@@ -76,3 +76,20 @@ def test_a_bad_port_is_a_usage_error_not_a_traceback() -> None:
     assert done.returncode == 2
     assert "--port is 0 to 65535" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_1() -> None:
+    with FakeServer(0) as taken:
+        port = taken.server_address[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "fluid_build.fakeserver", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert (
+        done.stderr.strip()
+        == f"fakeserver: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    )
