@@ -276,3 +276,26 @@ def test_without_the_vertex_extra_setup_and_doctor_name_the_pip_line(
         "vertex: Google credentials: gcloud application-default login (`gcloud auth "
         "application-default login`); but google-auth is missing: pip install"
     ) in doctor.stdout
+
+
+def test_forge_after_vertex_setup_asks_for_an_intent_without_talking_of_a_key(
+    home: Path,
+) -> None:
+    """issue 35 item 13: configured for Vertex (no key anywhere), `fluid forge` with no
+    intent names the configured provider and a way to see the example that works for it:
+    replaying the bundled cassette, which the test then runs as shown."""
+    import re
+
+    env = _env(home)
+    assert _setup(home, "--provider", "vertex", "--project", "p1", env=env).returncode == 0
+    done = fluid(home, "forge", env=env)
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.split())
+    assert "give an INTENT_FILE to forge with vertex:" in said
+    assert "no key" not in said
+    advised = re.search(r"replay it offline: `(fluid forge --replay [^`]+)`", said)
+    assert advised is not None, said
+    shown = advised.group(1).split()
+    replayed = fluid(home, *shown[1:], env=env)
+    assert replayed.returncode == 0, replayed.stderr
+    assert (home / "forge-out" / "contract.fluid.yaml").is_file()

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
 )
 #: Entry points that sit above everything by design.
-ABOVE_ALL = {"fluid_build", "fluid_build.__main__"}
+ABOVE_ALL = {"fluid_build", "fluid_build.__main__", "fluid_build.fakeserver"}
 
 
 def layer_of(module: str) -> int:

@@ -376,6 +376,49 @@ def test_no_keyring_refuses_before_reading_a_piped_key(tmp_path: Path) -> None:
     assert not (home / ".config" / "fluid" / "ai_config.json").exists()
 
 
+def test_no_keyring_hints_the_two_ways_out_not_the_same_command(tmp_path: Path) -> None:
+    """issue 35 item 12: the hint under the refusal names the ways out the message explains;
+    it used to say to re-run the very command that was refused. Each way out works."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = fresh_env(home, PYTHON_KEYRING_BACKEND=NO_KEYRING)
+    done = subprocess.run(
+        [str(FLUID), "ai", "setup", "--provider", "xai"],
+        env=env,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_CODES["auth"], done.stderr
+    hint = done.stderr.strip().splitlines()[-1]
+    assert hint == (
+        "hint: export XAI_API_KEY in your shell profile and run `fluid ai setup --provider xai "
+        "--no-key`, or keep the key in a plaintext file: `FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1 "
+        "fluid ai setup --provider xai`."
+    )
+    assert "re-run" not in hint
+    no_key = fluid(home, "ai", "setup", "--provider", "xai", "--no-key", env=env)
+    assert no_key.returncode == 0, no_key.stderr
+    advised = hint.rsplit("`", 2)[-2]  # the plaintext way, run as shown
+    assert advised == "FLUID_ALLOW_PLAINTEXT_AI_SECRETS=1 fluid ai setup --provider xai"
+    path = f"{Path(str(FLUID)).parent}{os.pathsep}{env.get('PATH', '')}"
+    stored = subprocess.run(
+        ["bash", "-c", advised],  # noqa: S607 - the shell, as the hint is typed
+        env={**env, "PATH": path},
+        cwd=home,
+        input="xai-TESTKEY0123456789abcdef\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert stored.returncode == 0, stored.stderr
+    assert "(plaintext)" in stored.stdout
+
+
 def test_no_keyring_refuses_a_local_server_too_unless_no_key(tmp_path: Path) -> None:
     """Its key is optional, but one typed there could not be kept either: --no-key says none."""
     home = tmp_path / "home"

@@ -125,7 +125,7 @@ def test_the_summary_table_and_the_out_file(place: Place) -> None:
     assert records[2]["error"]["code"] == "llm.server_error"
     assert "success" in done.stderr
     assert "llm.server_error  1" in done.stderr or "llm.server_error 1" in done.stderr
-    assert "first failure, prompt 2:" in done.stderr
+    assert "first failure: line 3 of prompts.txt (index 2 in the JSON lines):" in done.stderr
     assert "fluid: ProviderServerError [llm.server_error]" in done.stderr
     assert "hint:" in done.stderr
 
@@ -429,3 +429,36 @@ def test_the_cursor_is_followed_through_what_is_written(
     from fluid_build.cli._console import _mid_line_after
 
     assert _mid_line_after(text, before) is after
+
+
+def test_the_first_failure_is_named_by_its_line_in_the_file(place: Place) -> None:
+    """issue 35 item 15: blank lines are skipped, so a prompt's index (from 0) is not its
+    line; the summary says the line, as an editor shows it, and the index beside it."""
+    (place.cwd / "prompts.txt").write_text(
+        "first prompt\n\nsecond prompt\n\nthird prompt\nfourth prompt\n", encoding="utf-8"
+    )
+    place.model.script = _echo({"fourth prompt"})
+    done = run(place, "fluid batch prompts.txt --out results.jsonl")
+    assert done.returncode == 14, done.stdout + done.stderr
+    assert "first failure: line 6 of prompts.txt (index 3 in the JSON lines):" in done.stderr
+    records = _lines((place.cwd / "results.jsonl").read_text(encoding="utf-8"))
+    assert (records[3]["index"], records[3]["line"]) == (3, 6)
+    piped = run(place, "fluid batch - --out results.jsonl", stdin="\n\nfourth prompt\n")
+    assert "first failure: line 3 of standard input (index 0 in the JSON lines):" in piped.stderr
+
+
+@pytest.mark.parametrize("flag", ["FLUID_QUIET", "FLUID_NONINTERACTIVE"])
+def test_quiet_json_prints_no_pre_flight_warning(place: Place, flag: str) -> None:
+    """issue 35 item 15: a model missing from the capability matrix is a run-start warning;
+    FLUID_QUIET=1 hides it with --json too, where the pre-flight used to say it instead."""
+    place.model.script = _private()
+    place.env[flag] = "1"
+    done = run(place, "fluid batch prompts.txt --model acme-private-7b --json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not in the capability matrix" not in done.stderr
+    assert "warning:" not in done.stderr
+    # Not quiet, --json still says it once (stdout stays JSON).
+    del place.env[flag]
+    loud = run(place, "fluid batch prompts.txt --model acme-private-7b --json")
+    assert loud.stderr.count("not in the capability matrix") == 1
+    _lines(loud.stdout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -140,7 +141,7 @@ def _refused_as_a_forge_run(done: object, name: str) -> None:
     stdout, stderr = getattr(done, "stdout"), getattr(done, "stderr")  # noqa: B009
     headline = _one_failure(stderr)
     assert name in headline
-    assert "fluid forge --replay" in headline
+    assert re.search(r"`fluid forge (--agent-loop )?--replay ", headline), headline
     assert "MISMATCH" not in stdout + stderr
     assert "did not replay" not in stdout + stderr
 
@@ -202,3 +203,106 @@ def test_the_corpus_still_replays(place: Place) -> None:
     place.corpus()
     done = run(place, "fluid corpus replay corpus")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _advised(stderr: str) -> str:
+    """The command the refusal advises: the backquoted one after "replay it with"."""
+    match = re.search(r"replay it with `(fluid forge [^`]+)`", stderr)
+    assert match is not None, stderr
+    return match.group(1)
+
+
+def test_the_advice_for_the_bundled_examples_is_a_command_that_works(place: Place) -> None:
+    """issue 35 item 7: the command `corpus replay` advises for the package's examples
+    folder, run as advised (from the same folder, another than the example workspace),
+    replays the run and exits 0, offline."""
+    examples = EXAMPLE_CASSETTE.parent
+    done = run(place, f"fluid corpus replay {examples}/")
+    _refused_as_a_forge_run(done, EXAMPLE_AGENT_CASSETTE.name)
+    advised = _advised(done.stderr)
+    assert advised == f"fluid forge --agent-loop --replay {EXAMPLE_AGENT_CASSETTE}"
+    sent = len(place.model.requests)
+    replayed = run(place, advised)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert (place.cwd / "forge-out" / "contract.fluid.yaml").is_file()
+    assert len(place.model.requests) == sent
+    # The plain one is advised without --agent-loop, and works as advised too.
+    plain = run(place, f"fluid corpus replay {EXAMPLE_CASSETTE}")
+    assert _advised(plain.stderr) == f"fluid forge --replay {EXAMPLE_CASSETTE}"
+    again = run(place, _advised(plain.stderr) + " --out plain")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_the_advice_for_a_moved_agent_run_says_where_to_run_it(place: Place) -> None:
+    shutil.copy(EXAMPLE_AGENT_CASSETTE, place.cwd / "agent.json")
+    done = run(place, "fluid corpus replay agent.json")
+    _refused_as_a_forge_run(done, "agent.json")
+    assert _advised(done.stderr) == "fluid forge --agent-loop --replay agent.json"
+    assert (
+        "from the workspace it was recorded in (its model read sources/raw_order_lines.sql)"
+        in done.stderr
+    )
+    workspace = place.cwd / "ws"
+    shutil.copytree(EXAMPLE_CASSETTE.parent / "workspace", workspace)
+    shutil.copy(place.cwd / "agent.json", workspace / "agent.json")
+    place.cwd = workspace
+    replayed = run(place, _advised(done.stderr))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+
+# -- a bare install: no optional extra (issue 35 item 16) ---------------------------------
+
+
+def _without_botocore(place: Place) -> None:
+    """The bedrock extra missing: a botocore that cannot be imported shadows the installed
+    one (the pattern of tests/test_ai_setup_providers.py; no venv is built)."""
+    hidden = place.home / "hidden"
+    (hidden / "botocore").mkdir(parents=True)
+    (hidden / "botocore" / "__init__.py").write_text("raise ImportError('no botocore here')\n")
+    place.env["PYTHONPATH"] = str(hidden)
+
+
+def test_a_bare_install_skips_the_bedrock_cassettes_naming_the_extra(place: Place) -> None:
+    place.corpus()
+    _without_botocore(place)
+    bedrock = sorted(
+        path.stem
+        for path in (place.cwd / "corpus").glob("*.json")
+        if json.loads(path.read_text(encoding="utf-8")).get("provider") == "bedrock"
+    )
+    total = len(list((place.cwd / "corpus").glob("*.json")))
+    assert bedrock
+    done = run(place, "fluid corpus replay corpus")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "MISMATCH" not in done.stdout
+    assert f"{total - len(bedrock)} cassette(s) replayed as recorded" in done.stdout
+    assert (
+        f"{len(bedrock)} skipped (bedrock): needs an extra that is not installed: "
+        "pip install 'fluid-build[bedrock]'; install it to replay them"
+    ) in done.stdout
+    as_json = run(place, "fluid corpus replay --json corpus")
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    payload = json.loads(as_json.stdout)
+    assert (payload["ok"], payload["mismatched"], payload["skipped"]) == (True, 0, len(bedrock))
+    skipped = [r for r in payload["results"] if r["outcome"] == "skipped"]
+    assert sorted(r["name"] for r in skipped) == bedrock
+    for row in skipped:
+        assert row["skipped"] == (
+            "needs an extra that is not installed: pip install 'fluid-build[bedrock]'"
+        )
+        assert row["error"].count("llm.not_configured") == 1  # the code, said once
+        assert "Set the variable" not in row["error"]
+
+
+def test_the_missing_extra_message_says_its_code_once_and_the_pip_line(place: Place) -> None:
+    _without_botocore(place)
+    place.env["AWS_REGION"] = "us-east-1"
+    shutil.copy(EXAMPLE_INTENT, place.cwd / "intent.yaml")
+    done = run(place, "fluid forge intent.yaml --provider bedrock --model amazon.nova-lite-v1:0")
+    assert done.returncode == EXIT_CODES["auth"], done.stdout + done.stderr
+    headline = _one_failure(done.stderr)
+    assert headline.count("llm.not_configured") == 1
+    assert "pip install 'fluid-build[bedrock]'" in headline
+    assert done.stderr.strip().splitlines()[-1] == (
+        "hint: install the extra it needs, pip install 'fluid-build[bedrock]', and run again."
+    )

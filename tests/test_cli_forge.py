@@ -16,7 +16,12 @@ from click.testing import CliRunner
 
 from fluid_build.cli import _register, cli
 from fluid_build.cli.exit_codes import EXIT_CODES
-from fluid_build.cli.forge import EXAMPLE_CASSETTE, EXAMPLE_INTENT
+from fluid_build.cli.forge import (
+    EXAMPLE_AGENT_CASSETTE,
+    EXAMPLE_CASSETTE,
+    EXAMPLE_INTENT,
+    EXAMPLE_WORKSPACE,
+)
 from tests.docs_model import model_server
 from tests.test_docs_commands import Place, _environment, run
 
@@ -441,3 +446,92 @@ def test_replay_of_a_cassette_without_its_intent_says_it_uses_the_example(
         "the bundled example intent (sales_orders.intent.yaml); give the intent file first "
         "to replay it with another"
     ]
+
+
+# -- replaying the agent-loop cassette from anywhere (issue 35 items 6 and 7) -------------
+
+
+def test_the_bundled_agent_cassette_replays_from_any_folder(tmp_path: Path) -> None:
+    """Replayed with no INTENT_FILE from a folder that is not the example workspace, the
+    bundled agent cassette's tools read the bundled workspace it was recorded on."""
+    done = _console_script(
+        tmp_path, "forge", "--agent-loop", "--replay", str(EXAMPLE_AGENT_CASSETTE)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "forge-out" / "contract.fluid.yaml").exists()
+
+
+def test_a_workspace_without_the_recorded_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A copy of the agent cassette, replayed where the file its model read is missing:
+    one line naming the file and the workspace, exit 3 (a cassette that cannot be used
+    here), no traceback, nothing sent or written."""
+    shutil.copy(EXAMPLE_AGENT_CASSETTE, tmp_path / "agent.json")
+    done = _console_script(tmp_path, "forge", "--agent-loop", "--replay", "agent.json")
+    assert done.returncode == EXIT_CODES["intent"] == 3, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines.pop(0) == "intent: the one recorded in agent.json (sales_orders)"
+    assert lines[0] == (
+        f"fluid: CassetteError: agent.json: its recorded read_sample_schema call reads "
+        f"sources/raw_order_lines.sql, which the workspace {tmp_path} does not hold"
+    )
+    assert lines[1].startswith("hint: replay it from the workspace it was recorded in")
+    assert len(lines) == 2
+    assert not (tmp_path / "forge-out").exists()
+    # In that workspace, the same copy replays.
+    shutil.copytree(EXAMPLE_WORKSPACE, tmp_path / "ws")
+    again = _console_script(
+        tmp_path / "ws", "forge", "--agent-loop", "--replay", str(tmp_path / "agent.json")
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_an_agent_cassette_without_agent_loop_says_to_add_it(tmp_path: Path) -> None:
+    done = _console_script(tmp_path, "forge", "--replay", str(EXAMPLE_AGENT_CASSETTE))
+    assert done.returncode == EXIT_CODES["intent"], done.stdout + done.stderr
+    assert "was recorded with --agent-loop" in done.stderr
+    assert "hint: replay it with --agent-loop" in done.stderr
+    assert not (tmp_path / "forge-out").exists()
+
+
+# -- --provider and --model with the offline example or a replay (issue 35 item 8) --------
+
+
+@pytest.mark.parametrize(
+    ("flags", "given"),
+    [
+        (["--provider", "bedrock"], "--provider bedrock"),
+        (["--provider", "openai"], "--provider openai"),
+        (["--model", "claude-sonnet-4-5"], "--model claude-sonnet-4-5"),
+    ],
+)
+def test_a_provider_with_no_intent_is_refused_not_the_openai_example(
+    runner: CliRunner, tmp_path: Path, flags: list[str], given: str
+) -> None:
+    """No key and no INTENT_FILE: the offline example is a recorded OpenAI session, so a
+    --provider (or --model) is refused rather than ignored behind a run that exits 0."""
+    result = runner.invoke(cli, ["forge", *flags])
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    assert f"{given} chooses who forges your own intent: give an INTENT_FILE" in result.output
+    assert f"`fluid forge my-intent.yaml {given}`" in result.output
+    assert "No API key found" not in result.output
+    assert not (tmp_path / "forge-out").exists()
+
+
+def test_a_provider_with_replay_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(
+        cli, ["forge", "--replay", str(EXAMPLE_CASSETTE), "--provider", "anthropic"]
+    )
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    assert "--provider anthropic does not apply to --replay" in result.output
+    assert not (tmp_path / "forge-out").exists()
+
+
+def test_provider_bedrock_with_no_key_from_the_console_script(tmp_path: Path) -> None:
+    """The issue's own command, as a new user types it: no key, no intent file."""
+    done = _console_script(tmp_path, "forge", "--provider", "bedrock")
+    assert done.returncode == EXIT_CODES["usage"], done.stdout + done.stderr
+    assert "--provider bedrock chooses who forges your own intent" in done.stderr
+    assert "No API key found" not in done.stderr + done.stdout
+    assert not (tmp_path / "forge-out").exists()

@@ -12,6 +12,7 @@ against each command's ``--help``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -107,6 +108,8 @@ class Place:
     base: str
     model: Model
     env: dict[str, str] = field(default_factory=dict)
+    #: Run when the place is left: what a setup started (a server) is stopped.
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def openai(self) -> None:
         self.env["OPENAI_API_KEY"] = OPENAI_KEY
@@ -196,6 +199,33 @@ def _batch_sampled(place: Place) -> None:
     assert sent == [(0.0, 42), (0.0, 42)]
 
 
+def _fake_server(place: Place) -> None:
+    """docs/batch.md: `python -m fluid_build.fakeserver &` started, OPENAI_BASE_URL at it."""
+    import threading
+
+    from fluid_build.fakeserver import FakeServer
+
+    server = FakeServer(0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()
+
+    place.cleanups.append(stop)
+    place.env["OPENAI_BASE_URL"] = server.base_url
+    (place.cwd / "prompts.txt").write_text("Name a colour.\nName a fruit.\n", encoding="utf-8")
+
+
+def _fake_server_echoed(place: Place) -> None:
+    lines = (place.cwd / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["text"] for line in lines]
+    assert texts == ["echo: Name a colour.", "echo: Name a fruit."]
+    assert not place.model.requests, "the docs' model server was asked instead"
+
+
 def _one_get(place: Place) -> None:
     assert [(r.method, r.path) for r in place.model.requests] == [("GET", "/v1/models")]
 
@@ -255,6 +285,9 @@ CASES: dict[str, Case] = {
     "fluid batch prompts.txt --json --concurrency 4": Case(0, '"summary"', _prompts),
     "fluid batch prompts.txt --temperature 0 --seed 42 --out results.jsonl": Case(
         0, "success", _prompts, check=_batch_sampled
+    ),
+    "fluid batch prompts.txt --provider openai_compatible --model echo --out results.jsonl": Case(
+        0, "success", _fake_server, check=_fake_server_echoed
     ),
     # docs/ai-setup.md
     "fluid ai setup --provider openai --model gpt-4o": Case(
@@ -321,7 +354,11 @@ def new_place(
             found.openai()
         if attempts is not None:
             found.env["FLUID_LLM_MAX_ATTEMPTS"] = str(attempts)
-        yield found
+        try:
+            yield found
+        finally:
+            for cleanup in found.cleanups:
+                cleanup()
 
 
 @pytest.fixture

@@ -310,6 +310,48 @@ def test_the_agent_loop_gives_up_after_three_answers_and_writes_nothing(
     assert not (machine.project / "forge-out").exists()
 
 
+def test_a_file_the_workspace_lacks_is_a_correction_not_a_traceback(
+    machine: Machine, serve: Callable[..., Scripted]
+) -> None:
+    """issue 35 item 6, live: a model that asks read_sample_schema for a file that is not
+    there gets a ToolValidationError (its class only, as for every tool failure), and the
+    warning names the file and no traceback reaches stderr."""
+    model = serve(
+        says(PLAN),
+        calls(("read_sample_schema", {"path": "sources/missing.sql"})),
+        says(output()),
+    )
+    done = machine.fluid("forge", "intent.yaml", "--agent-loop", env=machine.live(model))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    told = next(m for m in model.bodies[2]["messages"] if m["role"] == "tool")["content"]
+    assert json.loads(told)["error"] == "ToolValidationError"
+    assert (
+        "warning: tool read_sample_schema (call call_1) failed [tool.invalid_input]: the "
+        "workspace has no file sources/missing.sql: call discover_workspace to list its files"
+    ) in done.stderr
+    stages = {s["name"]: s for s in receipt(machine.project / "forge-out")["stages"]}
+    assert [c["result"] for c in stages["generate"]["tool_calls"]] == ["ToolValidationError"]
+
+
+def test_a_stage_that_gives_up_does_not_say_asking_again_last(
+    machine: Machine, serve: Callable[..., Scripted]
+) -> None:
+    """issue 35 item 15: without the agent loop too, only the failures that are followed by
+    another attempt say "asking again"; the third is followed by the error, and no fourth
+    request is sent."""
+    wrong = says(output(name="fct_sessions"))
+    model = serve(says(PLAN), wrong, wrong, wrong)
+    done = machine.fluid("forge", "intent.yaml", env=machine.live(model))
+    assert done.returncode == EXIT_CODES["schema"], done.stdout + done.stderr
+    assert len(model.bodies) == 4
+    assert done.stderr.count("asking again") == 2
+    notes = [line for line in done.stderr.splitlines() if "asking again" in line]
+    assert "gave up after 3 attempts" in done.stderr.split(notes[-1], 1)[1]
+    fix_lines = [line for line in done.stderr.splitlines() if line.strip().startswith("fix")]
+    assert len(fix_lines) == 2
+
+
 def test_the_unknown_model_warning_prints_once_and_other_warnings_still_print(
     machine: Machine, serve: Callable[..., Scripted]
 ) -> None:

@@ -202,6 +202,8 @@ def _cannot_keep(provider: str, why: str, *, asked: bool) -> Exception:
         f"always win) and run `fluid ai setup --provider {provider} --no-key`, or set "
         f"{PLAINTEXT_OPT_IN_ENV}=1 to store it in plaintext in {config_path()} (mode 0600)",
         provider=provider,
+        # The hint then names both ways out, not llm.auth's "re-run `fluid ai setup`".
+        details={"variable": variable, "opt_in": PLAINTEXT_OPT_IN_ENV},
     )
 
 

@@ -194,7 +194,7 @@ def _cost_line(batch: Batch[Completion]) -> str:
     return f"cost: {usd_amount(cost)} USD"
 
 
-def _print_summary(batch: Batch[Completion]) -> None:
+def _print_summary(batch: Batch[Completion], lines: Sequence[int], source: str) -> None:
     from rich.table import Table
 
     from fluid_build.cli._console import make_console
@@ -210,7 +210,14 @@ def _print_summary(batch: Batch[Completion]) -> None:
     click.echo(_cost_line(batch), err=True)
     for outcome in batch.failures()[:1]:
         if outcome.error is not None:
-            click.echo(f"first failure, prompt {outcome.index}:", err=True)
+            # The line of the file, as an editor shows it; "index" counts prompts from 0,
+            # as the JSON lines do, skipping blank lines.
+            where = _STDIN if source == "-" else source
+            click.echo(
+                f"first failure: line {lines[outcome.index]} of {where} "
+                f"(index {outcome.index} in the JSON lines):",
+                err=True,
+            )
             for text in describe(outcome.error).lines():
                 click.echo(text, err=True)
 
@@ -308,7 +315,7 @@ def command(
     import asyncio
 
     from fluid_build.cli._console import make_console
-    from fluid_build.cli.forge import _stored_env, _wait_printer
+    from fluid_build.cli.forge import _stored_env, _wait_printer, quiet
     from fluid_build.copilot.batch import DEFAULT_CONCURRENCY
     from fluid_build.copilot.call.envelope import RetryEnvelope
     from fluid_build.copilot.client import LLMClient
@@ -324,7 +331,9 @@ def command(
         # The wait lines print above the bar; a live countdown would be a second live display.
         envelope = RetryEnvelope.from_env(env, hook=_wait_printer(console))
         client = LLMClient(provider, model, envelope=envelope, env=env)
-        if not as_json:
+        if not as_json or quiet(env):
+            # Quiet, this shows nothing, and tells the pre-flight the run was warned: with
+            # --json alone the pre-flight's own warning stays the only one.
             client.run_start_warnings()
         if target is not None and target.stream:
             stream = _open_stream(target, str(out))
@@ -360,6 +369,6 @@ def command(
             result["out"] = str(out)
         click.echo(json.dumps(result))
     else:
-        _print_summary(batch)
+        _print_summary(batch, [line for line, _ in items], prompts)
     if code:
         sys.exit(code)

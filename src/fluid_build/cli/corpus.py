@@ -61,24 +61,40 @@ def _load_all(files: Sequence[Path]) -> list[tuple[Path, Cassette | CassetteErro
     return loaded
 
 
-def _forge_run_error(forge_runs: Sequence[Path]) -> CassetteError:
-    """One line for the forge recordings given to ``corpus replay``, naming the command."""
+def _forge_run_error(forge_runs: Sequence[tuple[Path, Cassette]]) -> CassetteError:
+    """One line for the forge recordings given to ``corpus replay``, naming the command
+    that replays the first one from here."""
     from fluid_build.corpus.cassette import CassetteError
 
-    first = forge_runs[0]
+    first, cassette = forge_runs[0]
     others = ""
     if len(forge_runs) > 1:
-        shown = ", ".join(str(p) for p in forge_runs[1:4])
+        shown = ", ".join(str(p) for p, _ in forge_runs[1:4])
         more = f" and {len(forge_runs) - 4} more" if len(forge_runs) > 4 else ""
         others = f" (so are {shown}{more})"
+    advice, where = _forge_replay_advice(first, cassette)
     return CassetteError(
-        f"is a `fluid forge` run, not a corpus cassette{others}: replay it with "
-        f"`fluid forge --replay {first}`",
+        f"is a `fluid forge` run, not a corpus cassette{others}: replay it with `{advice}`{where}",
         path=str(first),
-        hint=f"`fluid forge INTENT --replay {first}` replays it with the intent it was "
-        "recorded with; `fluid corpus replay` takes cassettes from `fluid corpus record` "
-        "and corpus/make_cassettes.py.",
+        hint="`fluid forge --replay FILE` replays a forge run with the intent it was recorded "
+        "with; `fluid corpus replay` takes cassettes from `fluid corpus record` and "
+        "corpus/make_cassettes.py.",
     )
+
+
+def _forge_replay_advice(path: Path, cassette: Cassette) -> tuple[str, str]:
+    """The ``fluid forge`` command that replays ``path``, and where to run it when the
+    working directory is not a workspace its recorded tool calls can read."""
+    from fluid_build.cli.forge import workspace_for
+    from fluid_build.forge.cassette import missing_workspace_file, recorded_tool_calls
+
+    if not recorded_tool_calls(cassette):
+        return f"fluid forge --replay {path}", ""
+    advice = f"fluid forge --agent-loop --replay {path}"
+    missing = missing_workspace_file(cassette, workspace_for(None, path))
+    if missing is None:
+        return advice, ""
+    return advice, f", from the workspace it was recorded in (its model read {missing[1]})"
 
 
 def _replay_one(path: Path, loaded: Cassette | CassetteError) -> ReplayResult:
@@ -122,6 +138,8 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
     table.add_column("reason", overflow="fold")
     for result in results:
         verdict = "[green]OK[/]" if result.ok else "[bold red]MISMATCH[/]"
+        if result.skipped is not None:
+            verdict = "[yellow]SKIPPED[/]"
         table.add_row(
             escape(result.name),
             escape(result.provider or "?"),
@@ -129,16 +147,24 @@ def _print_table(results: Sequence[ReplayResult]) -> None:
             str(result.attempts),
             _waits(result.waits),
             verdict,
-            escape("\n".join(result.mismatches)),
+            escape("\n".join(result.mismatches) or result.skipped or ""),
         )
     console.print(table)
     failed = sum(not r.ok for r in results)
+    skipped = [r for r in results if r.skipped is not None]
     if failed:
         console.print(
             f"[bold red]{failed} of {len(results)} cassette(s) did not replay as recorded[/]"
         )
     else:
-        console.print(f"[green]{len(results)} cassette(s) replayed as recorded[/]")
+        replayed = len(results) - len(skipped)
+        console.print(f"[green]{replayed} cassette(s) replayed as recorded[/]")
+    for reason in sorted({r.skipped for r in skipped if r.skipped is not None}):
+        count = sum(r.skipped == reason for r in skipped)
+        providers = ", ".join(sorted({r.provider for r in skipped if r.skipped == reason}))
+        console.print(
+            f"[yellow]{count} skipped[/] ({providers}): {escape(reason)}; install it to replay them"
+        )
 
 
 @corpus.command(name="replay")
@@ -162,10 +188,10 @@ def replay(paths: tuple[Path, ...], as_json: bool) -> None:
     if not files:
         where = ", ".join(str(p) for p in chosen)
         raise click.UsageError(f"no cassettes (*.json) in {where}")
-    from fluid_build.corpus.cassette import is_forge_run
+    from fluid_build.corpus.cassette import CassetteError, is_forge_run
 
     loaded = _load_all(files)
-    forge_runs = [p for p, c in loaded if not isinstance(c, Exception) and is_forge_run(c)]
+    forge_runs = [(p, c) for p, c in loaded if not isinstance(c, CassetteError) and is_forge_run(c)]
     if forge_runs:
         # Its recipe is a summary of the intent, not what was sent: replaying it here
         # could only report a mismatch that says nothing about the code.
@@ -179,6 +205,7 @@ def replay(paths: tuple[Path, ...], as_json: bool) -> None:
             "exit_code": code,
             "cassettes": len(results),
             "mismatched": sum(not r.ok for r in results),
+            "skipped": sum(r.skipped is not None for r in results),
             "results": [_result_json(r) for r in results],
         }
         click.echo(json.dumps(payload, indent=2, default=str))

@@ -39,6 +39,8 @@ __all__ = [
     "EXAMPLE_INTENT",
     "EXAMPLE_WORKSPACE",
     "command",
+    "quiet",
+    "workspace_for",
 ]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "forge" / "examples"
@@ -281,6 +283,90 @@ def _write_failed(out_dir: Path, exc: OSError) -> Exception:
     )
 
 
+def _intent_needed(provider: str | None, model: str | None, env: Mapping[str, str]) -> str:
+    """No INTENT_FILE while a provider is configured: name it, and the example's replay, which
+    works whatever is configured (a Vertex or Bedrock user has no key to remove)."""
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    try:
+        config = resolve_provider_config(provider, model, env=env)
+        route = f" with {config.provider}:{config.model}, as configured"
+    except Exception:  # noqa: BLE001 - a broken setting is the live run's to report
+        route = ""
+    return (
+        f"give an INTENT_FILE to forge{route} (`fluid forge my-intent.yaml`); to see the "
+        f"bundled example instead, replay it offline: `fluid forge --replay {EXAMPLE_CASSETTE}`"
+    )
+
+
+def _refuse_route_flags_on_a_replay(
+    provider: str | None, model: str | None, intent_file: Path | None, cassette: Path | None
+) -> None:
+    """--provider and --model choose who answers a live run; a replay is answered by its
+    cassette, and the offline example by a recorded OpenAI session: refused, so that no
+    one believes the provider they named answered."""
+    given = " ".join(
+        f"{flag} {value}" for flag, value in (("--provider", provider), ("--model", model)) if value
+    )
+    if not given:
+        return
+    if cassette is not None:
+        raise click.UsageError(
+            f"{given} does not apply to --replay: the cassette answers as it was recorded "
+            "(its provider and model); leave it out, or run the intent live without --replay"
+        )
+    if intent_file is None:
+        raise click.UsageError(
+            f"{given} chooses who forges your own intent: give an INTENT_FILE "
+            f"(`fluid forge my-intent.yaml {given}`); the bundled example is a recorded "
+            "OpenAI session, replayed offline whatever --provider or --model says"
+        )
+
+
+def workspace_for(intent_file: Path | None, cassette: Path | None) -> Path:
+    """What the agent loop's tools see: the intent file's folder, or the working directory;
+    the bundled agent cassette replayed with no intent file is given the bundled workspace,
+    since it was recorded there and holds nothing of it."""
+    if intent_file is not None:
+        return intent_file.resolve().parent
+    if cassette is not None and cassette.resolve() == EXAMPLE_AGENT_CASSETTE.resolve():
+        return EXAMPLE_WORKSPACE
+    return Path.cwd()
+
+
+def _check_replayable(recorded: Cassette, path: Path, workspace: Path, *, agent_loop: bool) -> None:
+    """Refuse, before any request, a replay that must differ: the recording's tool calls
+    without --agent-loop, or a file they read that this workspace does not hold."""
+    from fluid_build.corpus.cassette import CassetteError
+    from fluid_build.forge.cassette import missing_workspace_file, recorded_tool_calls
+
+    if not agent_loop:
+        if recorded_tool_calls(recorded):
+            raise CassetteError(
+                "was recorded with --agent-loop (its model calls workspace tools)",
+                path=str(path),
+                hint="replay it with --agent-loop; nothing was sent",
+            )
+        return
+    missing = missing_workspace_file(recorded, workspace)
+    if missing is not None:
+        tool, name = missing
+        raise CassetteError(
+            f"its recorded {tool} call reads {name}, which the workspace {workspace} does not hold",
+            path=str(path),
+            hint="replay it from the workspace it was recorded in: the workspace is the "
+            "INTENT_FILE's folder, or with no INTENT_FILE the working directory; nothing was sent",
+        )
+
+
+def quiet(env: Mapping[str, str]) -> bool:
+    """``FLUID_QUIET`` or ``FLUID_NONINTERACTIVE`` is yes: the run-start banner is hidden
+    (docs/capability-warnings.md), and so is what the pre-flight would say in its place."""
+    from fluid_build.config import yes_no
+
+    return any(yes_no(env.get(name)) for name in ("FLUID_QUIET", "FLUID_NONINTERACTIVE"))
+
+
 def _stored_env() -> dict[str, str]:
     try:
         from fluid_build.aiconfig import apply_stored_config
@@ -363,6 +449,7 @@ def command(
                 "--record records a run against a provider and --replay replays one: "
                 "give one of them"
             )
+        _refuse_route_flags_on_a_replay(provider, model, intent_file, cassette)
         if cassette is None and intent_file is None and not _has_provider(env):
             if record_to is not None:
                 raise click.UsageError(
@@ -384,7 +471,11 @@ def command(
         elif recorded is not None and cassette is not None:
             intent = _replay_intent(recorded, cassette, console)
         else:
-            raise click.UsageError("give an INTENT_FILE (or run with no key for the example)")
+            raise click.UsageError(_intent_needed(provider, model, env))
+        if workspace is None:
+            workspace = workspace_for(intent_file, cassette)
+        if recorded is not None and cassette is not None:
+            _check_replayable(recorded, cassette, workspace, agent_loop=agent_loop)
         # Before any model call: an output nobody can write would be paid for and lost.
         _check_out_dir(out_dir)
         if record_to is not None:  # and a cassette nobody can write would lose the run
@@ -399,7 +490,7 @@ def command(
             client = _live_client(provider, model, console, env, recording)
         label = f"{client.provider}:{client.model}" + (" (replay)" if cassette else "")
         console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
-        if not as_json:
+        if not as_json or quiet(env):
             client.run_start_warnings(uses_tools=agent_loop)
         with console.status("starting") as status:
 
@@ -419,8 +510,7 @@ def command(
                 on_note=on_note,
                 replay=str(cassette) if cassette else None,
                 agent_loop=agent_loop,
-                workspace=workspace
-                or (intent_file.resolve().parent if intent_file is not None else Path.cwd()),
+                workspace=workspace,
                 # A replay that stopped short of the cassette differs: say so, write nothing.
                 before_write=transport.finish if transport is not None else None,
                 options=call_options_given(max_output_tokens, temperature, seed),

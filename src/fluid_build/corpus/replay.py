@@ -337,7 +337,20 @@ def replay_client(cassette: Cassette, *, clock: VirtualClock | None = None) -> L
 def _describe(error: BaseException) -> str:
     code = getattr(error, "code", None)
     label = type(error).__name__ + (f" [{code}]" if isinstance(code, str) else "")
-    return f"{label}: {truncate(one_line(redact(str(error))), 300)}"
+    # An AgentExecutionError's str() repeats the code and adds the operator's advice:
+    # the label has the code, and what happened is its summary.
+    text = getattr(error, "summary", None) if isinstance(code, str) else None
+    return f"{label}: {truncate(one_line(redact(str(text or error))), 300)}"
+
+
+def _missing_extra(error: BaseException | None) -> str | None:
+    """The install line when ``error`` says the provider's optional extra is not installed
+    (``pip install 'fluid-build[bedrock]'``), else None."""
+    details = getattr(error, "details", None)
+    if getattr(error, "code", None) != "llm.not_configured" or not isinstance(details, dict):
+        return None
+    install = details.get("install")
+    return install if isinstance(install, str) and install else None
 
 
 def _first_difference(expected: Any, actual: Any, where: str = "$") -> str | None:
@@ -388,6 +401,8 @@ class ReplayResult:
     provider: str = ""
     path: str | None = None
     output: Any = field(default=None, repr=False)
+    #: Why the cassette was not replayed (an optional extra not installed), or None.
+    skipped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -503,4 +518,22 @@ def run_cassette(cassette: Cassette) -> ReplayResult:
         error = exc
     finally:
         http.close()
+    install = _missing_extra(error)
+    if (
+        error is not None
+        and install is not None
+        and cassette.expect.error_code != "llm.not_configured"
+    ):
+        # Not a difference in the code: this machine cannot run the provider at all.
+        return ReplayResult(
+            name=cassette.name,
+            ok=True,
+            mismatches=[],
+            outcome="skipped",
+            attempts=len(transport.seen),
+            waits=list(clock.waits),
+            error=_describe(error),
+            provider=cassette.provider,
+            skipped=f"needs an extra that is not installed: {install}",
+        )
     return _judge(cassette, transport, clock, output, error)

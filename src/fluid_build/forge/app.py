@@ -366,7 +366,7 @@ class _Pipeline:
         self.run.stages.append(stage)
         last: SchemaValidationError | None = None
         client = _Counted(self.client, stage, self.run, self.options)
-        for _ in range(MAX_STAGE_ATTEMPTS):
+        for attempt in range(1, MAX_STAGE_ATTEMPTS + 1):
             stage.attempts += 1
             completion = client.complete(
                 messages, system=system, response_model=response_model, validate=False
@@ -387,6 +387,8 @@ class _Pipeline:
                     raw_output=completion.text,
                     secrets=[key] if (key := self.client.config.api_key) else (),
                 )
+            if attempt == MAX_STAGE_ATTEMPTS:
+                break  # nobody is asked again: the error raised below says what failed
             stage.corrections.append(errors)
             self.on_note(_describe(name, errors))
             messages += [

@@ -9,9 +9,11 @@ no model output (then a forge replay has nothing to answer with).
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from pydantic import ValidationError
@@ -24,7 +26,13 @@ if TYPE_CHECKING:
     from fluid_build.copilot.client import LLMClient
     from fluid_build.forge.app import ForgeOutput
 
-__all__ = ["forge_cassette", "forge_recorder", "recorded_intent"]
+__all__ = [
+    "forge_cassette",
+    "forge_recorder",
+    "missing_workspace_file",
+    "recorded_intent",
+    "recorded_tool_calls",
+]
 
 # Intent.summary(), read back: the recipe's message of a forge cassette.
 _SUMMARY: Final = re.compile(
@@ -117,3 +125,67 @@ def recorded_intent(cassette: Cassette) -> Intent | None:
     except ValidationError:
         return None
     return intent if intent.summary() == text else None
+
+
+# The workspace tools whose recorded arguments name a path, and whether it is a folder.
+_PATH_ARGUMENTS: Final = {
+    "read_sample_schema": ("path", False),
+    "discover_workspace": ("directory", True),
+}
+_TOOLS: Final = frozenset({*_PATH_ARGUMENTS, "list_templates"})
+
+
+def _tool_calls(value: object) -> Iterator[tuple[str, object]]:
+    """(name, arguments) of every workspace tool call in an answer body, in each provider's
+    shape: OpenAI ``function.arguments`` (a JSON string), Anthropic ``input``, Gemini
+    ``args``."""
+    if isinstance(value, list):
+        for item in value:
+            yield from _tool_calls(item)
+        return
+    if not isinstance(value, dict):
+        return
+    name = value.get("name")
+    if isinstance(name, str) and name in _TOOLS:
+        for key in ("arguments", "input", "args"):
+            if key in value:
+                yield name, value[key]
+                break
+    for item in value.values():
+        yield from _tool_calls(item)
+
+
+def recorded_tool_calls(cassette: Cassette) -> list[str]:
+    """The workspace tools the recorded answers called, in order (a run with --agent-loop)."""
+    return [
+        name for exchange in cassette.exchanges for name, _ in _tool_calls(exchange.response.body)
+    ]
+
+
+def missing_workspace_file(cassette: Cassette, workspace: Path) -> tuple[str, str] | None:
+    """The first (tool, path) a recorded tool call read that ``workspace`` does not hold.
+
+    A replay runs the tools for real: a file the recorded run read and this workspace
+    lacks makes the tool fail, and the replay differ, after the model calls before it.
+    """
+    for exchange in cassette.exchanges:
+        for name, arguments in _tool_calls(exchange.response.body):
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    continue
+            if not isinstance(arguments, dict):
+                continue
+            if name not in _PATH_ARGUMENTS:
+                continue
+            key, folder = _PATH_ARGUMENTS[name]
+            path = arguments.get(key)
+            if not isinstance(path, str) or path in ("", "."):
+                continue
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                continue  # refused by the tool in any workspace: replays the same anywhere
+            target = workspace / path
+            if not (target.is_dir() if folder else target.is_file()):
+                return name, path
+    return None

@@ -69,6 +69,11 @@ def _walk(workspace: Workspace, fd: int, prefix: tuple[str, ...]) -> Iterator[st
             os.close(child)
 
 
+def _not_found(shown: str, kind: str) -> ToolValidationError:
+    reason = f"the workspace has no {kind} {shown}: call discover_workspace to list its files"
+    return ToolValidationError(reason, reason=reason)
+
+
 @forge_tool(read_only=True, timeout=10)
 def discover_workspace(
     directory: WorkspacePath = ".",  # type: ignore[assignment]  # validated into a Path
@@ -81,7 +86,10 @@ def discover_workspace(
         max_entries: The most paths to return.
     """
     workspace = current_workspace()
-    fd = workspace.open(directory, directory=True)
+    try:
+        fd = workspace.open(directory, directory=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _not_found(workspace.relative(directory), "folder") from None
     found: list[str] = []
     try:
         for relative in _walk(workspace, fd, ()):
@@ -106,7 +114,12 @@ def read_sample_schema(
     """
     if Path(path).suffix.lower() not in _READABLE:
         raise ValueError(f"{path.suffix or 'this'} files are not readable here")
-    fd = current_workspace().open(path)
+    workspace = current_workspace()
+    try:
+        fd = workspace.open(path)
+    except (FileNotFoundError, NotADirectoryError):
+        # The model's own guess at a name: a correction it can act on, not a crash to log.
+        raise _not_found(workspace.relative(path), "file") from None
     try:
         return read_text_head(fd, max_chars)
     finally:

@@ -197,6 +197,21 @@ def _key_advice(provider: str | None, error_type: str | None = None) -> str | No
     )
 
 
+def _not_kept_advice(provider: str | None, details: Mapping[str, object]) -> str | None:
+    """For a key `fluid ai setup` could not keep (no keyring, plaintext not allowed): the
+    two ways out, neither of which is running the same command again."""
+    variable, opt_in = details.get("variable"), details.get("opt_in")
+    if not (isinstance(variable, str) and isinstance(opt_in, str) and provider):
+        return None
+    if not (_VARIABLE.fullmatch(variable) and _VARIABLE.fullmatch(opt_in)):
+        return None
+    return (
+        f"Export {variable} in your shell profile and run `fluid ai setup --provider "
+        f"{provider} --no-key`, or keep the key in a plaintext file: `{opt_in}=1 fluid ai "
+        f"setup --provider {provider}`."
+    )
+
+
 #: Vertex AI takes a Google access token (ADC or api_key=), and the account needs IAM.
 _GOOGLE_CREDENTIALS: Final = (
     "Check the Google credentials of the shell running fluid: run `gcloud auth "
@@ -557,7 +572,11 @@ class ProviderError(AgentExecutionError):
 
     @property
     def action(self) -> str:
-        """The table's advice; for a setting that cannot be used, that variable and an example."""
+        """The table's advice; for a setting that cannot be used, that variable and an example;
+        for a provider whose optional extra is not installed, the line that installs it."""
+        install = self.details.get("install")
+        if self.code in _SETTING_CODES and isinstance(install, str) and install:
+            return f"Install the extra it needs, {install}, and run again."
         variable = self.details.get("variable")
         example = self.details.get("example")
         if (
@@ -686,6 +705,9 @@ class ProviderAuthError(ProviderError):
     def action(self) -> str:
         if self.code != "llm.auth":
             return super().action
+        kept = _not_kept_advice(self.provider, self.details)
+        if kept is not None:
+            return kept
         return _key_advice(self.provider, self.provider_error_type) or super().action
 
 

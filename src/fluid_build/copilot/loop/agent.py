@@ -243,7 +243,9 @@ def _result_content(value: Any) -> str:
 def _log_tool_failure(outcome: ToolOutcome) -> None:
     error = outcome.error
     detail = ""
-    if outcome.exception is not None:
+    # A typed error says what went wrong itself (a tool refusing the model's argument); only
+    # an unexpected exception needs its traceback for whoever reads the log.
+    if outcome.exception is not None and not isinstance(outcome.exception, AgentExecutionError):
         detail = "".join(traceback.format_exception(outcome.exception))
     LOG.warning(
         "tool %s (call %s) failed [%s]: %s%s",
