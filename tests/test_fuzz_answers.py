@@ -279,3 +279,9 @@ def test_cached_tokens_over_the_prompt_are_left_unpriced_not_a_crash() -> None:
     assert done.text == "hi"
     assert done.usage.cache_read_tokens == 1
     assert done.cost_usd is None
+
+
+def test_a_negative_token_count_is_none() -> None:
+    """Ollama's ``"eval_count": -1`` was an answer that used -1 tokens."""
+    done = _complete("ollama", {"message": {"content": "hi"}, "done": True, "eval_count": -1})
+    assert (done.text, done.usage.output_tokens) == ("hi", 0)
