@@ -151,3 +151,34 @@ def test_a_finish_reason_of_another_shape_is_a_malformed_response_not_a_crash(
     # The message names the field and what it may be: a name or a number.
     assert caught.value.details["field"] == "candidates.0.finishReason"
     assert caught.value.details["expected"] == "a string or a number or null"
+
+
+def test_a_safety_block_names_its_harm_category_whatever_the_encoding(
+    router: respx.MockRouter,
+) -> None:
+    ratings = [
+        {"category": 10, "probability": 4, "blocked": True},  # DANGEROUS_CONTENT: HIGH
+        {"category": "HARM_CATEGORY_HATE_SPEECH", "probability": "NEGLIGIBLE"},
+    ]
+    router.post(GEMINI + ":generateContent").respond(
+        200, json={"promptFeedback": {"blockReason": 1, "safetyRatings": ratings}}
+    )
+    with _gemini() as client, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert "blocked for SAFETY (HARM_CATEGORY_DANGEROUS_CONTENT: HIGH)" in str(caught.value)
+    assert caught.value.details["safety_ratings"] == [
+        {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True},
+        {"category": "HARM_CATEGORY_HATE_SPEECH", "probability": "NEGLIGIBLE", "blocked": False},
+    ]
+
+
+def test_vertex_numbers_its_harm_categories_its_own_way(router: respx.MockRouter) -> None:
+    """Vertex AI's HarmCategory 2 is DANGEROUS_CONTENT (the Gemini API's 2 is TOXICITY)."""
+    body = _gemini_answer(3)  # SAFETY on both
+    body["candidates"][0]["safetyRatings"] = [{"category": 2, "probability": 3, "blocked": True}]
+    router.post(url__regex=r".*/models/gemini-2\.5-flash:generateContent$").respond(200, json=body)
+    with _vertex() as client, pytest.raises(ProviderError) as caught:
+        client.complete("hi")
+    assert caught.value.details["safety_ratings"] == [
+        {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "MEDIUM", "blocked": True}
+    ]

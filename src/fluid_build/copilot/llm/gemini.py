@@ -73,6 +73,28 @@ BLOCK_REASONS: Final = {
     4: "PROHIBITED_CONTENT",
     5: "IMAGE_SAFETY",
 }
+#: SafetyRating's HarmCategory (google/ai/generativelanguage/v1beta/safety.proto) and
+#: HarmProbability (the same numbers on Vertex AI).
+HARM_CATEGORIES: Final = {
+    0: "HARM_CATEGORY_UNSPECIFIED",
+    1: "HARM_CATEGORY_DEROGATORY",
+    2: "HARM_CATEGORY_TOXICITY",
+    3: "HARM_CATEGORY_VIOLENCE",
+    4: "HARM_CATEGORY_SEXUAL",
+    5: "HARM_CATEGORY_MEDICAL",
+    6: "HARM_CATEGORY_DANGEROUS",
+    7: "HARM_CATEGORY_HARASSMENT",
+    8: "HARM_CATEGORY_HATE_SPEECH",
+    9: "HARM_CATEGORY_SEXUALLY_EXPLICIT",
+    10: "HARM_CATEGORY_DANGEROUS_CONTENT",
+}
+HARM_PROBABILITIES: Final = {
+    0: "HARM_PROBABILITY_UNSPECIFIED",
+    1: "NEGLIGIBLE",
+    2: "LOW",
+    3: "MEDIUM",
+    4: "HIGH",
+}
 #: The values that say "none given": not a block, not the end of a stream.
 _UNSPECIFIED: Final = frozenset(
     {"FINISH_REASON_UNSPECIFIED", "BLOCK_REASON_UNSPECIFIED", "BLOCKED_REASON_UNSPECIFIED"}
@@ -263,9 +285,34 @@ class GeminiAdapter(Adapter):
         set_headers(headers, spec.extra_headers)
         return Request("POST", f"{base}/models/{model}:{action}", headers, body)
 
-    #: This API's numbers for FinishReason and BlockReason (``enum-encoding=int``).
+    #: This API's numbers for FinishReason, BlockReason and HarmCategory
+    #: (``enum-encoding=int``).
     finish_reasons: ClassVar[Mapping[int, str]] = FINISH_REASONS
     block_reasons: ClassVar[Mapping[int, str]] = BLOCK_REASONS
+    harm_categories: ClassVar[Mapping[int, str]] = HARM_CATEGORIES
+
+    def _ratings(self, holder: Any) -> list[dict[str, Any]]:
+        """The safety ratings of a blocked prompt or answer, names for numbers; what is not
+        a rating is passed over (the block is the error, not its ratings' shape)."""
+        ratings = holder.get("safetyRatings") if isinstance(holder, dict) else None
+        out: list[dict[str, Any]] = []
+        for rating in ratings[:20] if isinstance(ratings, list) else []:
+            if not isinstance(rating, dict):
+                continue
+            try:
+                category = enum_name(rating.get("category"), self.harm_categories)
+                probability = enum_name(rating.get("probability"), HARM_PROBABILITIES)
+            except TypeError:
+                continue
+            if category:
+                out.append(
+                    {
+                        "category": category,
+                        "probability": probability,
+                        "blocked": rating.get("blocked") is True,
+                    }
+                )
+        return out
 
     def _finish(self, candidate: dict[str, Any]) -> str | None:
         return enum_name(candidate.get("finishReason"), self.finish_reasons)
@@ -274,18 +321,24 @@ class GeminiAdapter(Adapter):
         feedback = data.get("promptFeedback") or {}
         candidates = data.get("candidates") or []
         reason = enum_name(feedback.get("blockReason"), self.block_reasons)
+        ratings = self._ratings(feedback)
         if not reason and candidates:
             finish = self._finish(candidates[0])
             reason = finish if finish in _BLOCKED else None
+            ratings = self._ratings(candidates[0])
         if reason:
+            flagged = [r for r in ratings if r["blocked"]] or ratings
+            why = ", ".join(f"{r['category']}: {r['probability']}" for r in flagged[:3])
             raise ProviderError(
-                f"{self.provider} ({spec.model}) refused the request: blocked for {reason}",
+                f"{self.provider} ({spec.model}) refused the request: blocked for {reason}"
+                + (f" ({why})" if why else ""),
                 provider=self.provider,
                 model=spec.model,
                 status_code=200,
                 provider_error_type=str(reason),
                 code="llm.content_filtered",
                 retryable=False,
+                details={"safety_ratings": ratings} if ratings else None,
             )
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
