@@ -1160,6 +1160,325 @@ def recorded_cassettes() -> list[Cassette]:
     ]
 
 
+# -- answers read right (issue 35 items 1 to 3): shapes from the API references ---------------
+#
+# Constructed, not recorded: each answer follows the provider's API reference, cited in the
+# cassette's source. Bedrock: ConverseResponse, ConverseStreamMetadataEvent,
+# GuardrailTraceAssessment / GuardrailAssessment, CitationsContentBlock, CitationsDelta
+# (https://docs.aws.amazon.com/bedrock/latest/APIReference/). Gemini and Vertex AI:
+# GenerateContentResponse with its enums as numbers (enum-encoding=int):
+# Candidate.FinishReason of google/ai/generativelanguage/v1beta/generative_service.proto and
+# of google/cloud/aiplatform/v1/content.proto.
+
+AWS_REFERENCE = "https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_"
+BEDROCK_MODEL = "amazon.nova-micro-v1:0"
+BEDROCK_JSON = {"content-type": "application/json"}
+BEDROCK_STREAM = {"content-type": "application/vnd.amazon.eventstream"}
+BEDROCK_USAGE = {"inputTokens": 21, "outputTokens": 9, "totalTokens": 30}
+BEDROCK_METRICS = {"latencyMs": 412}
+GUARDRAIL_ID = "gr1abc2def3"
+MASKED = "Send the refund to {NAME} at {EMAIL}."
+GUARD_METRICS = {
+    "guardrailProcessingLatency": 95,
+    "usage": {"sensitiveInformationPolicyUnits": 1, "contentPolicyUnits": 1},
+}
+MASKING = {
+    "guardrail": {
+        "modelOutput": ["Send the refund to Jane Doe at jane@example.com."],
+        "outputAssessments": {
+            GUARDRAIL_ID: [
+                {
+                    "sensitiveInformationPolicy": {
+                        "piiEntities": [
+                            {"match": "Jane Doe", "type": "NAME", "action": "ANONYMIZED"},
+                            {"match": "jane@example.com", "type": "EMAIL", "action": "ANONYMIZED"},
+                        ]
+                    },
+                    "invocationMetrics": GUARD_METRICS,
+                }
+            ]
+        },
+    }
+}
+BLOCKING = {
+    "guardrail": {
+        "inputAssessment": {
+            GUARDRAIL_ID: {
+                "contentPolicy": {
+                    "filters": [
+                        {
+                            "type": "VIOLENCE",
+                            "confidence": "HIGH",
+                            "filterStrength": "HIGH",
+                            "action": "BLOCKED",
+                            "detected": True,
+                        }
+                    ]
+                },
+                "invocationMetrics": GUARD_METRICS,
+            }
+        }
+    }
+}
+CITATION = {
+    "title": "expense-policy.pdf",
+    "sourceContent": [{"text": "Expense reports are due within 30 days of purchase."}],
+    "location": {"documentChar": {"documentIndex": 0, "start": 120, "end": 172}},
+}
+CITED = "submit expense reports within 30 days of purchase."
+CITED_ANSWER = "Employees should " + CITED + " Late reports need a manager's approval."
+
+
+def event_frame(event: str, payload: dict[str, Any]) -> bytes:
+    """One AWS event-stream frame (string headers), as ConverseStream sends an event."""
+    import zlib
+
+    headers = {":event-type": event, ":content-type": "application/json", ":message-type": "event"}
+    raw = b""
+    for name, value in headers.items():
+        raw += bytes([len(name)]) + name.encode() + b"\x07" + len(value).to_bytes(2, "big")
+        raw += value.encode()
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    total = 16 + len(raw) + len(body)
+    prelude = total.to_bytes(4, "big") + len(raw).to_bytes(4, "big")
+    prelude += zlib.crc32(prelude).to_bytes(4, "big")
+    message = prelude + raw + body
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
+def converse_stream(
+    deltas: list[dict[str, Any]], stop: str, trace: dict[str, Any] | None
+) -> ExchangeResponse:
+    metadata: dict[str, Any] = {"usage": BEDROCK_USAGE, "metrics": BEDROCK_METRICS}
+    if trace is not None:
+        metadata["trace"] = trace
+    frames = b"".join(
+        [
+            event_frame("messageStart", {"role": "assistant"}),
+            *(event_frame("contentBlockDelta", d) for d in deltas),
+            event_frame("contentBlockStop", {"contentBlockIndex": 0}),
+            event_frame("messageStop", {"stopReason": stop}),
+            event_frame("metadata", metadata),
+        ]
+    )
+    kept = sanitize_response(200, BEDROCK_STREAM, "")
+    return kept.model_copy(update={"body_base64": base64.b64encode(frames).decode("ascii")})
+
+
+def converse(content: list[dict[str, Any]], stop: str, trace: Any = None) -> ExchangeResponse:
+    body: dict[str, Any] = {
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": stop,
+        "usage": BEDROCK_USAGE,
+        "metrics": BEDROCK_METRICS,
+    }
+    if trace is not None:
+        body["trace"] = trace
+    return answer(200, BEDROCK_JSON, body=body)
+
+
+def answered(
+    name: str,
+    description: str,
+    provider: str,
+    model: str,
+    sources: list[str],
+    prompt: str,
+    response: ExchangeResponse,
+    expect: Expectation,
+    *,
+    stream: bool = False,
+    request: ExchangeRequest | None = None,
+) -> Cassette:
+    """One call answered by a response built from the API reference (``sources``)."""
+    request = request or _request(provider, model, stream=stream)
+    return Cassette(
+        version=CASSETTE_VERSION,
+        name=name,
+        description=description,
+        provider=provider,
+        model=model,
+        source=f"{NOT_RECORDED}: " + "; ".join(sources),
+        call=CallRecipe(
+            kind="stream" if stream else "complete",
+            messages=[{"role": "user", "content": prompt}],
+            env=dict(RECORDED_ENV.get(provider, {})),
+            capability_matrix=dict(RECORDED_MATRIX.get(model, {"context_window": 1_048_576})),
+        ),
+        exchanges=[Exchange(request=request, response=response)],
+        expect=expect,
+    )
+
+
+def _halves(text: str, index: int = 0) -> list[dict[str, Any]]:
+    half = len(text) // 2
+    return [
+        {"contentBlockIndex": index, "delta": {"text": text[:half]}},
+        {"contentBlockIndex": index, "delta": {"text": text[half:]}},
+    ]
+
+
+def gemini_numbers(finish: int, text: str = "Paris.") -> dict[str, Any]:
+    return {
+        "candidates": [
+            {
+                "content": {"parts": [{"text": text}], "role": "model"},
+                "finishReason": finish,
+                "index": 0,
+                "safetyRatings": [{"category": 8, "probability": 1}],
+            }
+        ],
+        "usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 2, "totalTokenCount": 9},
+        "modelVersion": "gemini-2.5-flash",
+    }
+
+
+def answers_read_right() -> list[Cassette]:
+    guard = [
+        f"{AWS_REFERENCE}Converse.html (stopReason guardrail_intervened, trace)",
+        f"{AWS_REFERENCE}GuardrailTraceAssessment.html",
+        f"{AWS_REFERENCE}GuardrailAssessment.html (its policies' findings and their action)",
+    ]
+    stream_guard = [
+        f"{AWS_REFERENCE}ConverseStream.html",
+        f"{AWS_REFERENCE}ConverseStreamMetadataEvent.html (trace)",
+        *guard[1:],
+    ]
+    cites = [
+        f"{AWS_REFERENCE}ContentBlock.html (citationsContent)",
+        f"{AWS_REFERENCE}CitationsContentBlock.html",
+        f"{AWS_REFERENCE}Citation.html",
+    ]
+    stream_cites = [
+        f"{AWS_REFERENCE}ContentBlockDelta.html (citation)",
+        f"{AWS_REFERENCE}CitationsDelta.html",
+    ]
+    gemini_ref = (
+        "Gemini API GenerateContentResponse with enum-encoding=int: Candidate.FinishReason "
+        "1 = STOP (googleapis google/ai/generativelanguage/v1beta/generative_service.proto)"
+    )
+    vertex_ref = (
+        "Vertex AI GenerateContentResponse with enum-encoding=int: Candidate.FinishReason "
+        "1 = STOP, 6 = BLOCKLIST (googleapis google/cloud/aiplatform/v1/content.proto)"
+    )
+    paris = "Paris."
+    gemini = Gemini()
+    return [
+        answered(
+            "bedrock-guardrail-masked",
+            "A guardrail masked two PII entities of the answer (ANONYMIZED, nothing BLOCKED; "
+            "stopReason guardrail_intervened): the masked text is the answer.",
+            "bedrock",
+            BEDROCK_MODEL,
+            guard,
+            "Where does the refund go?",
+            converse([{"text": MASKED}], "guardrail_intervened", MASKING),
+            success(1, [], MASKED),
+        ),
+        answered(
+            "bedrock-guardrail-masked-stream",
+            "The same masked answer streamed: the guardrail's trace comes in the metadata event "
+            "after messageStop; the masked text is the answer, never an error.",
+            "bedrock",
+            BEDROCK_MODEL,
+            stream_guard,
+            "Where does the refund go?",
+            converse_stream(_halves(MASKED), "guardrail_intervened", MASKING),
+            success(1, [], MASKED),
+            stream=True,
+        ),
+        answered(
+            "bedrock-guardrail-blocked",
+            "A guardrail's content filter blocked the prompt (BLOCKED): llm.content_filtered, "
+            "never retried.",
+            "bedrock",
+            BEDROCK_MODEL,
+            guard,
+            "Describe the fight in detail.",
+            converse(
+                [{"text": "Sorry, the model cannot answer this question."}],
+                "guardrail_intervened",
+                BLOCKING,
+            ),
+            failure("ProviderError", "llm.content_filtered"),
+        ),
+        answered(
+            "bedrock-citations",
+            "An answer grounded in a document: the text inside its citationsContent block is "
+            "answer text, between the plain text blocks.",
+            "bedrock",
+            BEDROCK_MODEL,
+            cites,
+            "When are expense reports due?",
+            converse(
+                [
+                    {"text": "Employees should "},
+                    {"citationsContent": {"content": [{"text": CITED}], "citations": [CITATION]}},
+                    {"text": " Late reports need a manager's approval."},
+                ],
+                "end_turn",
+            ),
+            success(1, [], CITED_ANSWER),
+        ),
+        answered(
+            "bedrock-citations-stream",
+            "The same cited answer streamed: a citation delta, then the cited text.",
+            "bedrock",
+            BEDROCK_MODEL,
+            stream_cites,
+            "When are expense reports due?",
+            converse_stream(
+                [
+                    {"contentBlockIndex": 0, "delta": {"text": "Employees should "}},
+                    {"contentBlockIndex": 1, "delta": {"citation": CITATION}},
+                    {"contentBlockIndex": 1, "delta": {"text": CITED}},
+                    {
+                        "contentBlockIndex": 2,
+                        "delta": {"text": " Late reports need a manager's approval."},
+                    },
+                ],
+                "end_turn",
+                None,
+            ),
+            success(1, [], CITED_ANSWER),
+            stream=True,
+        ),
+        answered(
+            "gemini-int-enums",
+            "A Gemini answer whose enums are numbers (finishReason 1, safety ratings too): "
+            "read as STOP, the text is the answer.",
+            "gemini",
+            gemini.model,
+            [gemini_ref],
+            "What is the capital of France?",
+            answer(200, gemini.json_headers, body=gemini_numbers(1)),
+            success(1, [], paris),
+            request=gemini.request(),
+        ),
+        answered(
+            "vertex-int-enums",
+            "A Vertex AI answer whose enums are numbers (finishReason 1): read as STOP.",
+            "vertex",
+            "gemini-3.7-flash",
+            [vertex_ref],
+            "What is the capital of France?",
+            answer(200, gemini.json_headers, body=gemini_numbers(1)),
+            success(1, [], paris),
+        ),
+        answered(
+            "vertex-int-enums-blocklist",
+            "A Vertex AI answer stopped with finishReason 6, Vertex's BLOCKLIST (the Gemini "
+            "API's 6 is LANGUAGE): llm.content_filtered, never retried.",
+            "vertex",
+            "gemini-3.7-flash",
+            [vertex_ref],
+            "What is the capital of France?",
+            answer(200, gemini.json_headers, body=gemini_numbers(6, "")),
+            failure("ProviderError", "llm.content_filtered"),
+        ),
+    ]
+
+
 def build() -> list[Cassette]:
     providers: list[Provider] = [OpenAI(), Azure(), Anthropic(), Gemini(), Ollama(), VLLM()]
     out: list[Cassette] = []
@@ -1168,6 +1487,7 @@ def build() -> list[Cassette]:
     out += openai_strict(OpenAI())
     out += stream_error_retries()
     out += recorded_cassettes()
+    out += answers_read_right()
     names = [c.name for c in out]
     assert len(names) == len(set(names)), "cassette names must be unique"
     return sorted(out, key=lambda c: c.name)

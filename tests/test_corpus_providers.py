@@ -230,7 +230,8 @@ def test_cli_replays_the_new_providers_without_any_cloud_credentials(tmp_path: P
         assert result["ok"], result
         by_provider.setdefault(result["provider"], []).append(result["name"])
     for provider, names in RECORDED.items():
-        assert set(by_provider[provider]) == names
+        # Besides its recorded cassettes, a provider may have constructed ones (issue 35's).
+        assert names <= set(by_provider[provider])
 
 
 def test_cli_replays_a_bedrock_stream_alone(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -57,6 +57,36 @@ def timed_out(
 
 
 _REQUEST_ID_HEADERS: Final = (b"x-request-id", b"request-id", b"apim-request-id")
+#: What an adapter's reading of an answer raises on a shape it does not expect (pydantic's
+#: ValidationError is a ValueError; OverflowError: a number such as 1e400 where a count
+#: goes; RecursionError: nesting deeper than the reader goes): llm.malformed_response.
+_MISREAD: Final = (
+    AttributeError,
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    ArithmeticError,
+    RecursionError,
+)
+
+
+def _string(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+_Read = TypeVar("_Read", Parsed, StreamState)
+
+
+def _tidy(read: _Read) -> _Read:
+    """``read`` (a Parsed, a StreamState) with a model name or finish reason that is not a
+    string (``"model": 1``) dropped: an adapter passes them on as sent, and prices, budgets
+    and the Completion take names."""
+    if not isinstance(read.model, str):
+        read.model = None
+    if not isinstance(read.finish_reason, str):
+        read.finish_reason = None
+    return read
 
 
 def _characters(state: StreamState) -> int:
@@ -143,10 +173,10 @@ class Decoder:
 
             raise classify_response(response, provider=self.provider, model=self.model)
         try:
-            return self.adapter.parse(data, prepared.spec)
+            return _tidy(self.adapter.parse(data, prepared.spec))
         except AgentExecutionError:
             raise
-        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        except _MISREAD as exc:
             raise self.misshapen(data, self.adapter.shape, "answer", response.status_code) from exc
 
     def misshapen(
@@ -201,11 +231,13 @@ class Decoder:
             return self.adapter.parse_chunk(data, event, state, spec)
         except AgentExecutionError:
             raise
-        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        except _MISREAD as exc:
             misshapen = self.misshapen(data, self.adapter.chunk_shape, "event", None)
             if started:
                 misshapen = misshapen.with_details(interrupted=True, **state.partial())
             raise misshapen from exc
+        finally:
+            _tidy(state)
 
     def interrupted(
         self,
@@ -345,12 +377,15 @@ class Decoder:
                 overrides=self.prices,
             ),
             provider=self.provider,
-            model=parsed.model or self.model,
-            finish_reason=parsed.finish_reason,
+            # An adapter passes these on as the provider sent them: what is not a string
+            # (a finish reason as an enum number fluid does not know) is not kept.
+            model=_string(parsed.model) or self.model,
+            finish_reason=_string(parsed.finish_reason) or None,
             attempts=attempts,
             request_id=request,
             answered_by=answered_by,
             fallback_errors=fallback_errors or [],
+            details=parsed.details,
         )
 
     def validate(self, text: str, response_model: type[BaseModel], strict_schema: bool) -> Any:

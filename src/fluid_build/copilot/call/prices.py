@@ -102,10 +102,15 @@ def _counts(usage: Usage) -> tuple[int, int, int, int]:
 
 
 def sane_usage(usage: Usage) -> bool:
-    """Whether every count ``usage`` holds is a whole number a model could have used."""
+    """Whether every count ``usage`` holds is a whole number a model could have used, and
+    its parts fit in their totals (an answer saying it read 5 cached tokens of a 0-token
+    prompt cannot be priced: genai-prices refuses it with a ValueError)."""
     return all(
         isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= MOST_TOKENS
         for count in (*_counts(usage), usage.reasoning_tokens)
+    ) and (
+        usage.cache_read_tokens + usage.cache_write_tokens <= usage.input_tokens
+        and usage.reasoning_tokens <= usage.output_tokens
     )
 
 

@@ -142,6 +142,8 @@ class Parsed:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     model: str | None = None
+    #: ``Completion.details``: what the provider said about the answer beside its text.
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def loads_arguments(raw: Any) -> dict[str, Any]:
@@ -184,6 +186,7 @@ class StreamState:
     block_kinds: dict[int, str] = field(default_factory=dict)  # an adapter's per-block notes
     counts: dict[str, int] = field(default_factory=dict)  # raw usage counts seen so far
     refusal: list[str] = field(default_factory=list)  # a refusal's words, apart from the text
+    details: dict[str, Any] = field(default_factory=dict)  # Completion.details, as they arrive
 
     def add_text(self, delta: str) -> StreamEvent | None:
         if not delta:
@@ -242,7 +245,12 @@ class StreamState:
 
     def parsed(self) -> Parsed:
         return Parsed(
-            "".join(self.text), self.tool_calls(), self.usage, self.finish_reason, self.model
+            "".join(self.text),
+            self.tool_calls(),
+            self.usage,
+            self.finish_reason,
+            self.model,
+            self.details,
         )
 
 

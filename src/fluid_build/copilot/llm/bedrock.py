@@ -264,17 +264,108 @@ def _usage(usage: Any) -> Usage:
     )
 
 
-def _filtered(spec: CallSpec) -> ProviderError:
+#: How far into a guardrail assessment its policies' findings are looked for, and how many
+#: are kept: an assessment nests policy -> list -> finding.
+_TRACE_DEPTH: Final = 6
+_MOST_ACTIONS: Final = 100
+
+
+def _findings(node: Any, policy: str, where: str, depth: int, out: list[dict[str, str]]) -> None:
+    """Each finding under ``node`` that names an ``action``: its policy, type and action.
+
+    What a finding matched (the PII itself, a custom word) is never kept.
+    """
+    if depth > _TRACE_DEPTH or len(out) >= _MOST_ACTIONS:
+        return
+    if isinstance(node, dict):
+        action = node.get("action")
+        if isinstance(action, str) and action:
+            kind = node.get("type") if isinstance(node.get("type"), str) else node.get("name")
+            finding = {"where": where, "policy": policy, "action": action}
+            if isinstance(kind, str) and kind:
+                finding["type"] = kind
+            out.append(finding)
+        for key, value in node.items():
+            if isinstance(value, dict | list) and key != "invocationMetrics":
+                _findings(value, policy, where, depth + 1, out)
+    elif isinstance(node, list):
+        for item in node[:_MOST_ACTIONS]:
+            _findings(item, policy, where, depth + 1, out)
+
+
+def guardrail_actions(trace: Any) -> list[dict[str, str]] | None:
+    """What the guardrail did, read from a Converse ``trace`` (``trace.guardrail``, a
+    GuardrailTraceAssessment): one entry per finding with an action (``BLOCKED``,
+    ``ANONYMIZED``, ``NONE``), naming where (``input``/``output``), the policy and the type.
+    None when the answer carries no guardrail trace (tracing is off)."""
+    guardrail = trace.get("guardrail") if isinstance(trace, dict) else None
+    if not isinstance(guardrail, dict):
+        return None
+    out: list[dict[str, str]] = []
+    assessed: list[tuple[str, Any]] = []
+    inputs = guardrail.get("inputAssessment")
+    if isinstance(inputs, dict):
+        assessed += [("input", a) for a in inputs.values()]
+    outputs = guardrail.get("outputAssessments")
+    if isinstance(outputs, dict):
+        for each in outputs.values():
+            assessed += [("output", a) for a in (each if isinstance(each, list) else [each])]
+    for where, assessment in assessed:
+        if isinstance(assessment, dict):
+            for policy, findings in assessment.items():
+                if policy != "invocationMetrics":
+                    _findings(findings, str(policy), where, 1, out)
+    return out
+
+
+def _masked(actions: list[dict[str, str]] | None) -> bool:
+    """Whether a guardrail that intervened only changed the answer (masked it): its trace
+    shows an action that is neither BLOCKED nor NONE, and none BLOCKED. Without a trace
+    a block and a mask look alike, and the answer is taken for blocked."""
+    if not actions:
+        return False
+    done = {a["action"] for a in actions}
+    return "BLOCKED" not in done and bool(done - {"NONE"})
+
+
+def _guardrail(trace: Any, spec: CallSpec) -> dict[str, Any]:
+    """``Completion.details["guardrail"]`` for an answer a guardrail masked; the
+    ``llm.content_filtered`` error for one it blocked (or whose trace does not say)."""
+    actions = guardrail_actions(trace)
+    if not _masked(actions):
+        raise _filtered(spec, actions)
+    return {"masked": True, "actions": actions}
+
+
+def _filtered(spec: CallSpec, actions: list[dict[str, str]] | None = None) -> ProviderError:
+    if actions is None:
+        why = (
+            "a guardrail intervened; the answer has no guardrail trace to tell a block from "
+            'masking (send guardrailConfig with "trace": "enabled")'
+        )
+    else:
+        blocked = sorted({a["policy"] for a in actions if a["action"] == "BLOCKED"})
+        why = f"a guardrail blocked it ({', '.join(blocked) or 'no policy named'})"
     return ProviderError(
-        f"bedrock ({spec.model}) refused the request: a guardrail intervened "
-        f"(stopReason {GUARDRAIL})",
+        f"bedrock ({spec.model}) refused the request: {why} (stopReason {GUARDRAIL})",
         provider="bedrock",
         model=spec.model,
         status_code=200,
         provider_error_type=GUARDRAIL,
         code="llm.content_filtered",
         retryable=False,
+        details={"guardrail_actions": actions} if actions is not None else None,
     )
+
+
+def _citations(block: Any) -> tuple[str, list[Any]]:
+    """A ``citationsContent`` block's text (its generated content) and its citations."""
+    if not isinstance(block, dict):
+        return "", []
+    content = block.get("content")
+    text = "".join(text_of(part.get("text")) for part in content or [] if isinstance(part, dict))
+    cited = block.get("citations")
+    return text, [c for c in cited if isinstance(c, dict)] if isinstance(cited, list) else []
 
 
 _USAGE = {
@@ -463,19 +554,22 @@ class BedrockAdapter(Adapter):
                     {
                         "text": TEXT,
                         "toolUse": {"toolUseId": TEXT, "name": TEXT, "input": (dict, NULL)},
+                        "citationsContent": {"content": [{"text": TEXT}], "citations": list},
                     }
                 ]
             }
         },
         "stopReason": TEXT,
         "usage": _USAGE,
+        "trace": {"guardrail": dict},
     }
     chunk_shape: ClassVar[Any] = {
         "contentBlockIndex": COUNT,
         "start": {"toolUse": {"toolUseId": TEXT, "name": TEXT}},
-        "delta": {"text": TEXT, "toolUse": {"input": TEXT}},
+        "delta": {"text": TEXT, "toolUse": {"input": TEXT}, "citation": dict},
         "stopReason": TEXT,
         "usage": _USAGE,
+        "trace": {"guardrail": dict},
     }
 
     options: ClassVar[frozenset[str]] = CONVERSE_OPTIONS
@@ -594,8 +688,9 @@ class BedrockAdapter(Adapter):
         return body
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
+        details: dict[str, Any] = {}
         if data.get("stopReason") == GUARDRAIL:
-            raise _filtered(spec)
+            details["guardrail"] = _guardrail(data.get("trace"), spec)
         respond = _respond_tool(spec) if spec.response_schema is not None else None
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -603,6 +698,12 @@ class BedrockAdapter(Adapter):
         for block in message.get("content") or []:
             if "text" in block:
                 texts.append(text_of(block.get("text")))
+            elif "citationsContent" in block:
+                # Answer text with the documents it cites: the text is the answer's.
+                text, cited = _citations(block["citationsContent"])
+                texts.append(text)
+                if cited:
+                    details.setdefault("citations", []).extend(cited)
             elif "toolUse" in block:
                 use = block["toolUse"] or {}
                 if use.get("type") == "server_tool_use":
@@ -621,9 +722,14 @@ class BedrockAdapter(Adapter):
                     )
                 )
             # reasoningContent is thinking, toolResult a server tool's result,
-            # image/document/citations are not answer text either.
+            # image/document are not answer text either.
         return Parsed(
-            "".join(texts), calls, _usage(data.get("usage")), data.get("stopReason"), None
+            "".join(texts),
+            calls,
+            _usage(data.get("usage")),
+            data.get("stopReason"),
+            None,
+            details,
         )
 
     def chunk_events(
@@ -662,14 +768,19 @@ class BedrockAdapter(Adapter):
                         events.append(added)
                 elif owner == "tool":
                     events.append(state.add_call(index, arguments_delta=fragment))
+            elif isinstance(delta.get("citation"), dict):
+                state.details.setdefault("citations", []).append(delta["citation"])
             # reasoningContent deltas are thinking: never answer text.
         elif event == "messageStop":
             state.finish_reason = data.get("stopReason") or state.finish_reason
-            if state.finish_reason == GUARDRAIL:
-                raise _filtered(spec)
-            state.done = True
+            # A guardrail's stop is read with its trace, in the metadata event after it:
+            # until then the stream is not over.
+            state.done = state.finish_reason != GUARDRAIL
         elif event == "metadata":
             state.usage = _usage(data.get("usage"))
+            if state.finish_reason == GUARDRAIL:
+                state.details["guardrail"] = _guardrail(data.get("trace"), spec)
+                state.done = True
         return events
 
     def parse_chunk(

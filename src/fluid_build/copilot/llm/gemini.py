@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
@@ -39,6 +40,84 @@ _BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION", "
 #: ``reasoning_effort`` -> ``thinkingConfig.thinkingBudget`` on Gemini 2.5 (1024 up to
 #: 24576, the most 2.5 Flash takes; 2.5 Pro takes 128 to 32768). Gemini 3 and later
 #: take ``thinkingLevel`` instead (docs/llm-providers.md, "Call options").
+#: An answer read with ``$alt=json;enum-encoding=int`` (or through a proxy that keeps the
+#: protobuf numbers) names its enums by number. The names, from Google's API reference:
+#: the Gemini API's Candidate.FinishReason and PromptFeedback.BlockReason
+#: (google/ai/generativelanguage/v1beta/generative_service.proto). Vertex AI numbers
+#: them differently (see vertex.py).
+FINISH_REASONS: Final = {
+    0: "FINISH_REASON_UNSPECIFIED",
+    1: "STOP",
+    2: "MAX_TOKENS",
+    3: "SAFETY",
+    4: "RECITATION",
+    5: "OTHER",
+    6: "LANGUAGE",
+    7: "BLOCKLIST",
+    8: "PROHIBITED_CONTENT",
+    9: "SPII",
+    10: "MALFORMED_FUNCTION_CALL",
+    11: "IMAGE_SAFETY",
+    12: "UNEXPECTED_TOOL_CALL",
+    13: "TOO_MANY_TOOL_CALLS",
+    14: "IMAGE_PROHIBITED_CONTENT",
+    15: "IMAGE_OTHER",
+    16: "NO_IMAGE",
+    17: "IMAGE_RECITATION",
+}
+BLOCK_REASONS: Final = {
+    0: "BLOCK_REASON_UNSPECIFIED",
+    1: "SAFETY",
+    2: "OTHER",
+    3: "BLOCKLIST",
+    4: "PROHIBITED_CONTENT",
+    5: "IMAGE_SAFETY",
+}
+#: SafetyRating's HarmCategory (google/ai/generativelanguage/v1beta/safety.proto) and
+#: HarmProbability (the same numbers on Vertex AI).
+HARM_CATEGORIES: Final = {
+    0: "HARM_CATEGORY_UNSPECIFIED",
+    1: "HARM_CATEGORY_DEROGATORY",
+    2: "HARM_CATEGORY_TOXICITY",
+    3: "HARM_CATEGORY_VIOLENCE",
+    4: "HARM_CATEGORY_SEXUAL",
+    5: "HARM_CATEGORY_MEDICAL",
+    6: "HARM_CATEGORY_DANGEROUS",
+    7: "HARM_CATEGORY_HARASSMENT",
+    8: "HARM_CATEGORY_HATE_SPEECH",
+    9: "HARM_CATEGORY_SEXUALLY_EXPLICIT",
+    10: "HARM_CATEGORY_DANGEROUS_CONTENT",
+}
+HARM_PROBABILITIES: Final = {
+    0: "HARM_PROBABILITY_UNSPECIFIED",
+    1: "NEGLIGIBLE",
+    2: "LOW",
+    3: "MEDIUM",
+    4: "HIGH",
+}
+#: The values that say "none given": not a block, not the end of a stream.
+_UNSPECIFIED: Final = frozenset(
+    {"FINISH_REASON_UNSPECIFIED", "BLOCK_REASON_UNSPECIFIED", "BLOCKED_REASON_UNSPECIFIED"}
+)
+
+
+def enum_name(value: Any, names: Mapping[int, str]) -> str | None:
+    """An enum field as its name: a name as sent, a number by ``names`` (one fluid does not
+    know as its digits), None for none or an "unspecified" value; anything else (a list,
+    an object) is a shape error."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise TypeError("an enum field is true/false")
+    if isinstance(value, int):
+        name = names.get(value, str(value))
+    elif isinstance(value, str):
+        name = value
+    else:
+        raise TypeError("an enum field is neither a name nor a number")
+    return None if name in _UNSPECIFIED else name
+
+
 THINKING_BUDGETS: Final = {"low": 1024, "medium": 8192, "high": 24576}
 _VERSION: Final = re.compile(r"gemini-(\d+)(?:\.(\d+))?")
 _CHOICES: Final = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
@@ -124,9 +203,10 @@ _SHAPE = {
                     }
                 ]
             },
-            "finishReason": TEXT,
+            "finishReason": (str, int, NULL),
         }
     ],
+    "promptFeedback": {"blockReason": (str, int, NULL)},
     "usageMetadata": {
         "promptTokenCount": COUNT,
         "candidatesTokenCount": COUNT,
@@ -205,22 +285,60 @@ class GeminiAdapter(Adapter):
         set_headers(headers, spec.extra_headers)
         return Request("POST", f"{base}/models/{model}:{action}", headers, body)
 
+    #: This API's numbers for FinishReason, BlockReason and HarmCategory
+    #: (``enum-encoding=int``).
+    finish_reasons: ClassVar[Mapping[int, str]] = FINISH_REASONS
+    block_reasons: ClassVar[Mapping[int, str]] = BLOCK_REASONS
+    harm_categories: ClassVar[Mapping[int, str]] = HARM_CATEGORIES
+
+    def _ratings(self, holder: Any) -> list[dict[str, Any]]:
+        """The safety ratings of a blocked prompt or answer, names for numbers; what is not
+        a rating is passed over (the block is the error, not its ratings' shape)."""
+        ratings = holder.get("safetyRatings") if isinstance(holder, dict) else None
+        out: list[dict[str, Any]] = []
+        for rating in ratings[:20] if isinstance(ratings, list) else []:
+            if not isinstance(rating, dict):
+                continue
+            try:
+                category = enum_name(rating.get("category"), self.harm_categories)
+                probability = enum_name(rating.get("probability"), HARM_PROBABILITIES)
+            except TypeError:
+                continue
+            if category:
+                out.append(
+                    {
+                        "category": category,
+                        "probability": probability,
+                        "blocked": rating.get("blocked") is True,
+                    }
+                )
+        return out
+
+    def _finish(self, candidate: dict[str, Any]) -> str | None:
+        return enum_name(candidate.get("finishReason"), self.finish_reasons)
+
     def _check_blocked(self, data: dict[str, Any], spec: CallSpec) -> None:
         feedback = data.get("promptFeedback") or {}
         candidates = data.get("candidates") or []
-        reason = feedback.get("blockReason")
+        reason = enum_name(feedback.get("blockReason"), self.block_reasons)
+        ratings = self._ratings(feedback)
         if not reason and candidates:
-            finish = candidates[0].get("finishReason")
+            finish = self._finish(candidates[0])
             reason = finish if finish in _BLOCKED else None
+            ratings = self._ratings(candidates[0])
         if reason:
+            flagged = [r for r in ratings if r["blocked"]] or ratings
+            why = ", ".join(f"{r['category']}: {r['probability']}" for r in flagged[:3])
             raise ProviderError(
-                f"{self.provider} ({spec.model}) refused the request: blocked for {reason}",
+                f"{self.provider} ({spec.model}) refused the request: blocked for {reason}"
+                + (f" ({why})" if why else ""),
                 provider=self.provider,
                 model=spec.model,
                 status_code=200,
                 provider_error_type=str(reason),
                 code="llm.content_filtered",
                 retryable=False,
+                details={"safety_ratings": ratings} if ratings else None,
             )
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
@@ -248,7 +366,7 @@ class GeminiAdapter(Adapter):
             "".join(texts),
             calls,
             _usage(data),
-            candidate.get("finishReason"),
+            self._finish(candidate),
             data.get("modelVersion"),
         )
 
@@ -279,7 +397,8 @@ class GeminiAdapter(Adapter):
                         arguments_delta=json.dumps(call.get("args") or {}),
                     )
                 )
-        if candidate.get("finishReason"):
-            state.finish_reason = candidate["finishReason"]
+        finish = self._finish(candidate)
+        if finish:
+            state.finish_reason = finish
             state.done = True
         return events

@@ -47,9 +47,10 @@ def ollama_messages(spec: CallSpec) -> list[dict[str, Any]]:
 
 
 def _usage(data: dict[str, Any]) -> Usage:
+    # A negative count is none (as every adapter reads one): a budget never settles below 0.
     return Usage(
-        input_tokens=int(data.get("prompt_eval_count") or 0),
-        output_tokens=int(data.get("eval_count") or 0),
+        input_tokens=max(0, int(data.get("prompt_eval_count") or 0)),
+        output_tokens=max(0, int(data.get("eval_count") or 0)),
     )
 
 

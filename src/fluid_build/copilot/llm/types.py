@@ -77,6 +77,11 @@ class Completion(BaseModel):
     request_id: str | None = None
     answered_by: str | None = None
     fallback_errors: list[dict[str, Any]] = Field(default_factory=list)
+    #: What the provider said about this answer beside its text, JSON-safe, by topic:
+    #: ``"guardrail"`` (a Bedrock guardrail changed the answer: its actions),
+    #: ``"citations"`` (Bedrock's citations of the documents given). Empty when there is
+    #: nothing to say (docs/llm-providers.md).
+    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class StreamEvent(BaseModel):

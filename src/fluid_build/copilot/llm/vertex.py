@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import httpx
 
@@ -561,10 +561,47 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+#: Vertex AI's own numbers for Candidate.FinishReason, PromptFeedback.BlockedReason and
+#: HarmCategory (google/cloud/aiplatform/v1/content.proto, prediction_service.proto):
+#: finish reasons from 6 on differ from the Gemini API's (6 is BLOCKLIST here, LANGUAGE
+#: there), and so do harm categories (1 is HATE_SPEECH here, DEROGATORY there).
+VERTEX_FINISH_REASONS: Final = {
+    0: "FINISH_REASON_UNSPECIFIED",
+    1: "STOP",
+    2: "MAX_TOKENS",
+    3: "SAFETY",
+    4: "RECITATION",
+    5: "OTHER",
+    6: "BLOCKLIST",
+    7: "PROHIBITED_CONTENT",
+    8: "SPII",
+    9: "MALFORMED_FUNCTION_CALL",
+    10: "MODEL_ARMOR",
+}
+VERTEX_HARM_CATEGORIES: Final = {
+    0: "HARM_CATEGORY_UNSPECIFIED",
+    1: "HARM_CATEGORY_HATE_SPEECH",
+    2: "HARM_CATEGORY_DANGEROUS_CONTENT",
+    3: "HARM_CATEGORY_HARASSMENT",
+    4: "HARM_CATEGORY_SEXUALLY_EXPLICIT",
+    5: "HARM_CATEGORY_CIVIC_INTEGRITY",
+}
+VERTEX_BLOCK_REASONS: Final = {
+    0: "BLOCKED_REASON_UNSPECIFIED",
+    1: "SAFETY",
+    2: "OTHER",
+    3: "BLOCKLIST",
+    4: "PROHIBITED_CONTENT",
+}
+
+
 class VertexAdapter(GeminiAdapter):
     """``base_url`` is the project's models prefix (see :func:`resolve_base_url`)."""
 
     provider = "vertex"
+    finish_reasons: ClassVar[Mapping[int, str]] = VERTEX_FINISH_REASONS
+    block_reasons: ClassVar[Mapping[int, str]] = VERTEX_BLOCK_REASONS
+    harm_categories: ClassVar[Mapping[int, str]] = VERTEX_HARM_CATEGORIES
 
     def __init__(self, config: ProviderConfig, tokens: TokenSource | None = None) -> None:
         super().__init__(config)
