@@ -235,8 +235,9 @@ class VLLM(OpenAI):
         "(https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html)"
     )
     stream_doc = (
-        "stream: OpenAI chat completion chunks; fluid_build sends no stream_options to "
-        "OpenAI-compatible servers, so no usage chunk"
+        "stream: OpenAI chat completion chunks; no usage chunk, as from a server that does "
+        "not report it (fluid_build asks with stream_options.include_usage; a stream without "
+        "one is unpriced)"
     )
     json_headers = {"content-type": "application/json"}  # noqa: RUF012
     usage_in_stream = False
