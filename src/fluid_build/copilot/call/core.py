@@ -18,12 +18,11 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import httpx
-from pydantic import BaseModel
 
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
@@ -47,12 +46,18 @@ from fluid_build.copilot.call.drive import (
     run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
-from fluid_build.copilot.call.options import check_tool_choice, sampling, unsupported
+from fluid_build.copilot.call.options import (
+    CALL_OPTIONS,
+    UNSET_FIELDS,
+    CallOptions,
+    check_tool_choice,
+    sampling,
+    unsupported,
+)
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import (
     Messages,
     Prepared,
-    Tools,
     http_request,
     prepare,
     tool_spec,
@@ -98,46 +103,6 @@ _CALLER_SIDE = frozenset(
     }
 )
 
-
-class CallOptions(TypedDict, total=False):
-    """What a call asks for besides its messages (see :meth:`LLMClient.complete`).
-
-    The sampling and tool options are mapped to each provider's own field
-    (docs/llm-providers.md, "Call options"); one the provider or model cannot take
-    is refused before sending, or dropped with a warning under ``drop_unsupported``.
-    """
-
-    system: str | None
-    response_model: type[BaseModel] | None
-    tools: Tools
-    max_output_tokens: int | None
-    capability_matrix: Mapping[str, Any] | None
-    validate: bool
-    temperature: float | None
-    top_p: float | None
-    #: One stop sequence, or several.
-    stop: str | Sequence[str] | None
-    seed: int | None
-    #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
-    tool_choice: Literal["auto", "none", "required"] | str | None
-    parallel_tool_calls: bool | None
-    reasoning_effort: Literal["low", "medium", "high"] | None
-    #: Merged into the request body last, key by key (a nested object adds to fluid's).
-    extra_body: Mapping[str, Any] | None
-    #: The same as ``extra_body`` (kept: the docs promised it first).
-    extra: Mapping[str, Any] | None
-    #: Sent on the request after fluid's own headers.
-    extra_headers: Mapping[str, str] | None
-    #: Send the call without an option the provider or model cannot take (one warning per
-    #: provider:option) instead of refusing it.
-    drop_unsupported: bool
-
-
-#: A CallSpec field's value when its option is not set (an option dropped goes back to it).
-_UNSET: dict[str, Any] = {"stop": (), "extra_headers": {}}
-
-#: The names a call option may have (a fallback entry's ``options`` are checked against them).
-CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
 
 #: The providers whose API has OpenAI's strict-schema mode.
 STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
@@ -442,7 +407,7 @@ class Entry:
         if not refused:
             return prepared
         unsupported(self.provider, self.model, dict.fromkeys(refused), refused, drop=drop)
-        unset: dict[str, Any] = {name: _UNSET.get(name) for name in refused}
+        unset: dict[str, Any] = {name: UNSET_FIELDS.get(name) for name in refused}
         return dataclasses.replace(prepared, spec=dataclasses.replace(spec, **unset))
 
     def refusals(
