@@ -183,3 +183,37 @@ def test_the_exit_code_map_imports_no_command() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [{"a", "b", "c"}]
+
+
+#: The most lines a module under src/ may have (issue 36 item 6): past it, a module holds
+#: more than one role; split it along a seam (docs/architecture.md names each module's role).
+MAX_MODULE_LINES = 850
+#: Modules allowed past MAX_MODULE_LINES, each with why.
+LONG_MODULES = {
+    # Data tables: one row per rule / per provider and model, read top to bottom.
+    "fluid_build/copilot/agents/classification_rules.py",
+    "fluid_build/copilot/call/capabilities.py",
+    # Seven roles in one module: to be split into a package in issue 36 item 1.
+    "fluid_build/copilot/call/transport.py",
+}
+
+
+def long_modules(root: Path, most: int) -> dict[str, int]:
+    """Each module under ``root`` with more than ``most`` lines, and its count."""
+    counts = {}
+    for path in sorted(root.rglob("*.py")):
+        with path.open(encoding="utf-8") as lines:
+            counts[path.relative_to(root).as_posix()] = sum(1 for _ in lines)
+    return {name: count for name, count in counts.items() if count > most}
+
+
+def test_no_module_is_over_850_lines_but_the_named_ones() -> None:
+    over = {n: c for n, c in long_modules(SRC, MAX_MODULE_LINES).items() if n not in LONG_MODULES}
+    assert over == {}
+
+
+def test_the_long_module_finder_counts_lines(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 4, encoding="utf-8")
+    (tmp_path / "short.py").write_text("x = 1\n" * 3, encoding="utf-8")
+    assert long_modules(tmp_path, 3) == {"pkg/long.py": 4}
