@@ -193,8 +193,6 @@ LONG_MODULES = {
     # Data tables: one row per rule / per provider and model, read top to bottom.
     "fluid_build/copilot/agents/classification_rules.py",
     "fluid_build/copilot/call/capabilities.py",
-    # Seven roles in one module: to be split into a package in issue 36 item 1.
-    "fluid_build/copilot/call/transport.py",
 }
 
 
@@ -210,6 +208,35 @@ def long_modules(root: Path, most: int) -> dict[str, int]:
 def test_no_module_is_over_850_lines_but_the_named_ones() -> None:
     over = {n: c for n, c in long_modules(SRC, MAX_MODULE_LINES).items() if n not in LONG_MODULES}
     assert over == {}
+
+
+TRANSPORT = "fluid_build.copilot.call.transport"
+#: The transport package's modules, top to bottom (docs/architecture.md, "The transport
+#: package"): one role a module, each importing only the roles below it.
+TRANSPORT_LAYERS = ("clients", "direct", "proxies", "aio", "sync", "gate", "faults", "config")
+
+
+def test_the_transport_modules_import_one_way_down_the_package() -> None:
+    graph = import_graph()
+    members = sorted(name for name in graph if name.startswith(TRANSPORT + "."))
+    assert members == sorted(f"{TRANSPORT}.{name}" for name in TRANSPORT_LAYERS)
+    upward = [
+        f"{name} -> {target}"
+        for name in members
+        for target in sorted(graph[name])
+        if target.startswith(TRANSPORT + ".")
+        and TRANSPORT_LAYERS.index(target.rpartition(".")[2])
+        <= TRANSPORT_LAYERS.index(name.rpartition(".")[2])
+    ]
+    assert upward == []
+
+
+def test_no_transport_module_is_over_400_lines() -> None:
+    """Each role of the transport package reads on its own (issue 36 item 1)."""
+    package = SRC / "fluid_build" / "copilot" / "call" / "transport"
+    assert package.is_dir()
+    assert not package.with_suffix(".py").exists()
+    assert long_modules(package, 400) == {}
 
 
 def test_the_long_module_finder_counts_lines(tmp_path: Path) -> None:
@@ -308,7 +335,8 @@ def test_the_seams_sit_below_every_module_that_meets_at_them() -> None:
     assert imports(SEAMS) == []
     graph = import_graph()
     meeting = {
-        f"fluid_build.copilot.call.{name}" for name in ("prepare", "drive", "wire", "transport")
+        f"fluid_build.copilot.call.{name}"
+        for name in ("prepare", "drive", "wire", "transport.direct", "transport.aio")
     }
     assert {name for name in meeting if "fluid_build.copilot.call.seams" in graph[name]} == meeting
     assert layer_of("fluid_build.copilot.call.seams") == layer_of("fluid_build.copilot.call.wire")

@@ -744,7 +744,7 @@ def _connections(env: Mapping[str, str]) -> dict[str, Any]:
     """How many connections each pool may open: the cap of FLUID_LLM_MAX_CONNECTIONS, else
     as many as the calls in flight, up to the ceiling the open-file limit sets."""
     from fluid_build.copilot.agents.errors import ProviderError
-    from fluid_build.copilot.call.transport import connection_ceiling, max_connections_choice
+    from fluid_build.copilot.call.transport.config import connection_ceiling, max_connections_choice
 
     try:
         cap = max_connections_choice(env)

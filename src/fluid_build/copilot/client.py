@@ -249,7 +249,7 @@ class LLMClient:
         # Each pool's cap on connections; None: as many as the calls in flight.
         self.max_connections: int | None = None
         if max_connections is not None or source.get("FLUID_LLM_MAX_CONNECTIONS"):
-            from fluid_build.copilot.call.transport import max_connections_choice
+            from fluid_build.copilot.call.transport.config import max_connections_choice
 
             self.max_connections = max_connections_choice(
                 source, max_connections, provider=config.provider
@@ -455,7 +455,7 @@ class LLMClient:
             with _MAKING:  # threads that start together share one pool, none left unclosed
                 if self._http is None:
                     # The pools' module (and asyncio, for the async gate) loads with the first.
-                    from fluid_build.copilot.call.transport import build_client
+                    from fluid_build.copilot.call.transport.clients import build_client
 
                     self._http = build_client(
                         self.config.timeout,
@@ -473,7 +473,7 @@ class LLMClient:
         pools = self._apools
         if pools is None:
             from fluid_build.copilot.call.loops import LoopPools
-            from fluid_build.copilot.call.transport import build_async_client
+            from fluid_build.copilot.call.transport.clients import build_async_client
 
             def make() -> httpx.AsyncClient:
                 return build_async_client(

@@ -357,13 +357,13 @@ class Recorder:
         """An ``httpx.Client`` (``kwargs`` as for it) whose every exchange is recorded.
 
         Without ``inner`` the client's transports are made as fluid's own pools make
-        theirs (call/transport.py ``env_mounts``), so the proxies of the environment
+        theirs (call/transport/proxies.py ``env_mounts``), so the proxies of the environment
         (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``) and its certificate settings
         apply as they would to a call that is not recorded; each is recorded.
         """
         if inner is not None:
             return httpx.Client(transport=self.transport(inner), **kwargs)
-        from fluid_build.copilot.call.transport import env_mounts
+        from fluid_build.copilot.call.transport.proxies import env_mounts
 
         def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
             return self.transport(httpx.HTTPTransport(proxy=proxy))
@@ -377,7 +377,7 @@ class Recorder:
         """An ``httpx.AsyncClient`` recording every exchange; proxies as in :meth:`client`."""
         if inner is not None:
             return httpx.AsyncClient(transport=self.async_transport(inner), **kwargs)
-        from fluid_build.copilot.call.transport import env_mounts
+        from fluid_build.copilot.call.transport.proxies import env_mounts
 
         def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
             return self.async_transport(httpx.AsyncHTTPTransport(proxy=proxy))

@@ -96,7 +96,7 @@ DEADLINE_EXTENSION: Final = "fluid.deadline"
 
 #: When (on ``time.monotonic``) the call running in this context must end; None between
 #: calls. The sync shell sets it around each piece of I/O, and the sync pool's sockets
-#: wait no longer (call/transport.py). The async shell bounds its awaits instead.
+#: wait no longer (call/transport/sync.py). The async shell bounds its awaits instead.
 CALL_ENDS: Final[ContextVar[float | None]] = ContextVar("fluid_call_ends", default=None)
 #: The attempt's :class:`~fluid_build.copilot.call.phases.Phase` while the sync shell does its
 #: I/O: the sync pool's socket waits end when its next byte is due, too.
@@ -577,7 +577,7 @@ class Exchange(Effect):
                 finally:
                     stream = response.stream
                     if is_own_body(stream) and not response.is_closed:
-                        # Our aiohttp body (call/transport.py) names its own faults: closed
+                        # Our aiohttp body (call/transport/aio.py) names its own faults: closed
                         # without httpx's wrapper around it.
                         response.is_closed = True
                         await stream.aclose()

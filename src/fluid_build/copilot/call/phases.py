@@ -13,7 +13,7 @@ A limit that ends an attempt is :class:`ProviderTimeoutError` (``llm.timeout``,
 retryable) with ``details["phase"]`` and ``details["bytes_received"]`` (body
 bytes: 0 means the route said nothing). :class:`Phase` is one attempt's watch:
 the shells and the readers tell it what arrived, and ask it when the next
-byte is due (call/drive.py, call/transport.py, call/wire.py).
+byte is due (call/drive.py, call/transport/sync.py, call/wire.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The seams between the call's own pools and the steps that use them, declared once.
 
-A pool made by call/transport.py takes a shorter path than a caller's own
+A pool made by call/transport/ takes a shorter path than a caller's own
 ``httpx`` pool at three points, and each point is a contract written here:
 
 - :class:`JsonRequests`: call/prepare.py builds the request with the pool's
@@ -19,7 +19,7 @@ A pool made by call/transport.py takes a shorter path than a caller's own
 Which path a call takes is found by a plain ``isinstance`` on a nominal mark
 (:class:`OwnPool`, :class:`OwnBody`, :class:`OwnRequest`), one class
 each, about 80 ns: an ``isinstance`` on a ``runtime_checkable`` Protocol
-costs over 1 us on every call. call/transport.py holds every marked class to
+costs over 1 us on every call. call/transport/ holds every marked class to
 its Protocol under mypy, so renaming a ``fluid_*`` member on either side
 breaks the type check (and tests/test_architecture.py fails on any
 ``getattr``/``hasattr`` of a ``fluid_*`` name).
@@ -114,7 +114,7 @@ class FieldRequest(Protocol):
 
 
 class OwnPool:
-    """The mark of a pool made by call/transport.py: a :class:`SyncPool` on an
+    """The mark of a pool made by call/transport/: a :class:`SyncPool` on an
     ``httpx.Client``, an :class:`AsyncPool` on an ``httpx.AsyncClient``."""
 
     __slots__ = ()
