@@ -21,7 +21,11 @@ from fluid_build.copilot.call.transport.config import (
     MAX_CONNECTIONS,
     URLS_KEPT,
 )
-from fluid_build.copilot.call.transport.faults import client_closed, raise_named
+from fluid_build.copilot.call.transport.faults import (
+    AiohttpFaults,
+    client_closed,
+    map_aiohttp_exceptions,
+)
 from fluid_build.copilot.call.transport.gate import AdmissionGate, wait_in_line
 
 if TYPE_CHECKING:
@@ -64,19 +68,17 @@ class _AiohttpStream(OwnBody, httpx.AsyncByteStream):
     A :class:`~fluid_build.copilot.call.seams.DirectBody`: call/wire.py reads it straight
     (no httpx iterator between), its faults already named."""
 
-    __slots__ = ("_gate", "_request", "_response")
+    __slots__ = ("_faults", "_gate", "_response")
 
-    def __init__(self, response: Any, request: httpx.Request, gate: AdmissionGate) -> None:
+    def __init__(self, response: Any, faults: AiohttpFaults, gate: AdmissionGate) -> None:
         self._response: Any = response
-        self._request = request
+        self._faults = faults  # the request's boundary, made when it was sent
         self._gate: AdmissionGate | None = gate
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
+        with self._faults:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except Exception as exc:  # noqa: BLE001 - raised again by raise_named, named
-            raise_named(exc, self._request)
 
     async def fluid_read(self, take: Callable[[bytes], bytes], done: Callable[[], bool]) -> bytes:
         """The raw body, each chunk through ``take`` (call/wire.py's bound, which raises past
@@ -84,13 +86,11 @@ class _AiohttpStream(OwnBody, httpx.AsyncByteStream):
         faults named as :meth:`__aiter__` names them."""
         content = self._response.content
         parts: list[bytes] = []
-        try:
+        with self._faults:
             while chunk := await content.readany():
                 parts.append(take(chunk))
                 if done():
                     break
-        except Exception as exc:  # noqa: BLE001 - raised again by raise_named, named
-            raise_named(exc, self._request)
         return b"".join(parts)
 
     async def aclose(self) -> None:
@@ -98,9 +98,8 @@ class _AiohttpStream(OwnBody, httpx.AsyncByteStream):
         if gate is None:
             return
         try:  # read to the end: the connection is kept alive; else it is closed
-            await self._response.__aexit__(None, None, None)
-        except Exception as exc:  # noqa: BLE001 - raised again by raise_named, named
-            raise_named(exc, self._request)
+            with self._faults:
+                await self._response.__aexit__(None, None, None)
         finally:
             gate.release()
 
@@ -173,34 +172,34 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 exc.request = request
                 raise
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        faults = map_aiohttp_exceptions(request)
         try:
-            session = self._session
-            if session is None:
-                if self._closed:  # a call that waited for a slot while the client closed
-                    raise client_closed()
-                session = self._session = self._make()
-            try:
-                content: Any = request.content or None
-            except httpx.RequestNotRead:  # a streamed body: aiohttp frames it
-                content = request.stream
-                request.headers.pop("transfer-encoding", None)
-            fields = request.fluid_fields if is_own_request(request) else None  # unread
-            response = await session.request(
-                request.method,
-                self._url(request),
-                headers=request.headers.multi_items() if fields is None else fields,
-                data=content,
-                allow_redirects=False,
-                auto_decompress=False,
-                compress=False,
-                timeout=self._timeouts_of(timeouts),
-                server_hostname=request.extensions.get("sni_hostname"),
-                **self._proxy,
-            )
-        except BaseException as exc:
+            with faults:
+                session = self._session
+                if session is None:
+                    if self._closed:  # a call that waited for a slot while the client closed
+                        raise client_closed()
+                    session = self._session = self._make()
+                try:
+                    content: Any = request.content or None
+                except httpx.RequestNotRead:  # a streamed body: aiohttp frames it
+                    content = request.stream
+                    request.headers.pop("transfer-encoding", None)
+                fields = request.fluid_fields if is_own_request(request) else None  # unread
+                response = await session.request(
+                    request.method,
+                    self._url(request),
+                    headers=request.headers.multi_items() if fields is None else fields,
+                    data=content,
+                    allow_redirects=False,
+                    auto_decompress=False,
+                    compress=False,
+                    timeout=self._timeouts_of(timeouts),
+                    server_hostname=request.extensions.get("sni_hostname"),
+                    **self._proxy,
+                )
+        except BaseException:
             gate.release()
-            if isinstance(exc, Exception):
-                raise_named(exc, request)
             raise
         extensions = {"http_version": b"HTTP/1.1"}
         if response.reason:
@@ -208,7 +207,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
-            stream=_AiohttpStream(response, request, gate),
+            stream=_AiohttpStream(response, faults, gate),
             request=request,
             extensions=extensions,
         )

@@ -20,7 +20,7 @@ import httpx
 
 from fluid_build.copilot.call.drive import CALL_ENDS, CALL_PHASE
 from fluid_build.copilot.call.transport.config import pool_limits
-from fluid_build.copilot.call.transport.faults import as_httpx
+from fluid_build.copilot.call.transport.faults import map_httpcore_exceptions
 
 
 def _narrowed(timeout: float | None) -> float | None:
@@ -135,13 +135,8 @@ class _CoreBody(httpx.SyncByteStream):
         self._inner = inner
 
     def __iter__(self) -> Iterator[bytes]:
-        try:
+        with map_httpcore_exceptions():
             yield from self._inner
-        except Exception as exc:
-            mapped = as_httpx(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     def close(self) -> None:
         close = getattr(self._inner, "close", None)
@@ -211,13 +206,8 @@ class CoreTransport(httpx.BaseTransport):
             content=cast(Iterable[bytes], request.stream),
             extensions=request.extensions,
         )
-        try:
+        with map_httpcore_exceptions():
             answer = self.pool.handle_request(core)
-        except Exception as exc:
-            mapped = as_httpx(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
         return httpx.Response(
             status_code=answer.status,
             headers=answer.headers,
