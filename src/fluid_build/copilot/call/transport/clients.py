@@ -11,10 +11,11 @@ turn a pool the environment cannot make into a typed error.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import httpx
+from typing_extensions import Unpack
 
 from fluid_build.copilot.call.transport.aio import AiohttpTransport
 from fluid_build.copilot.call.transport.config import (
@@ -41,31 +42,76 @@ def _routing_mocked(cls: type[Any]) -> bool:
     return method is not None and not (getattr(method, "__module__", "") or "").startswith("httpx.")
 
 
+class PoolOptions(TypedDict, total=False):
+    """What both pools take besides their transport, as httpx's clients take it; one left
+    out is httpx's default (``limits``: :func:`pool_limits`, every connection kept alive)."""
+
+    timeout: httpx.Timeout | float
+    limits: httpx.Limits | None
+    verify: ssl.SSLContext | str | bool
+    cert: Any
+    trust_env: bool
+    headers: Mapping[str, str] | None
+
+
+_Made = TypeVar("_Made", httpx.BaseTransport, httpx.AsyncBaseTransport)
+#: What makes a pool's transport (the direct one, or one for a proxy of the environment)
+#: from its ``verify``, ``cert``, ``trust_env``, ``limits`` and ``proxy``.
+_Maker = Callable[[ssl.SSLContext | str | bool, Any, bool, httpx.Limits, httpx.Proxy | None], _Made]
+
+
+def _client_arguments(
+    pool: DirectPool, make: _Maker[_Made], transport: _Made | None, options: PoolOptions
+) -> dict[str, Any]:
+    """What httpx's client takes for ``pool``: ``options``, and the transports ``make``
+    makes (``transport`` given, it carries everything, as in httpx)."""
+    limits = options.get("limits") or pool_limits()
+    verify = options.get("verify", True)
+    cert = options.get("cert")
+    trust_env = options.get("trust_env", True)
+
+    def made(proxy: httpx.Proxy | None) -> _Made:
+        return make(verify, cert, trust_env, limits, proxy)
+
+    return {
+        "timeout": options.get("timeout", 5.0),
+        "headers": options.get("headers"),
+        **pool._mounted(made, trust_env, transport),
+    }
+
+
+def _core_transport(
+    verify: ssl.SSLContext | str | bool,
+    cert: Any,
+    trust_env: bool,
+    limits: httpx.Limits,
+    proxy: httpx.Proxy | None,
+) -> httpx.BaseTransport:
+    return CoreTransport(verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy)
+
+
+def _gated_httpx_transport(
+    verify: ssl.SSLContext | str | bool,
+    cert: Any,
+    trust_env: bool,
+    limits: httpx.Limits,
+    proxy: httpx.Proxy | None,
+) -> httpx.AsyncBaseTransport:
+    """httpx's own async pool, a gate before it (the aiohttp transport's gate is its own)."""
+    inner = httpx.AsyncHTTPTransport(
+        verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
+    )
+    return gated(inner, limits)
+
+
 class PooledClient(DirectPool, httpx.Client):
     """The sync pool: ``httpx.Client`` over :class:`CoreTransport` (one per proxy of the
     environment too), whose call-path requests go straight to the transport."""
 
     def __init__(
-        self,
-        *,
-        timeout: httpx.Timeout | float = 5.0,
-        limits: httpx.Limits | None = None,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        self, *, transport: httpx.BaseTransport | None = None, **options: Unpack[PoolOptions]
     ) -> None:
-        limits = limits or pool_limits()
-
-        def make(proxy: httpx.Proxy | None) -> httpx.BaseTransport:
-            return CoreTransport(
-                verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
-            )
-
-        super().__init__(
-            timeout=timeout, headers=headers, **self._mounted(make, trust_env, transport)
-        )
+        super().__init__(**_client_arguments(self, _core_transport, transport, options))
         self._direct_init()
 
     def fluid_send(self, request: httpx.Request) -> httpx.Response:
@@ -92,28 +138,12 @@ class PooledAsyncClient(DirectPool, httpx.AsyncClient):
         self,
         *,
         transport_name: Transport = "httpx",
-        timeout: httpx.Timeout | float = 5.0,
-        limits: httpx.Limits | None = None,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        **options: Unpack[PoolOptions],
     ) -> None:
         self.transport_name: Transport = transport_name
-        limits = limits or pool_limits()
-
-        def make(proxy: httpx.Proxy | None) -> httpx.AsyncBaseTransport:
-            if transport_name == "aiohttp":  # the gate is its own
-                return AiohttpTransport(verify, cert, trust_env, limits, proxy)
-            inner = httpx.AsyncHTTPTransport(
-                verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy
-            )
-            return gated(inner, limits)
-
-        super().__init__(
-            timeout=timeout, headers=headers, **self._mounted(make, trust_env, transport)
-        )
+        make = AiohttpTransport if transport_name == "aiohttp" else _gated_httpx_transport
+        super().__init__(**_client_arguments(self, make, transport, options))
         self._direct_init()
 
     def fluid_send(self, request: httpx.Request) -> Awaitable[httpx.Response]:
