@@ -11,7 +11,7 @@ tracemalloc peak of one traced round of ``N`` calls, divided by ``N``).
 
 Variants: bare httpx with its defaults (5 s timeouts; 100 connections, 20
 kept alive), httpx with all 100 kept alive, httpx2, httpx over aiohttp
-(httpx-aiohttp), fluid_build's pool (src/fluid_build/copilot/call/transport.py)
+(httpx-aiohttp), fluid_build's pool (src/fluid_build/copilot/call/transport/)
 bare, and ``LLMClient.acomplete`` with today's pool and with each transport of
 transport.py (handed in as ``async_http_client``), and the openai SDK when
 installed. Peers that are not installed are skipped, with a note.

@@ -192,7 +192,7 @@ def _mock_transport() -> Any:
 
 
 def _mock_pool(name: str) -> Any:
-    """The pool LLMClient makes for itself (call/transport.py), on the in-process transport;
+    """The pool LLMClient makes for itself (call/transport/clients.py), on the in-process transport;
     for ``llmclient-callers-pool``, a plain ``httpx.Client`` a caller passes in instead."""
     import httpx
 

@@ -239,6 +239,28 @@ def test_no_transport_module_is_over_400_lines() -> None:
     assert long_modules(package, 400) == {}
 
 
+TRANSPORTS_DOC = ARCHITECTURE.with_name("transports.md")
+
+
+def test_each_clause_of_the_transport_contract_points_at_modules_that_exist() -> None:
+    """The contract is written once, in the transport package's docstring; docs/transports.md
+    names, for each of its numbered clauses, the modules that keep it."""
+    init = SRC / "fluid_build" / "copilot" / "call" / "transport" / "__init__.py"
+    contract = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    clauses = re.findall(r"^(\d+)\. \*\*", contract, re.MULTILINE)
+    assert clauses == [str(n) for n in range(1, len(clauses) + 1)]
+    assert len(clauses) >= 8
+    text = TRANSPORTS_DOC.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+)\. [^|]+\|[^|]+\| (.+) \|$", text, re.MULTILINE)
+    assert [number for number, _ in rows] == clauses
+    for number, kept in rows:
+        paths = re.findall(r"`([\w/]+(?:\.py|/))`", kept)
+        assert paths, f"clause {number} names no module"
+        for path in paths:
+            where = SRC / "fluid_build" / "copilot" / path
+            assert where.exists() or (SRC.parent / path).exists(), f"clause {number}: {path}"
+
+
 def test_the_long_module_finder_counts_lines(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 4, encoding="utf-8")

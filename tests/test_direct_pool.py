@@ -1,6 +1,6 @@
 """The pools LLMClient makes send straight to the transport; a caller's pool keeps httpx's path.
 
-call/transport.py ``PooledClient``/``PooledAsyncClient`` skip ``Client.send``'s
+call/transport/clients.py ``PooledClient``/``PooledAsyncClient`` skip ``Client.send``'s
 auth flow, redirect loop, cookie jar and hooks (none of which a pool of ours
 has) but must stay what httpx would send: the same request, the proxy from
 the environment, the same errors.
