@@ -73,9 +73,9 @@ from fluid_build.copilot.llm.base import (
     Adapter,
     Parsed,
     ProviderConfig,
+    Request,
     StreamState,
 )
-from fluid_build.copilot.llm.credentials import Pending
 from fluid_build.copilot.llm.local_server import probe_urls
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
@@ -163,12 +163,6 @@ class Entry:
         #: The limits of each attempt's phases (None: the deadline and timeout only); the
         #: client sets them (call/phases.py).
         self.phases: PhaseLimits | None = None
-        #: The credential lookup an adapter needs before its next request, if any (Vertex's
-        #: token, Bedrock's AWS credentials): asked each attempt, run by the shell in a
-        #: thread of its own, within the call's deadline (llm/credentials.py).
-        self.pending: Callable[[], Pending | None] | None = getattr(
-            adapter, "pending_refresh", None
-        )
 
     @classmethod
     def configured(
@@ -281,6 +275,14 @@ class Entry:
         }
 
     # -- the rate-limit budget ----------------------------------------------------------
+
+    @staticmethod
+    def credential_ready(wire: Request, deadline: Deadline) -> Plan[None]:
+        """The lookup ``wire``'s credential step needs before it is applied (Vertex's token,
+        Bedrock's AWS credentials), if any: run by the shell in a thread of its own, within
+        the call's deadline (llm/credentials.py); ``http_request`` then applies the step."""
+        if wire.auth is not None and (refresh := wire.auth.pending()) is not None:
+            yield Blocking(refresh, deadline)
 
     def reserved(
         self, request: httpx.Request, spec: CallSpec, deadline: Deadline
@@ -541,8 +543,6 @@ class Entry:
             nonlocal attempts
             deadline.check("the next attempt")
             attempts += 1
-            if self.pending is not None and (refresh := self.pending()) is not None:
-                yield Blocking(refresh, deadline)
             opened = yield from exchange(may_resend=True)
             if opened is None:
                 # The server refused a field the adapter adds by itself (stream_options):
@@ -559,10 +559,12 @@ class Entry:
             state = StreamState()
             wire = self.adapter.request(spec, stream=True)
             timeout, phases = self.config.timeout, self.phases
+            yield from self.credential_ready(wire, deadline)
             request = http_request(pool, wire, deadline, timeout, phases, stream=True)
             _, waited = yield from self.reserved(request, spec, deadline)
-            if waited:  # its timeouts are cut to what the deadline leaves now
+            if waited:  # its timeouts (and its credential) are made anew for now
                 deadline.check("the next attempt")
+                yield from self.credential_ready(wire, deadline)
                 request = http_request(pool, wire, deadline, timeout, phases, stream=True)
             phase = request.extensions.get(PHASE_EXTENSION)
             try:
@@ -705,15 +707,16 @@ class _Attempt:
         entry, prepared, pool, deadline = self.entry, self.prepared, self.pool, self.deadline
         deadline.check("the next attempt")
         self.count += 1
-        if entry.pending is not None and (refresh := entry.pending()) is not None:
-            yield Blocking(refresh, deadline)
         spec = entry.adapter.request(prepared.spec, stream=False)
+        if spec.auth is not None:  # no generator without a credential step
+            yield from entry.credential_ready(spec, deadline)
         request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         tokens, waited = 0, False
         if entry.envelope.limiter is not None:  # no generator without a limiter
             tokens, waited = yield from entry.reserved(request, prepared.spec, deadline)
-        if waited:  # its timeouts are cut to what the deadline leaves now
+        if waited:  # its timeouts (and its credential) are made anew for now
             deadline.check("the next attempt")
+            yield from entry.credential_ready(spec, deadline)
             request = http_request(pool, spec, deadline, entry.config.timeout, entry.phases)
         del spec  # its payload is the request's body now: not held while the answer comes
         exchange = Exchange(pool, request, deadline, entry.limits)

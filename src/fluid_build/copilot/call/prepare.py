@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from fluid_build.copilot.call.drive import DEADLINE_EXTENSION
+from fluid_build.copilot.call.encode import json_body
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.seams import is_own_pool
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING, Deadline
@@ -187,7 +188,9 @@ def http_request(
     *,
     stream: bool = False,
 ) -> httpx.Request:
-    """The adapter's request on ``client``, its timeouts cut to what the deadline leaves.
+    """The adapter's request on ``client``, its timeouts cut to what the deadline leaves,
+    its body encoded once (call/encode.py, whichever pool) and then its credential step
+    applied (``request.auth``: SigV4 signs the bytes and the path sent).
 
     With ``phases``, its connect and read timeouts are the phases' limits, and it carries
     the attempt's :class:`~fluid_build.copilot.call.phases.Phase` for the shells to keep.
@@ -215,11 +218,15 @@ def http_request(
             request.method,
             request.url,
             headers=headers,
-            json=request.json,
+            content=json_body(request.json),
             timeout=timeout if isinstance(timeout, float) else httpx.Timeout(**timeout),
         )
+        if "content-type" not in built.headers:  # where ``json=`` puts it: last
+            built.headers["Content-Type"] = "application/json"
         if "cookie" in built.headers and not any(k.lower() == "cookie" for k in headers):
             del built.headers["cookie"]  # a caller's jar: no call carries a cookie
+    if request.auth is not None:
+        built = request.auth.auth(built)
     # The shells bound every wait of this request by it (call/drive.py).
     built.extensions[DEADLINE_EXTENSION] = deadline
     if phases is not None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+if TYPE_CHECKING:
+    from fluid_build.copilot.llm.credentials import RequestAuth
 
 __all__ = [
     "NULL",
@@ -129,10 +132,15 @@ class ProviderConfig:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """What an adapter builds: the call encodes ``json`` once (call/encode.py), then
+    ``auth``, the credential step (None: the key, if any, is a plain header), adds its
+    headers to the request whose bytes are the ones sent (llm/credentials.py)."""
+
     method: str
     url: str
     headers: dict[str, str]
     json: dict[str, Any]
+    auth: RequestAuth | None = None
 
 
 @dataclass(slots=True)
@@ -269,6 +277,9 @@ class Adapter:
     chunk_shape: ClassVar[Shape] = {}
     #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
     options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
+    #: The credential step this adapter's requests carry (``Request.auth``): SigV4, a
+    #: Google token; None where the key is a plain header.
+    credential: RequestAuth | None = None
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import quote, urlsplit
 
 from fluid_build._redact import install_log_redaction, one_line, redact, truncate
@@ -42,6 +42,9 @@ from fluid_build.copilot.llm.base import (
 from fluid_build.copilot.llm.checks import not_configured, url_problem
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
 
@@ -401,8 +404,16 @@ def _refresh_due(credentials: Any, within: float) -> bool:
         return True
 
 
+#: Header fields a transport or a proxy may set or change on the way: never signed (what
+#: botocore leaves out itself, user-agent, connection ..., is left out by it).
+_UNSIGNED: Final = frozenset({"accept-encoding", "content-length", "host"})
+#: What signing adds to a request (botocore's ``add_auth``).
+_SIGNING_FIELDS: Final = ("authorization", "x-amz-date", "x-amz-security-token")
+
+
 class _Signer:
-    """SigV4 with botocore: the credential chain resolved once, refreshed as it expires.
+    """SigV4 with botocore, as a credential step (llm/credentials.py ``RequestAuth``): the
+    credential chain resolved once, refreshed as it expires.
 
     The chain (environment, shared files, SSO, ``credential_process``, the
     container endpoint, the instance metadata service) and each refresh of
@@ -410,7 +421,9 @@ class _Signer:
     as the call's credential step (:meth:`pending`: in a thread of their own,
     one lookup at a time, awaited within the call's deadline; see
     :mod:`fluid_build.copilot.llm.credentials`). Signing itself uses the
-    snapshot the last lookup took and never waits.
+    snapshot the last lookup took and never waits, on the request as built
+    (:meth:`auth`): its method, its URL as it is sent (the path escaped once,
+    by httpx), its header fields and its body's bytes as encoded for the wire.
     """
 
     def __init__(self, region: str) -> None:
@@ -482,13 +495,22 @@ class _Signer:
             )
         return frozen
 
-    def sign(self, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+    def auth(self, request: httpx.Request) -> httpx.Request:
+        """``request`` signed: the signature covers the bytes and the path it sends, and
+        every header field but the ones a transport sets (:data:`_UNSIGNED`)."""
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        request = AWSRequest(method="POST", url=url, data=body, headers=headers)
-        SigV4Auth(self._signing(), "bedrock", self.region).add_auth(request)
-        return {name.lower(): str(value) for name, value in request.headers.items()}
+        fields = {name: value for name, value in request.headers.items() if name not in _UNSIGNED}
+        signing = AWSRequest(
+            method=request.method, url=str(request.url), data=request.content, headers=fields
+        )
+        SigV4Auth(self._signing(), "bedrock", self.region).add_auth(signing)
+        for name in _SIGNING_FIELDS:
+            value = signing.headers.get(name)
+            if value is not None:
+                request.headers[name] = str(value)
+        return request
 
 
 def _chain_failed(exc: Exception) -> ProviderError:
@@ -533,12 +555,6 @@ def _sso_login_needed(profile: str | None) -> ProviderAuthError:
         provider="bedrock",
         details={"variable": "AWS_PROFILE", "profile": name, "aws_sso": True},
     )
-
-
-def _body_bytes(body: dict[str, Any]) -> bytes:
-    """The JSON exactly as the transport sends it (httpx 0.28's ``json=``, and the direct
-    pool's): SigV4 signs the hash of these bytes."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 class BedrockAdapter(Adapter):
@@ -601,17 +617,12 @@ class BedrockAdapter(Adapter):
         # Without a bearer token every request is signed: the extra must be there now,
         # not at the first call. With one, botocore is needed for streams only.
         self.signer: _Signer | None = None if config.api_key else _Signer(region)
+        self.credential = self.signer
         if config.api_key:
             try:
                 import botocore.eventstream  # noqa: F401
             except ImportError:
                 raise not_installed() from None
-
-    def pending_refresh(self) -> Pending | None:
-        """The AWS credential lookup the next request needs first (none with a bearer
-        token, or while the credentials in hand are good): the call runs it off the event
-        loop, within its deadline."""
-        return self.signer.pending() if self.signer is not None else None
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or endpoint_for(self.config.region or "us-east-1")).rstrip("/")
@@ -629,10 +640,9 @@ class BedrockAdapter(Adapter):
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
         set_headers(headers, spec.extra_headers)
-        if self.config.api_key is None and self.signer is not None:
-            # Signed last: the caller's headers and the merged body are what is signed.
-            headers = self.signer.sign(url, headers, _body_bytes(body))
-        return Request("POST", url, headers, body)
+        # Signed once built (the signer's ``auth``): the caller's headers and the merged body,
+        # as the transport encodes it, are what is signed.
+        return Request("POST", url, headers, body, self.credential)
 
     def body(self, spec: CallSpec) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": bedrock_messages(spec)}

@@ -12,10 +12,16 @@ deadline's error while the lookup finishes on its own (bounded by the
 library's timeouts) for the calls that come after. An event loop never waits
 on it: the async shell awaits the lookup's future.
 
-An adapter whose next request needs such a step says so in
-``pending_refresh()``, which returns a :class:`Pending` (or None when the
-credential in hand is good); the call's shells run it (call/drive.py,
-``Blocking``).
+A credential that is more than a plain header is a :class:`RequestAuth`, in
+the shape of ``httpx.Auth``: a step applied to the request once it is built,
+its body already encoded (call/encode.py), so that what it covers (SigV4's
+hash of the body and its path, llm/bedrock.py) is exactly what is sent on
+every transport, and a bearer token (llm/vertex.py) is added last. An
+adapter puts its step on each :class:`~fluid_build.copilot.llm.base.Request`
+it builds (``auth``); the call (call/core.py) first runs the step's
+:meth:`RequestAuth.pending` lookup, if any, off the event loop within its
+deadline (call/drive.py, ``Blocking``), then builds the request on the pool
+(call/prepare.py ``http_request``) and hands it to :meth:`RequestAuth.auth`.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-__all__ = ["UNBOUNDED_WAIT", "Lookup", "Pending", "await_", "wait"]
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["UNBOUNDED_WAIT", "Lookup", "Pending", "RequestAuth", "await_", "wait"]
 
 #: Seconds a lookup's outcome is waited for when no call's deadline bounds it (a direct
 #: ``adapter.request()``, outside a call): past it, the lookup is abandoned.
@@ -42,6 +51,22 @@ class Pending:
 
     what: str
     start: Callable[[], concurrent.futures.Future[Any]]
+
+
+class RequestAuth(Protocol):
+    """A credential step: what an adapter adds to a built request, as ``httpx.Auth`` does.
+
+    Its lookup (:meth:`pending`) runs first, off the event loop; :meth:`auth` then never
+    waits on the network (outside a call, an ``adapter.request()`` alone, it may)."""
+
+    def pending(self) -> Pending | None:
+        """The lookup the next :meth:`auth` needs first, or None while the credential in
+        hand is good."""
+        ...
+
+    def auth(self, request: httpx.Request) -> httpx.Request:
+        """``request``, its body's bytes final, with the credential's headers added."""
+        ...
 
 
 class Lookup:

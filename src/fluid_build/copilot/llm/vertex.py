@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import dataclasses
 import functools
 import os
 import socket
@@ -457,7 +458,8 @@ def _utcnow() -> datetime:
 
 class TokenSource:
     """One client's Google access token: fetched once, reused while valid, refreshed before
-    it expires (``REFRESH_MARGIN``).
+    it expires (``REFRESH_MARGIN``); a credential step (llm/credentials.py ``RequestAuth``)
+    whose :meth:`auth` adds it to a built request as ``Authorization: Bearer``.
 
     Loading the credentials (the ADC file, or the metadata server) and each refresh run as
     a lookup (:mod:`fluid_build.copilot.llm.credentials`): in a thread of their own, one at
@@ -520,6 +522,11 @@ class TokenSource:
                 retryable=True,
             )
         return str(token)
+
+    def auth(self, request: httpx.Request) -> httpx.Request:
+        """``request`` with the token, added last: after the body was encoded."""
+        request.headers["authorization"] = f"Bearer {self.token()}"
+        return request
 
     def _refresh(self, credentials: Any) -> None:
         auth = _google_auth()
@@ -609,15 +616,10 @@ class VertexAdapter(GeminiAdapter):
         if tokens is None and not config.api_key:
             _google_auth()  # a missing extra says so when the client is made, not at the call
             self.tokens = TokenSource()
-
-    def pending_refresh(self) -> Pending | None:
-        """The token lookup the next request needs first, or None while the token is valid.
-
-        The call runs it before :meth:`request`, off the event loop and within its
-        deadline: a refresh is an HTTP exchange with Google's token endpoint.
-        """
-        tokens = self.tokens
-        return tokens.pending() if tokens is not None else None
+        # The token reaches each request as its credential step: the call runs its lookup
+        # (a refresh is an HTTP exchange with Google's token endpoint) first, off the event
+        # loop and within its deadline, and adds it to the request once built.
+        self.credential = self.tokens
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         if not self.config.base_url:  # never Gemini's home: the token is for Vertex
@@ -625,8 +627,14 @@ class VertexAdapter(GeminiAdapter):
                 "vertex needs its project URL: make the client with provider='vertex'"
             )
         request = super().request(spec, stream=stream)
-        request.headers.pop("x-goog-api-key", None)
-        token = self.config.api_key if self.tokens is None else self.tokens.token()
-        request.headers["authorization"] = f"Bearer {token}"
-        set_headers(request.headers, spec.extra_headers)  # the caller's word is last
-        return request
+        headers = request.headers
+        headers.pop("x-goog-api-key", None)
+        if self.tokens is None:  # an explicit token: a plain header
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        else:  # the token step's own (the client's headers= may not name another)
+            for name in [k for k in headers if k.lower() == "authorization"]:
+                del headers[name]
+        set_headers(headers, spec.extra_headers)  # the caller's word is last
+        if self.tokens is None or any(k.lower() == "authorization" for k in spec.extra_headers):
+            return request
+        return dataclasses.replace(request, auth=self.tokens)

@@ -8,12 +8,12 @@ and ``fluid_json_request``, which builds the request httpx's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from fluid_build.copilot.call.encode import json_body
 from fluid_build.copilot.call.seams import OwnPool, OwnRequest
 from fluid_build.copilot.call.transport.config import URLS_KEPT
 from fluid_build.copilot.call.transport.proxies import Routes, env_mounts
@@ -80,8 +80,8 @@ class DirectPool(OwnPool):
     ) -> httpx.Request:
         """The request ``build_request(..., json=payload)`` would make, in a third of its time.
 
-        The body is encoded as httpx 0.28 encodes ``json=``; only encodings the
-        size limit can count as they inflate are accepted (call/wire.py).
+        The body is encoded by call/encode.py (as httpx 0.28 encodes ``json=``); only
+        encodings the size limit can count as they inflate are accepted (call/wire.py).
         """
         target = self._fluid_urls.get(url)
         if target is None:
@@ -91,7 +91,7 @@ class DirectPool(OwnPool):
         merged = self._fluid_defaults.copy()
         for name, value in headers.items():
             merged[name.lower()] = value
-        body = _JSON.encode(payload).encode()
+        body = json_body(payload)  # the one encoder (call/encode.py)
         # The headers httpx would send, in its order (Host first, Content-Length last),
         # made once: ``content=`` would build them twice and encode the body again.
         fields = list(merged.items())
@@ -107,11 +107,6 @@ class DirectPool(OwnPool):
             else dict(timeout)
         )
         return _JsonRequest(method.upper(), target, fields, body, {"timeout": timeouts})
-
-
-#: How httpx 0.28 encodes ``json=`` (one encoder kept: ``json.dumps`` with arguments makes
-#: a new one each call).
-_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 class _Target:
