@@ -559,7 +559,8 @@ class Entry:
             state = StreamState()
             wire = self.adapter.request(spec, stream=True)
             timeout, phases = self.config.timeout, self.phases
-            yield from self.credential_ready(wire, deadline)
+            if wire.auth is not None:  # no generator without a credential step
+                yield from self.credential_ready(wire, deadline)
             request = http_request(pool, wire, deadline, timeout, phases, stream=True)
             _, waited = yield from self.reserved(request, spec, deadline)
             if waited:  # its timeouts (and its credential) are made anew for now

@@ -404,9 +404,12 @@ def _refresh_due(credentials: Any, within: float) -> bool:
         return True
 
 
-#: Header fields a transport or a proxy may set or change on the way: never signed (what
-#: botocore leaves out itself, user-agent, connection ..., is left out by it).
-_UNSIGNED: Final = frozenset({"accept-encoding", "content-length", "host"})
+#: Header fields a transport or a proxy may set or change on the way: never signed. The
+#: host is signed from the URL; user-agent and connection botocore would leave out itself
+#: (its SIGNED_HEADERS_BLACKLIST), so they are not handed to it.
+_UNSIGNED: Final = frozenset(
+    {"accept-encoding", "content-length", "host", "user-agent", "connection", "transfer-encoding"}
+)
 #: What signing adds to a request (botocore's ``add_auth``).
 _SIGNING_FIELDS: Final = ("authorization", "x-amz-date", "x-amz-security-token")
 
