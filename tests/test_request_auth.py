@@ -92,9 +92,9 @@ def aws_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 SKEW = timedelta(minutes=5)
 
 
-def signature_holds(seen: Seen, url: str) -> bool:
-    """What AWS checks: the request's time is within :data:`SKEW` of the server's (the
-    frozen NOW), and the signature botocore makes with the same credentials, over the
+def signature_holds(seen: Seen, url: str, now: datetime = NOW) -> bool:
+    """What AWS checks: the request's time is within :data:`SKEW` of the server's (``now``:
+    the frozen NOW), and the signature botocore makes with the same credentials, over the
     method, the path, the signed header fields (its time among them) and the body exactly
     as they arrived, is the one the request carries."""
     from botocore.auth import SigV4Auth
@@ -107,7 +107,7 @@ def signature_holds(seen: Seen, url: str) -> bool:
         at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
     except ValueError:
         return False
-    if "SignedHeaders=" not in given or abs(at - NOW) > SKEW:
+    if "SignedHeaders=" not in given or abs(at - now) > SKEW:
         return False
     names = given.split("SignedHeaders=")[1].split(",")[0].split(";")
     fields = {name: seen.headers[name] for name in names if name in seen.headers}
@@ -254,6 +254,66 @@ def test_a_request_changed_after_signing_is_refused_by_the_server(
     text = repr(caught.value) + str(caught.value) + json.dumps(caught.value.to_dict())
     assert SECRET not in text
     assert SESSION not in text
+
+
+def test_a_request_that_waited_for_a_rate_limit_is_signed_when_it_goes_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The credential step runs on the request as it leaves: one held 4 minutes by a spent
+    rate-limit budget is signed again after the wait, its time the time it is sent (AWS
+    takes a signature for 5 minutes: a longer hold would be refused)."""
+    import botocore.auth
+
+    from fluid_build.copilot.call.envelope import RetryEnvelope
+    from fluid_build.copilot.health.ratelimit import RateLimiter
+    from fluid_build.copilot.health.store import MemoryCooldownStore
+
+    clock = FakeClock()
+
+    def now() -> datetime:
+        return datetime.fromtimestamp(clock.now, UTC)
+
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: now().replace(tzinfo=None))
+    spent = {  # the last request of a window that opens again in 4 minutes
+        "x-ratelimit-limit-requests": "2",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "4m0s",
+    }
+    refused: list[str] = []
+    signed_at: list[tuple[str, str]] = []
+
+    def aws(request: httpx.Request) -> httpx.Response:
+        seen = Seen(0.0, request.url.raw_path.decode(), dict(request.headers), request.content)
+        signed_at.append((seen.headers["x-amz-date"], now().strftime("%Y%m%dT%H%M%SZ")))
+        if not signature_holds(seen, "http://127.0.0.1:9", now()):
+            refused.append(seen.headers["x-amz-date"])
+            return httpx.Response(MISMATCH[0], headers=MISMATCH[1], content=MISMATCH[2])
+        return httpx.Response(200, json=ANSWER, headers=spent)
+
+    store = MemoryCooldownStore()
+    envelope = RetryEnvelope(
+        cooldown=store,
+        limiter=RateLimiter(store),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=lambda: 0.0,
+        hook=lambda event: None,
+    )
+    with httpx.Client(transport=httpx.MockTransport(aws)) as http:
+        client = LLMClient(
+            "bedrock",
+            MODEL,
+            base_url="http://127.0.0.1:9",
+            envelope=envelope,
+            env={"AWS_REGION": REGION},
+            http_client=http,
+        )
+        assert [client.complete("hi").text for _ in range(2)] == ["hi", "hi"]
+    assert clock.waits == [pytest.approx(240.0)]
+    assert refused == []
+    assert len(signed_at) == 2
+    assert [stamp for stamp, _ in signed_at] == [arrived for _, arrived in signed_at]
 
 
 def test_the_adapter_leaves_signing_to_its_credential_step() -> None:
