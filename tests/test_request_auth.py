@@ -204,10 +204,18 @@ def test_the_servers_check_refuses_a_changed_body_path_header_or_time(
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_swapped_json_encoder_still_gets_valid_sigv4_on_every_transport(
-    transport: str, encoder: str, aws: AwsCheck, monkeypatch: pytest.MonkeyPatch
+    transport: str,
+    encoder: str,
+    aws: AwsCheck,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The body is encoded once, by call/encode.py, and signed as encoded: an encoder
-    other than httpx's reaches the wire on every pool, and AWS's check still holds."""
+    other than httpx's reaches the wire on every pool, and AWS's check still holds. No
+    log record, down to botocore's DEBUG canonical request, shows a secret."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
     swapped = ENCODERS[encoder]
     monkeypatch.setattr(encode, "ENCODER", swapped)
     client = _bedrock(aws.url, transport)
@@ -229,6 +237,11 @@ def test_a_swapped_json_encoder_still_gets_valid_sigv4_on_every_transport(
         assert body["requestMetadata"] == {"zeta": "é", "alpha": "1"}
         assert seen.headers["x-amz-security-token"] == SESSION
         assert seen.headers["x-amz-date"] == "20261129T005500Z"
+        signature = seen.headers["authorization"].rsplit("Signature=", 1)[1]
+        assert signature not in caplog.text
+    assert "CanonicalRequest" in caplog.text  # botocore's DEBUG records were there to see
+    assert SESSION not in caplog.text
+    assert SECRET not in caplog.text
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
