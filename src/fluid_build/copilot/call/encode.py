@@ -1,7 +1,7 @@
 """The one JSON encoder of a request's body, for every transport.
 
 Every request a call sends is encoded here, once, whichever pool carries
-it: a pool of ours (call/transport.py, ``fluid_json_request``) and a
+it: a pool of ours (call/transport/direct.py, ``fluid_json_request``) and a
 caller's own ``httpx`` pool (call/prepare.py ``http_request``, which hands
 the bytes over as ``content=``). A credential step that covers the body
 (Bedrock's SigV4, llm/bedrock.py) then reads the bytes from the built

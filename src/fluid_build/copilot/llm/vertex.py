@@ -631,7 +631,7 @@ class VertexAdapter(GeminiAdapter):
         headers.pop("x-goog-api-key", None)
         if self.tokens is None:  # an explicit token: a plain header
             headers["authorization"] = f"Bearer {self.config.api_key}"
-        else:  # the token step's own (the client's headers= may not name another)
+        else:  # the token step's (it replaces one in the client's own headers=, as before)
             for name in [k for k in headers if k.lower() == "authorization"]:
                 del headers[name]
         set_headers(headers, spec.extra_headers)  # the caller's word is last
