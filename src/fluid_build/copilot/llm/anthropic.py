@@ -6,19 +6,8 @@ import json
 import re
 from typing import Any, ClassVar, Final
 
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    merge_body,
-    sampling_fields,
-    set_headers,
-    text_of,
-)
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, sampling_fields
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = [
@@ -324,9 +313,7 @@ class AnthropicAdapter(Adapter):
             body["tools"] = tools
         if stream:
             body["stream"] = True
-        merge_body(body, spec.extra)
-        set_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/v1/messages", headers, body)
+        return self.post(spec, f"{base}/v1/messages", headers, body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         respond = _respond_tool(spec) if spec.response_schema is not None else None

@@ -2,7 +2,9 @@
 
 Adapters are pure: they turn a :class:`CallSpec` into method, URL, headers and
 JSON, and provider JSON back into text, tool calls and usage. The client does
-the I/O, the retries and the validation.
+the I/O, the retries and the validation. The vocabulary an adapter declares its
+answer's shape with is :mod:`fluid_build.copilot.llm.answer_shape`'s (its names
+stay importable from here).
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.answer_shape import (
+    COUNT,
+    NULL,
+    TEXT,
+    Shape,
+    first_wrong_field,
+    text_of,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = [
+    "COUNT",
     "NULL",
+    "TEXT",
     "Adapter",
     "Parsed",
     "ProviderConfig",
@@ -24,6 +36,7 @@ __all__ = [
     "StreamState",
     "aiter_frames",
     "aiter_stream",
+    "first_wrong_field",
     "function_calls",
     "iter_frames",
     "iter_stream",
@@ -299,6 +312,22 @@ class Adapter:
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError
 
+    def bearer_headers(self) -> dict[str, str]:
+        """A JSON request's headers: the configured ones, and the key as a bearer token."""
+        headers = {"content-type": "application/json", **self.config.headers}
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def post(
+        self, spec: CallSpec, url: str, headers: dict[str, str], body: dict[str, Any]
+    ) -> Request:
+        """The POST of ``body`` to ``url``, the call's word last: its ``extra_body`` merged
+        into ``body`` and its ``extra_headers`` set over ``headers`` (both in place)."""
+        merge_body(body, spec.extra)
+        set_headers(headers, spec.extra_headers)
+        return Request("POST", url, headers, body)
+
     def refused_own_field(self, spec: CallSpec, answer: Any) -> bool:
         """Whether ``answer`` (an error response to a stream's request, its body read)
         refused a field this adapter adds of its own accord and can do without.
@@ -331,66 +360,6 @@ class Adapter:
 
 
 Chunk = tuple[str, Any]  # (event name, decoded data)
-
-NULL: Final = type(None)
-TEXT: Final = (str, NULL)
-COUNT: Final = (int, NULL)
-
-#: A declarative answer shape, checked only once reading an answer failed: a
-#: dict of key -> shape (keys optional), ``[shape]`` for a list of items, a
-#: type or tuple of types for a leaf (``type(None)`` allows null).
-Shape = Any
-
-_NAMES = {
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "true/false",
-    dict: "an object",
-    list: "a list",
-    type(None): "null",
-}
-
-
-def text_of(value: Any) -> str:
-    """A text field of an answer: a string, or nothing; anything else is a shape error."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    raise TypeError("a text field is not a string")
-
-
-def _describe(value: Any) -> str:
-    return _NAMES.get(type(value), type(value).__name__)
-
-
-def first_wrong_field(value: Any, shape: Shape, path: str = "") -> tuple[str, str, str] | None:
-    """``(path, expected, got)`` of the first field of ``value`` that does not fit ``shape``."""
-    where = path or "<root>"
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return where, "an object", _describe(value)
-        for key, inner in shape.items():
-            if key in value and not (value[key] is None and isinstance(inner, dict | list)):
-                found = first_wrong_field(value[key], inner, f"{path}.{key}" if path else key)
-                if found is not None:
-                    return found
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return where, "a list", _describe(value)
-        for i, item in enumerate(value[:1000]):
-            found = first_wrong_field(item, shape[0], f"{path}.{i}" if path else str(i))
-            if found is not None:
-                return found
-        return None
-    types = shape if isinstance(shape, tuple) else (shape,)
-    if isinstance(value, bool) and bool not in types:
-        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
-    if not isinstance(value, types):
-        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
-    return None
 
 
 def _decode(data: str) -> Any:

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 
 from fluid_build._redact import install_log_redaction, one_line, redact, truncate
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
 from fluid_build.copilot.llm.anthropic import (
     choose_tool,
     takes_thinking,
@@ -26,9 +27,6 @@ from fluid_build.copilot.llm.anthropic import (
     thinking_refusals,
 )
 from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
     Adapter,
     Parsed,
     ProviderConfig,
@@ -37,7 +35,6 @@ from fluid_build.copilot.llm.base import (
     merge_body,
     sampling_fields,
     set_headers,
-    text_of,
 )
 from fluid_build.copilot.llm.checks import not_configured, url_problem
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait

@@ -8,19 +8,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    merge_body,
-    sampling_fields,
-    set_headers,
-    text_of,
-)
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, sampling_fields
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
@@ -281,9 +270,7 @@ class GeminiAdapter(Adapter):
             config["thinkingConfig"] = thinking_config(spec.reasoning_effort, model)
         if config:
             body["generationConfig"] = config
-        merge_body(body, spec.extra)
-        set_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/models/{model}:{action}", headers, body)
+        return self.post(spec, f"{base}/models/{model}:{action}", headers, body)
 
     #: This API's numbers for FinishReason, BlockReason and HarmCategory
     #: (``enum-encoding=int``).

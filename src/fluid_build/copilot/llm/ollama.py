@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Final
 
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
 from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
     Adapter,
     Parsed,
     Request,
     StreamState,
     function_calls,
-    merge_body,
     sampling_fields,
-    text_of,
 )
-from fluid_build.copilot.llm.openai import with_extra_headers
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
 __all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
@@ -120,11 +115,7 @@ class OllamaAdapter(Adapter):
             body["options"] = options
         if spec.reasoning_effort is not None:
             body["think"] = spec.reasoning_effort  # a level: gpt-oss only (supported_options)
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        headers = with_extra_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/api/chat", headers, merge_body(body, spec.extra))
+        return self.post(spec, f"{base}/api/chat", self.bearer_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         message = data.get("message") or {}

@@ -15,19 +15,9 @@ import json
 from typing import Any, ClassVar
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    loads_arguments,
-    merge_body,
-    text_of,
-)
-from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused, with_extra_headers
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, loads_arguments
+from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIResponsesAdapter", "responses_input"]
@@ -196,10 +186,6 @@ class OpenAIResponsesAdapter(Adapter):
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        headers = with_extra_headers(headers, spec.extra_headers)
         body: dict[str, Any] = {"model": spec.model, "input": responses_input(spec)}
         if spec.system:
             body["instructions"] = spec.system
@@ -223,7 +209,7 @@ class OpenAIResponsesAdapter(Adapter):
         body.update(_sampling(spec))
         if stream:
             body["stream"] = True
-        return Request("POST", f"{base}/responses", headers, merge_body(body, spec.extra))
+        return self.post(spec, f"{base}/responses", self.bearer_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         if data.get("status") == "failed":
