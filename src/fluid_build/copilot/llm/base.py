@@ -282,6 +282,9 @@ class Adapter:
     chunk_shape: ClassVar[Shape] = {}
     #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
     options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
+    #: The sampling options (``temperature``, ``top_p``, ``stop``, ``seed``) under this
+    #: provider's names for them, as :meth:`sampling` sends them.
+    sampling_names: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -311,6 +314,10 @@ class Adapter:
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError
+
+    def sampling(self, spec: CallSpec) -> dict[str, Any]:
+        """The call's sampling options that are set, under :attr:`sampling_names`."""
+        return sampling_fields(spec, self.sampling_names)
 
     def bearer_headers(self) -> dict[str, str]:
         """A JSON request's headers: the configured ones, and the key as a bearer token."""

@@ -33,7 +33,6 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     merge_body,
-    sampling_fields,
     set_headers,
 )
 from fluid_build.copilot.llm.checks import not_configured, url_problem
@@ -41,9 +40,6 @@ from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending,
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
-
-#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
-_NAMES: Final = {"temperature": "temperature", "top_p": "topP", "stop": "stopSequences"}
 
 PIP_LINE: Final = "pip install 'fluid-build[bedrock]'"
 #: The step that fixes most rejected or missing AWS credentials, for a message.
@@ -570,6 +566,11 @@ class BedrockAdapter(Adapter):
     }
 
     options: ClassVar[frozenset[str]] = CONVERSE_OPTIONS
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "topP",
+        "stop": "stopSequences",
+    }
 
     def supported_options(self, model: str) -> frozenset[str]:
         """Converse's own fields for every model; ``reasoning_effort`` only where the
@@ -643,7 +644,7 @@ class BedrockAdapter(Adapter):
         inference: dict[str, Any] = {}
         if max_tokens is not None:
             inference["maxTokens"] = max_tokens
-        inference.update(sampling_fields(spec, _NAMES))
+        inference.update(self.sampling(spec))
         if inference:
             body["inferenceConfig"] = inference
         tools = [

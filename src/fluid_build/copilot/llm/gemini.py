@@ -9,18 +9,10 @@ from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
-from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, sampling_fields
+from fluid_build.copilot.llm.base import SAMPLING_OPTIONS, Adapter, Parsed, Request, StreamState
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
-
-#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
-_NAMES: Final = {
-    "temperature": "temperature",
-    "top_p": "topP",
-    "stop": "stopSequences",
-    "seed": "seed",
-}
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 # MODEL_ARMOR: Vertex AI's Model Armor screened the prompt or the answer.
@@ -215,17 +207,13 @@ class GeminiAdapter(Adapter):
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a candidate with a finishReason"
     #: No ``parallel_tool_calls``: generateContent has no such field.
-    options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "temperature",
-            "top_p",
-            "stop",
-            "seed",
-            "max_output_tokens",
-            "tool_choice",
-            "reasoning_effort",
-        }
-    )
+    options: ClassVar[frozenset[str]] = SAMPLING_OPTIONS - {"parallel_tool_calls"}
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "topP",
+        "stop": "stopSequences",
+        "seed": "seed",
+    }
 
     def supported_options(self, model: str) -> frozenset[str]:
         if thinking_kind(model.removeprefix("models/")) is None:
@@ -260,7 +248,7 @@ class GeminiAdapter(Adapter):
             if spec.tool_choice not in _CHOICES:
                 calling["allowedFunctionNames"] = [spec.tool_choice]
             body["toolConfig"] = {"functionCallingConfig": calling}
-        config = sampling_fields(spec, _NAMES)
+        config = self.sampling(spec)
         if spec.response_schema is not None:
             config["responseMimeType"] = "application/json"
             config["responseJsonSchema"] = dict(spec.response_schema)

@@ -6,6 +6,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 import httpx
@@ -21,7 +22,6 @@ from fluid_build.copilot.llm.base import (
     Request,
     StreamState,
     function_calls,
-    sampling_fields,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
@@ -36,12 +36,6 @@ OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 #: The call options chat completions has a field for (docs/llm-providers.md, "Call options").
 CHAT_OPTIONS: Final = SAMPLING_OPTIONS
-_CHAT_NAMES: Final = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "seed": "seed",
-}
 
 
 def named_tool_choice(choice: str) -> str | dict[str, Any]:
@@ -250,6 +244,12 @@ class OpenAIAdapter(Adapter):
     }
 
     options: ClassVar[frozenset[str]] = CHAT_OPTIONS
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "stop": "stop",
+        "seed": "seed",
+    }
 
     def __init__(self, config: ProviderConfig) -> None:
         super().__init__(config)
@@ -310,7 +310,7 @@ class OpenAIAdapter(Adapter):
     def sampling(self, spec: CallSpec) -> dict[str, Any]:
         """The call's sampling and tool options under chat completions' names; only those
         set (an option not set changes nothing in the body)."""
-        out = sampling_fields(spec, _CHAT_NAMES)
+        out = super().sampling(spec)
         if spec.tool_choice is not None:
             out["tool_choice"] = named_tool_choice(spec.tool_choice)
         # OpenAI answers 400 to parallel_tool_calls without tools; with no tool there is
