@@ -26,13 +26,17 @@ _BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION", "
 #: the Gemini API's Candidate.FinishReason and PromptFeedback.BlockReason
 #: (google/ai/generativelanguage/v1beta/generative_service.proto). Vertex AI numbers
 #: them differently (see vertex.py).
-FINISH_REASONS: Final = {
+#: Candidate.FinishReason's numbers up to 5, the same on both APIs: from 6 on they part.
+SHARED_FINISH_REASONS: Final = {
     0: "FINISH_REASON_UNSPECIFIED",
     1: "STOP",
     2: "MAX_TOKENS",
     3: "SAFETY",
     4: "RECITATION",
     5: "OTHER",
+}
+FINISH_REASONS: Final = {
+    **SHARED_FINISH_REASONS,
     6: "LANGUAGE",
     7: "BLOCKLIST",
     8: "PROHIBITED_CONTENT",
