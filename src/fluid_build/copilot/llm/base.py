@@ -377,50 +377,54 @@ def _decode(data: str) -> Any:
 
 
 class _ChunkReader:
-    """An SSE or NDJSON body, line by line: ``feed(line)`` gives the decoded chunk it completes.
+    """An SSE or NDJSON body, line by line: ``feed(line)`` gives the decoded chunk it
+    completes, if any (sync and async readers alike: the shared half of both).
 
-    ``done`` turns true at SSE's ``[DONE]``: nothing after it is to be read.
+    ``done`` turns true at SSE's ``[DONE]``: nothing after it is to be read; a ``state``
+    given is marked done there too (how an OpenAI-style stream says it is over).
     ``rest()`` gives the event a body ended in without a blank line.
     """
 
-    __slots__ = ("data", "done", "event", "ndjson")
+    __slots__ = ("data", "done", "event", "ndjson", "state")
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, state: StreamState | None = None) -> None:
         self.ndjson = fmt == "ndjson"
         self.event = ""
         self.data: list[str] = []
         self.done = False
+        self.state = state
 
-    def feed(self, line: str) -> Chunk | None:
+    def feed(self, line: str) -> tuple[Chunk, ...]:
         if self.ndjson:
-            return ("", _decode(line)) if line.strip() else None
+            return (("", _decode(line)),) if line.strip() else ()
         if line == "":
             return self._dispatch()
         if line.startswith(":"):
-            return None
+            return ()
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "event":
             self.event = value
         elif name == "data":
             self.data.append(value)
-        return None
+        return ()
 
-    def _dispatch(self) -> Chunk | None:
-        """The SSE event the lines so far make (None for none, or ``[DONE]``)."""
+    def _dispatch(self) -> tuple[Chunk, ...]:
+        """The SSE event the lines so far make (none for none, or ``[DONE]``)."""
         if not self.data:
             self.event = ""
-            return None
+            return ()
         event, data = self.event, "\n".join(self.data)
         self.event, self.data = "", []
         if data == "[DONE]":
             self.done = True
-            return None
-        return event, _decode(data)
+            if self.state is not None:
+                self.state.done = True
+            return ()
+        return ((event, _decode(data)),)
 
     def rest(self) -> tuple[Chunk, ...]:
-        chunk = None if self.ndjson else self._dispatch()
-        return () if chunk is None else (chunk,)
+        return () if self.ndjson else self._dispatch()
 
 
 def iter_stream(
@@ -428,35 +432,26 @@ def iter_stream(
 ) -> Iterator[Chunk]:
     """Decoded chunks of an SSE or NDJSON body; SSE's ``[DONE]`` ends them and, given a
     ``state``, marks it done (how an OpenAI-style stream says it is over)."""
-    reader = _ChunkReader(fmt)
+    reader = _ChunkReader(fmt, state)
     for line in lines:
-        chunk = reader.feed(line)
-        if chunk is not None:
-            yield chunk
-        elif reader.done:
-            break
-    else:
-        yield from reader.rest()
-    if reader.done and state is not None:
-        state.done = True
+        yield from reader.feed(line)
+        if reader.done:
+            return
+    yield from reader.rest()
 
 
 async def aiter_stream(
     fmt: str, lines: AsyncIterator[str], state: StreamState | None = None
 ) -> AsyncIterator[Chunk]:
     """The async twin of :func:`iter_stream`: the same reader, over ``async for``."""
-    reader = _ChunkReader(fmt)
+    reader = _ChunkReader(fmt, state)
     async for line in lines:
-        chunk = reader.feed(line)
-        if chunk is not None:
+        for chunk in reader.feed(line):
             yield chunk
-        elif reader.done:
-            break
-    else:
-        for chunk in reader.rest():
-            yield chunk
-    if reader.done and state is not None:
-        state.done = True
+        if reader.done:
+            return
+    for chunk in reader.rest():
+        yield chunk
 
 
 # -- AWS event-stream frames (application/vnd.amazon.eventstream) -----------------------
