@@ -280,11 +280,11 @@ class Adapter:
     #: The fields of an answer (and of a stream chunk) the adapter reads, and their types.
     shape: ClassVar[Shape] = {}
     chunk_shape: ClassVar[Shape] = {}
-    #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
-    options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
     #: The sampling options (``temperature``, ``top_p``, ``stop``, ``seed``) under this
     #: provider's names for them, as :meth:`sampling` sends them.
     sampling_names: ClassVar[Mapping[str, str]] = {}
+    #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
+    options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
