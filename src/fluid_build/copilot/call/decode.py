@@ -26,7 +26,8 @@ from fluid_build.copilot.call.phases import Phase
 from fluid_build.copilot.call.prepare import Prepared, response_schema
 from fluid_build.copilot.call.prices import Prices, price_call
 from fluid_build.copilot.call.wire import Deadline, StreamReader, decode_json
-from fluid_build.copilot.llm.base import Adapter, Parsed, StreamState, first_wrong_field
+from fluid_build.copilot.llm.answer_shape import first_wrong_field
+from fluid_build.copilot.llm.base import Adapter, Parsed, StreamState
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
 if TYPE_CHECKING:

@@ -394,6 +394,15 @@ class _Reader:
         if phase is not None:  # each read waits the phase's limit, and no longer
             raise phase.error(self.deadline.provider, self.deadline.model) from None
 
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        """``with reader:`` around the reads of a body: a read that timed out ends in
+        :meth:`timed_out`'s error, when it has one (else the timeout goes on as it was)."""
+        if kind is not None and issubclass(kind, httpx.TimeoutException):
+            self.timed_out()
+
     def is_done(self) -> bool:
         return self.done
 
@@ -434,14 +443,11 @@ def _chunks(response: httpx.Response, reader: _Reader) -> Iterator[bytes]:
         if reader.truncate:
             return  # an error answer: its status and headers say what went wrong
         raise reader.refusal()
-    try:
+    with reader:
         for chunk in response.iter_raw() if reader.raw else response.iter_bytes():
             yield reader.take(chunk)
             if reader.done:
                 return
-    except httpx.TimeoutException:
-        reader.timed_out()
-        raise
 
 
 async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[bytes]:
@@ -458,14 +464,11 @@ async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[b
         chunks = stream.__aiter__()
     else:
         chunks = response.aiter_raw() if reader.raw else response.aiter_bytes()
-    try:
+    with reader:
         async for chunk in chunks:
             yield reader.take(chunk)
             if reader.done:
                 return
-    except httpx.TimeoutException:
-        reader.timed_out()
-        raise
 
 
 _KEEPS_CONTENT: bool | None = None
@@ -560,11 +563,8 @@ async def aread_body(
         # One of our own pools' bodies (call/seams.py DirectBody): read in one loop, without the
         # two iterators of _achunks between (each call in flight holds their frames).
         response.is_stream_consumed = True
-        try:
+        with reader:
             body = await stream.fluid_read(reader.take, reader.is_done)
-        except httpx.TimeoutException:
-            reader.timed_out()
-            raise
     else:
         body = b"".join([chunk async for chunk in _achunks(response, reader)])
     return _finish(

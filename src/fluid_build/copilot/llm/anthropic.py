@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    merge_body,
-    sampling_fields,
-    set_headers,
-    text_of,
-)
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import SAMPLING_OPTIONS, Adapter, Parsed, Request, StreamState
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = [
@@ -31,9 +21,6 @@ __all__ = [
     "thinking_fields",
     "thinking_refusals",
 ]
-
-#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
-_NAMES: Final = {"temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences"}
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -261,17 +248,12 @@ class AnthropicAdapter(Adapter):
     #: message_delta's stop_reason comes with the final usage: only message_stop follows.
     stream_end: ClassVar[str] = "message_stop (or a message_delta with a stop_reason)"
     #: No ``seed``: the Messages API has none.
-    options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "temperature",
-            "top_p",
-            "stop",
-            "max_output_tokens",
-            "tool_choice",
-            "parallel_tool_calls",
-            "reasoning_effort",
-        }
-    )
+    options: ClassVar[frozenset[str]] = SAMPLING_OPTIONS - {"seed"}
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "stop": "stop_sequences",
+    }
 
     def supported_options(self, model: str) -> frozenset[str]:
         return self.options if takes_thinking(model) else self.options - {"reasoning_effort"}
@@ -303,7 +285,7 @@ class AnthropicAdapter(Adapter):
             body["system"] = spec.system
         if thinking is not None:
             body.update(thinking)
-        body.update(sampling_fields(spec, _NAMES))
+        body.update(self.sampling(spec))
         tools = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
             for t in spec.tools
@@ -324,9 +306,7 @@ class AnthropicAdapter(Adapter):
             body["tools"] = tools
         if stream:
             body["stream"] = True
-        merge_body(body, spec.extra)
-        set_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/v1/messages", headers, body)
+        return self.post(spec, f"{base}/v1/messages", headers, body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         respond = _respond_tool(spec) if spec.response_schema is not None else None

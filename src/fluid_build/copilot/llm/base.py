@@ -2,7 +2,9 @@
 
 Adapters are pure: they turn a :class:`CallSpec` into method, URL, headers and
 JSON, and provider JSON back into text, tool calls and usage. The client does
-the I/O, the retries and the validation.
+the I/O, the retries and the validation. The vocabulary an adapter declares its
+answer's shape with is :mod:`fluid_build.copilot.llm.answer_shape`'s (its names
+stay importable from here).
 """
 
 from __future__ import annotations
@@ -13,13 +15,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.answer_shape import (
+    COUNT,
+    NULL,
+    TEXT,
+    Shape,
+    first_wrong_field,
+    text_of,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 if TYPE_CHECKING:
     from fluid_build.copilot.llm.credentials import RequestAuth
 
 __all__ = [
+    "COUNT",
     "NULL",
+    "TEXT",
     "Adapter",
     "Parsed",
     "ProviderConfig",
@@ -27,6 +39,7 @@ __all__ = [
     "StreamState",
     "aiter_frames",
     "aiter_stream",
+    "first_wrong_field",
     "function_calls",
     "iter_frames",
     "iter_stream",
@@ -275,6 +288,9 @@ class Adapter:
     #: The fields of an answer (and of a stream chunk) the adapter reads, and their types.
     shape: ClassVar[Shape] = {}
     chunk_shape: ClassVar[Shape] = {}
+    #: The sampling options (``temperature``, ``top_p``, ``stop``, ``seed``) under this
+    #: provider's names for them, as :meth:`sampling` sends them.
+    sampling_names: ClassVar[Mapping[str, str]] = {}
     #: The call options (of :data:`SAMPLING_OPTIONS`) this provider's API has a field for.
     options: ClassVar[frozenset[str]] = frozenset({"max_output_tokens"})
     #: The credential step this adapter's requests carry (``Request.auth``): SigV4, a
@@ -310,6 +326,26 @@ class Adapter:
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError
 
+    def sampling(self, spec: CallSpec) -> dict[str, Any]:
+        """The call's sampling options that are set, under :attr:`sampling_names`."""
+        return sampling_fields(spec, self.sampling_names)
+
+    def bearer_headers(self) -> dict[str, str]:
+        """A JSON request's headers: the configured ones, and the key as a bearer token."""
+        headers = {"content-type": "application/json", **self.config.headers}
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def post(
+        self, spec: CallSpec, url: str, headers: dict[str, str], body: dict[str, Any]
+    ) -> Request:
+        """The POST of ``body`` to ``url``, the call's word last: its ``extra_body`` merged
+        into ``body`` and its ``extra_headers`` set over ``headers`` (both in place)."""
+        merge_body(body, spec.extra)
+        set_headers(headers, spec.extra_headers)
+        return Request("POST", url, headers, body)
+
     def refused_own_field(self, spec: CallSpec, answer: Any) -> bool:
         """Whether ``answer`` (an error response to a stream's request, its body read)
         refused a field this adapter adds of its own accord and can do without.
@@ -343,66 +379,6 @@ class Adapter:
 
 Chunk = tuple[str, Any]  # (event name, decoded data)
 
-NULL: Final = type(None)
-TEXT: Final = (str, NULL)
-COUNT: Final = (int, NULL)
-
-#: A declarative answer shape, checked only once reading an answer failed: a
-#: dict of key -> shape (keys optional), ``[shape]`` for a list of items, a
-#: type or tuple of types for a leaf (``type(None)`` allows null).
-Shape = Any
-
-_NAMES = {
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "true/false",
-    dict: "an object",
-    list: "a list",
-    type(None): "null",
-}
-
-
-def text_of(value: Any) -> str:
-    """A text field of an answer: a string, or nothing; anything else is a shape error."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    raise TypeError("a text field is not a string")
-
-
-def _describe(value: Any) -> str:
-    return _NAMES.get(type(value), type(value).__name__)
-
-
-def first_wrong_field(value: Any, shape: Shape, path: str = "") -> tuple[str, str, str] | None:
-    """``(path, expected, got)`` of the first field of ``value`` that does not fit ``shape``."""
-    where = path or "<root>"
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return where, "an object", _describe(value)
-        for key, inner in shape.items():
-            if key in value and not (value[key] is None and isinstance(inner, dict | list)):
-                found = first_wrong_field(value[key], inner, f"{path}.{key}" if path else key)
-                if found is not None:
-                    return found
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return where, "a list", _describe(value)
-        for i, item in enumerate(value[:1000]):
-            found = first_wrong_field(item, shape[0], f"{path}.{i}" if path else str(i))
-            if found is not None:
-                return found
-        return None
-    types = shape if isinstance(shape, tuple) else (shape,)
-    if isinstance(value, bool) and bool not in types:
-        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
-    if not isinstance(value, types):
-        return where, " or ".join(dict.fromkeys(_NAMES[t] for t in types)), _describe(value)
-    return None
-
 
 def _decode(data: str) -> Any:
     try:
@@ -412,50 +388,54 @@ def _decode(data: str) -> Any:
 
 
 class _ChunkReader:
-    """An SSE or NDJSON body, line by line: ``feed(line)`` gives the decoded chunk it completes.
+    """An SSE or NDJSON body, line by line: ``feed(line)`` gives the decoded chunk it
+    completes, if any (sync and async readers alike: the shared half of both).
 
-    ``done`` turns true at SSE's ``[DONE]``: nothing after it is to be read.
+    ``done`` turns true at SSE's ``[DONE]``: nothing after it is to be read; a ``state``
+    given is marked done there too (how an OpenAI-style stream says it is over).
     ``rest()`` gives the event a body ended in without a blank line.
     """
 
-    __slots__ = ("data", "done", "event", "ndjson")
+    __slots__ = ("data", "done", "event", "ndjson", "state")
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, state: StreamState | None = None) -> None:
         self.ndjson = fmt == "ndjson"
         self.event = ""
         self.data: list[str] = []
         self.done = False
+        self.state = state
 
-    def feed(self, line: str) -> Chunk | None:
+    def feed(self, line: str) -> tuple[Chunk, ...]:
         if self.ndjson:
-            return ("", _decode(line)) if line.strip() else None
+            return (("", _decode(line)),) if line.strip() else ()
         if line == "":
             return self._dispatch()
         if line.startswith(":"):
-            return None
+            return ()
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "event":
             self.event = value
         elif name == "data":
             self.data.append(value)
-        return None
+        return ()
 
-    def _dispatch(self) -> Chunk | None:
-        """The SSE event the lines so far make (None for none, or ``[DONE]``)."""
+    def _dispatch(self) -> tuple[Chunk, ...]:
+        """The SSE event the lines so far make (none for none, or ``[DONE]``)."""
         if not self.data:
             self.event = ""
-            return None
+            return ()
         event, data = self.event, "\n".join(self.data)
         self.event, self.data = "", []
         if data == "[DONE]":
             self.done = True
-            return None
-        return event, _decode(data)
+            if self.state is not None:
+                self.state.done = True
+            return ()
+        return ((event, _decode(data)),)
 
     def rest(self) -> tuple[Chunk, ...]:
-        chunk = None if self.ndjson else self._dispatch()
-        return () if chunk is None else (chunk,)
+        return () if self.ndjson else self._dispatch()
 
 
 def iter_stream(
@@ -463,35 +443,26 @@ def iter_stream(
 ) -> Iterator[Chunk]:
     """Decoded chunks of an SSE or NDJSON body; SSE's ``[DONE]`` ends them and, given a
     ``state``, marks it done (how an OpenAI-style stream says it is over)."""
-    reader = _ChunkReader(fmt)
+    reader = _ChunkReader(fmt, state)
     for line in lines:
-        chunk = reader.feed(line)
-        if chunk is not None:
-            yield chunk
-        elif reader.done:
-            break
-    else:
-        yield from reader.rest()
-    if reader.done and state is not None:
-        state.done = True
+        yield from reader.feed(line)
+        if reader.done:
+            return
+    yield from reader.rest()
 
 
 async def aiter_stream(
     fmt: str, lines: AsyncIterator[str], state: StreamState | None = None
 ) -> AsyncIterator[Chunk]:
     """The async twin of :func:`iter_stream`: the same reader, over ``async for``."""
-    reader = _ChunkReader(fmt)
+    reader = _ChunkReader(fmt, state)
     async for line in lines:
-        chunk = reader.feed(line)
-        if chunk is not None:
+        for chunk in reader.feed(line):
             yield chunk
-        elif reader.done:
-            break
-    else:
-        for chunk in reader.rest():
-            yield chunk
-    if reader.done and state is not None:
-        state.done = True
+        if reader.done:
+            return
+    for chunk in reader.rest():
+        yield chunk
 
 
 # -- AWS event-stream frames (application/vnd.amazon.eventstream) -----------------------

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 
 from fluid_build._redact import install_log_redaction, one_line, redact, truncate
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
 from fluid_build.copilot.llm.anthropic import (
     choose_tool,
     takes_thinking,
@@ -26,18 +27,13 @@ from fluid_build.copilot.llm.anthropic import (
     thinking_refusals,
 )
 from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
     Adapter,
     Parsed,
     ProviderConfig,
     Request,
     StreamState,
     merge_body,
-    sampling_fields,
     set_headers,
-    text_of,
 )
 from fluid_build.copilot.llm.checks import not_configured, url_problem
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
@@ -47,9 +43,6 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = ["BedrockAdapter", "bedrock_messages", "endpoint_for"]
-
-#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
-_NAMES: Final = {"temperature": "temperature", "top_p": "topP", "stop": "stopSequences"}
 
 PIP_LINE: Final = "pip install 'fluid-build[bedrock]'"
 #: The step that fixes most rejected or missing AWS credentials, for a message.
@@ -592,6 +585,11 @@ class BedrockAdapter(Adapter):
     }
 
     options: ClassVar[frozenset[str]] = CONVERSE_OPTIONS
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "topP",
+        "stop": "stopSequences",
+    }
 
     def supported_options(self, model: str) -> frozenset[str]:
         """Converse's own fields for every model; ``reasoning_effort`` only where the
@@ -659,7 +657,7 @@ class BedrockAdapter(Adapter):
         inference: dict[str, Any] = {}
         if max_tokens is not None:
             inference["maxTokens"] = max_tokens
-        inference.update(sampling_fields(spec, _NAMES))
+        inference.update(self.sampling(spec))
         if inference:
             body["inferenceConfig"] = inference
         tools = [

@@ -8,30 +8,11 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    merge_body,
-    sampling_fields,
-    set_headers,
-    text_of,
-)
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import SAMPLING_OPTIONS, Adapter, Parsed, Request, StreamState
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["GeminiAdapter"]
-
-#: The call's sampling options under this provider's names (llm/base.py sampling_fields).
-_NAMES: Final = {
-    "temperature": "temperature",
-    "top_p": "topP",
-    "stop": "stopSequences",
-    "seed": "seed",
-}
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 # MODEL_ARMOR: Vertex AI's Model Armor screened the prompt or the answer.
@@ -45,13 +26,17 @@ _BLOCKED = {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION", "
 #: the Gemini API's Candidate.FinishReason and PromptFeedback.BlockReason
 #: (google/ai/generativelanguage/v1beta/generative_service.proto). Vertex AI numbers
 #: them differently (see vertex.py).
-FINISH_REASONS: Final = {
+#: Candidate.FinishReason's numbers up to 5, the same on both APIs: from 6 on they part.
+SHARED_FINISH_REASONS: Final = {
     0: "FINISH_REASON_UNSPECIFIED",
     1: "STOP",
     2: "MAX_TOKENS",
     3: "SAFETY",
     4: "RECITATION",
     5: "OTHER",
+}
+FINISH_REASONS: Final = {
+    **SHARED_FINISH_REASONS,
     6: "LANGUAGE",
     7: "BLOCKLIST",
     8: "PROHIBITED_CONTENT",
@@ -226,17 +211,13 @@ class GeminiAdapter(Adapter):
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a candidate with a finishReason"
     #: No ``parallel_tool_calls``: generateContent has no such field.
-    options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "temperature",
-            "top_p",
-            "stop",
-            "seed",
-            "max_output_tokens",
-            "tool_choice",
-            "reasoning_effort",
-        }
-    )
+    options: ClassVar[frozenset[str]] = SAMPLING_OPTIONS - {"parallel_tool_calls"}
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "topP",
+        "stop": "stopSequences",
+        "seed": "seed",
+    }
 
     def supported_options(self, model: str) -> frozenset[str]:
         if thinking_kind(model.removeprefix("models/")) is None:
@@ -271,7 +252,7 @@ class GeminiAdapter(Adapter):
             if spec.tool_choice not in _CHOICES:
                 calling["allowedFunctionNames"] = [spec.tool_choice]
             body["toolConfig"] = {"functionCallingConfig": calling}
-        config = sampling_fields(spec, _NAMES)
+        config = self.sampling(spec)
         if spec.response_schema is not None:
             config["responseMimeType"] = "application/json"
             config["responseJsonSchema"] = dict(spec.response_schema)
@@ -281,9 +262,7 @@ class GeminiAdapter(Adapter):
             config["thinkingConfig"] = thinking_config(spec.reasoning_effort, model)
         if config:
             body["generationConfig"] = config
-        merge_body(body, spec.extra)
-        set_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/models/{model}:{action}", headers, body)
+        return self.post(spec, f"{base}/models/{model}:{action}", headers, body)
 
     #: This API's numbers for FinishReason, BlockReason and HarmCategory
     #: (``enum-encoding=int``).

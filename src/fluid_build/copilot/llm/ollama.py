@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Final
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
-    Adapter,
-    Parsed,
-    Request,
-    StreamState,
-    function_calls,
-    merge_body,
-    sampling_fields,
-    text_of,
-)
-from fluid_build.copilot.llm.openai import with_extra_headers
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
+from fluid_build.copilot.llm.base import Adapter, Parsed, Request, StreamState, function_calls
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
 __all__ = ["OLLAMA_DEFAULT_HOST", "OllamaAdapter"]
@@ -59,17 +48,6 @@ def _harmony(model: str) -> bool:
     return model.lower().rsplit("/", 1)[-1].startswith("gpt-oss")
 
 
-_NAMES: Final = {"temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed": "seed"}
-
-
-def _options(spec: CallSpec) -> dict[str, Any]:
-    """The call's sampling options as /api/chat's ``options`` (the Modelfile's parameters)."""
-    out = sampling_fields(spec, _NAMES)
-    if spec.max_output_tokens is not None:
-        out["num_predict"] = spec.max_output_tokens
-    return out
-
-
 _SHAPE = {
     "message": {
         "content": TEXT,
@@ -95,6 +73,13 @@ class OllamaAdapter(Adapter):
         {"temperature", "top_p", "stop", "seed", "max_output_tokens"}
     )
 
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "stop": "stop",
+        "seed": "seed",
+    }
+
     def supported_options(self, model: str) -> frozenset[str]:
         # ``think`` takes a level ("low", "medium", "high") only on a harmony model
         # (gpt-oss); any other model answers 400 "think value ... is not supported for
@@ -103,6 +88,13 @@ class OllamaAdapter(Adapter):
         if _harmony(model):
             return self.options | {"reasoning_effort"}
         return self.options
+
+    def sampling(self, spec: CallSpec) -> dict[str, Any]:
+        """The call's sampling options as /api/chat's ``options`` (the Modelfile's parameters)."""
+        out = super().sampling(spec)
+        if spec.max_output_tokens is not None:
+            out["num_predict"] = spec.max_output_tokens
+        return out
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
@@ -115,16 +107,12 @@ class OllamaAdapter(Adapter):
             body["tools"] = [{"type": "function", "function": t.as_dict()} for t in spec.tools]
         if spec.response_schema is not None:
             body["format"] = dict(spec.response_schema)
-        options = _options(spec)
+        options = self.sampling(spec)
         if options:
             body["options"] = options
         if spec.reasoning_effort is not None:
             body["think"] = spec.reasoning_effort  # a level: gpt-oss only (supported_options)
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        headers = with_extra_headers(headers, spec.extra_headers)
-        return Request("POST", f"{base}/api/chat", headers, merge_body(body, spec.extra))
+        return self.post(spec, f"{base}/api/chat", self.bearer_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         message = data.get("message") or {}

@@ -13,19 +13,15 @@ import httpx
 
 from fluid_build._redact import truncate
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT
 from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
     SAMPLING_OPTIONS,
-    TEXT,
     Adapter,
     Parsed,
     ProviderConfig,
     Request,
     StreamState,
     function_calls,
-    merge_body,
-    sampling_fields,
 )
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, Usage
 
@@ -34,28 +30,12 @@ __all__ = [
     "OpenAIAdapter",
     "named_tool_choice",
     "openai_messages",
-    "with_extra_headers",
 ]
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 #: The call options chat completions has a field for (docs/llm-providers.md, "Call options").
 CHAT_OPTIONS: Final = SAMPLING_OPTIONS
-_CHAT_NAMES: Final = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "seed": "seed",
-}
-
-
-def with_extra_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """``headers`` with the call's ``extra_headers`` applied last: a name given there (in
-    any case) replaces the adapter's own, so that one header never goes out twice."""
-    if not extra:
-        return headers
-    names = {name.lower() for name in extra}
-    return {**{k: v for k, v in headers.items() if k.lower() not in names}, **extra}
 
 
 def named_tool_choice(choice: str) -> str | dict[str, Any]:
@@ -264,6 +244,12 @@ class OpenAIAdapter(Adapter):
     }
 
     options: ClassVar[frozenset[str]] = CHAT_OPTIONS
+    sampling_names: ClassVar[Mapping[str, str]] = {
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "stop": "stop",
+        "seed": "seed",
+    }
 
     def __init__(self, config: ProviderConfig) -> None:
         super().__init__(config)
@@ -277,14 +263,7 @@ class OpenAIAdapter(Adapter):
         return f"{base}/chat/completions"
 
     def headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        return headers
-
-    def body(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
-        """The request body: fluid's fields, then the call's ``extra_body`` merged in last."""
-        return merge_body(self.fields(spec, stream=stream), spec.extra)
+        return self.bearer_headers()
 
     def fields(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
         """The body fluid builds for ``spec``, before the caller's ``extra_body``."""
@@ -331,7 +310,7 @@ class OpenAIAdapter(Adapter):
     def sampling(self, spec: CallSpec) -> dict[str, Any]:
         """The call's sampling and tool options under chat completions' names; only those
         set (an option not set changes nothing in the body)."""
-        out = sampling_fields(spec, _CHAT_NAMES)
+        out = super().sampling(spec)
         if spec.tool_choice is not None:
             out["tool_choice"] = named_tool_choice(spec.tool_choice)
         # OpenAI answers 400 to parallel_tool_calls without tools; with no tool there is
@@ -343,8 +322,7 @@ class OpenAIAdapter(Adapter):
         return out
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
-        headers = with_extra_headers(self.headers(), spec.extra_headers)
-        return Request("POST", self.url(), headers, self.body(spec, stream=stream))
+        return self.post(spec, self.url(), self.headers(), self.fields(spec, stream=stream))
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         choice = (data.get("choices") or [{}])[0]

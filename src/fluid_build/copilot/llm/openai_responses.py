@@ -12,22 +12,20 @@ generation ...) are neither. The finish reason is the provider's own word:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.answer_shape import COUNT, NULL, TEXT, text_of
 from fluid_build.copilot.llm.base import (
-    COUNT,
-    NULL,
-    TEXT,
+    SAMPLING_OPTIONS,
     Adapter,
     Parsed,
     Request,
     StreamState,
     loads_arguments,
-    merge_body,
-    text_of,
 )
-from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused, with_extra_headers
+from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIResponsesAdapter", "responses_input"]
@@ -128,24 +126,6 @@ def _event_error(data: dict[str, Any]) -> Any:
     return {key: data[key] for key in ("code", "message", "param") if key in data}
 
 
-def _sampling(spec: CallSpec) -> dict[str, Any]:
-    """The call's options under the Responses API's names; only those set."""
-    out: dict[str, Any] = {}
-    if spec.temperature is not None:
-        out["temperature"] = spec.temperature
-    if spec.top_p is not None:
-        out["top_p"] = spec.top_p
-    if spec.tool_choice is not None:
-        choice = spec.tool_choice
-        named = choice not in ("auto", "none", "required")
-        out["tool_choice"] = {"type": "function", "name": choice} if named else choice
-    if spec.parallel_tool_calls is not None:
-        out["parallel_tool_calls"] = spec.parallel_tool_calls
-    if spec.reasoning_effort is not None:
-        out["reasoning"] = {"effort": spec.reasoning_effort}
-    return out
-
-
 _USAGE = {
     "input_tokens": COUNT,
     "output_tokens": COUNT,
@@ -183,23 +163,24 @@ class OpenAIResponsesAdapter(Adapter):
     }
 
     #: The Responses API has no ``stop`` and no ``seed``: those are refused.
-    options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "temperature",
-            "top_p",
-            "max_output_tokens",
-            "tool_choice",
-            "parallel_tool_calls",
-            "reasoning_effort",
-        }
-    )
+    options: ClassVar[frozenset[str]] = SAMPLING_OPTIONS - {"stop", "seed"}
+    sampling_names: ClassVar[Mapping[str, str]] = {"temperature": "temperature", "top_p": "top_p"}
+
+    def sampling(self, spec: CallSpec) -> dict[str, Any]:
+        """The call's options under the Responses API's names; only those set."""
+        out = super().sampling(spec)
+        if spec.tool_choice is not None:
+            choice = spec.tool_choice
+            named = choice not in ("auto", "none", "required")
+            out["tool_choice"] = {"type": "function", "name": choice} if named else choice
+        if spec.parallel_tool_calls is not None:
+            out["parallel_tool_calls"] = spec.parallel_tool_calls
+        if spec.reasoning_effort is not None:
+            out["reasoning"] = {"effort": spec.reasoning_effort}
+        return out
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        headers = with_extra_headers(headers, spec.extra_headers)
         body: dict[str, Any] = {"model": spec.model, "input": responses_input(spec)}
         if spec.system:
             body["instructions"] = spec.system
@@ -220,10 +201,10 @@ class OpenAIResponsesAdapter(Adapter):
             }
         if spec.max_output_tokens is not None:
             body["max_output_tokens"] = spec.max_output_tokens
-        body.update(_sampling(spec))
+        body.update(self.sampling(spec))
         if stream:
             body["stream"] = True
-        return Request("POST", f"{base}/responses", headers, merge_body(body, spec.extra))
+        return self.post(spec, f"{base}/responses", self.bearer_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         if data.get("status") == "failed":

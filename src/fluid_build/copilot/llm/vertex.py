@@ -31,7 +31,7 @@ from fluid_build._redact import install_log_redaction
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
 from fluid_build.copilot.llm.base import ProviderConfig, Request, set_headers
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
-from fluid_build.copilot.llm.gemini import GeminiAdapter
+from fluid_build.copilot.llm.gemini import SHARED_FINISH_REASONS, GeminiAdapter
 from fluid_build.copilot.llm.types import CallSpec
 
 __all__ = [
@@ -573,12 +573,7 @@ def _reason(exc: BaseException) -> str:
 #: finish reasons from 6 on differ from the Gemini API's (6 is BLOCKLIST here, LANGUAGE
 #: there), and so do harm categories (1 is HATE_SPEECH here, DEROGATORY there).
 VERTEX_FINISH_REASONS: Final = {
-    0: "FINISH_REASON_UNSPECIFIED",
-    1: "STOP",
-    2: "MAX_TOKENS",
-    3: "SAFETY",
-    4: "RECITATION",
-    5: "OTHER",
+    **SHARED_FINISH_REASONS,
     6: "BLOCKLIST",
     7: "PROHIBITED_CONTENT",
     8: "SPII",
