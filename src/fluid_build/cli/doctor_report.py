@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from fluid_build.copilot.health.breaker import CircuitBreaker
     from fluid_build.copilot.health.store import CooldownStore
+    from fluid_build.copilot.llm.registry import ProviderEntry
 
 __all__ = ["collect_report", "public_url"]
 
@@ -80,19 +81,11 @@ def _key_status(
     return {**status, "present": False, "source": None, "malformed": False}
 
 
-def _default_url(adapter: str) -> str | None:
-    from fluid_build.copilot.llm.anthropic import ANTHROPIC_BASE_URL
-    from fluid_build.copilot.llm.gemini import GEMINI_BASE_URL
-    from fluid_build.copilot.llm.ollama import OLLAMA_DEFAULT_HOST
-    from fluid_build.copilot.llm.openai import OPENAI_BASE_URL
+def _default_url(entry: ProviderEntry) -> str | None:
+    """Where the entry's adapter sends when no base URL is configured: its own default."""
+    from fluid_build.copilot.llm.registry import load
 
-    return {
-        "openai": OPENAI_BASE_URL,
-        "openai_responses": OPENAI_BASE_URL,
-        "anthropic": ANTHROPIC_BASE_URL,
-        "gemini": GEMINI_BASE_URL,
-        "ollama": OLLAMA_DEFAULT_HOST,
-    }.get(adapter)
+    return cast("str | None", load(entry.adapter_class).default_base_url)
 
 
 def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -109,7 +102,7 @@ def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None
         )
     except ProviderError as exc:
         return None, exc.message or redact(str(exc))
-    url = config.base_url or _default_url(PROVIDERS[name].adapter)
+    url = config.base_url or _default_url(PROVIDERS[name])
     return public_url(url), None
 
 
