@@ -48,6 +48,7 @@ from fluid_build._files import (
 )
 from fluid_build._private import private_dir
 from fluid_build._redact import redact
+from fluid_build.copilot.llm import registry
 
 if TYPE_CHECKING:
     from keyring.backend import KeyringBackend
@@ -88,9 +89,11 @@ LEGACY_DIR_NAME: Final = ".fluid"
 _VERSION: Final = 1
 #: The settings ``fluid ai setup`` stores for a cloud provider, as the variables they fill.
 #: Never a credential: AWS and Google keep theirs in their own files and tools.
+#: Each provider's ``stored_settings`` in its registry entry (llm/registry.py).
 CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = {
-    "bedrock": ("AWS_REGION",),
-    "vertex": ("GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"),
+    entry.name: entry.stored_settings
+    for entry in registry.PROVIDERS.values()
+    if entry.stored_settings
 }
 _SETTING_LIMIT: Final = 100
 _MAX_FILE_BYTES: Final = 64 * 1024
