@@ -10,8 +10,12 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
+
+from fluid_build.copilot.llm.openai import OpenAIAdapter
+from fluid_build.copilot.llm.registry import ProviderEntry
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
@@ -96,6 +100,283 @@ def test_the_provider_adapters_import_no_other_part_of_the_call() -> None:
                 assert not target.startswith(
                     ("fluid_build.copilot.health", "fluid_build.copilot.schema")
                 ), f"{path.name}:{line} imports {target}"
+
+
+# -- One registry entry per provider (issue 36 item 2) ---------------------------------------
+
+REGISTRY = SRC / "fluid_build" / "copilot" / "llm" / "registry.py"
+#: Lists of provider names still kept outside the registry, each with why: (module, the
+#: top-level name holding the list). Any other list of two or more names fails.
+KEPT_PROVIDER_LISTS = {
+    # The error contract sits below copilot/llm and cannot import the registry; the key
+    # variables it names are checked against it (test_classification_sourced.py,
+    # test_the_advice_agrees_with_the_provider_table).
+    ("fluid_build/copilot/agents/errors.py", "_KEY_VARIABLES"),
+    ("fluid_build/copilot/agents/errors.py", "_LOCAL_SERVERS"),
+    ("fluid_build/copilot/agents/error_classification.py", "_HOST_PROVIDERS"),
+    # The capability matrix is a table of models by section, and its option rules name
+    # the providers serving each model family (a new provider with models of its own
+    # adds rows there; an entry's ``family`` picks the section).
+    ("fluid_build/copilot/call/capabilities.py", "_MATRIX"),
+    ("fluid_build/copilot/call/capabilities.py", "_OWN_PROVIDER_ONLY"),
+    ("fluid_build/copilot/call/capabilities.py", "_OPENAI"),
+    ("fluid_build/copilot/call/capabilities.py", "_OPENAI_CHAT"),
+    ("fluid_build/copilot/call/capabilities.py", "_CLAUDE"),
+    ("fluid_build/copilot/call/capabilities.py", "_GEMINI"),
+}
+#: The modules whose provider tables and branches moved into the registry: they compare
+#: no value with a provider's name either (``if provider == "azure"`` is a table in hiding).
+NO_PROVIDER_BRANCHES = (
+    "fluid_build/copilot/llm/settings.py",
+    "fluid_build/copilot/client.py",
+    "fluid_build/copilot/call/prices.py",
+    "fluid_build/copilot/call/core.py",
+    "fluid_build/cli/doctor_report.py",
+)
+
+
+def provider_names() -> frozenset[str]:
+    """The names the registry gives its entries."""
+    from fluid_build.copilot.llm.registry import PROVIDERS
+
+    return frozenset(PROVIDERS)
+
+
+def _named(nodes: list[ast.expr | None], names: frozenset[str]) -> list[str]:
+    """The provider names among ``nodes`` and the pairs/rows they hold (not calls)."""
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.append(node.value)
+        elif isinstance(node, ast.Tuple | ast.List):
+            found.extend(
+                e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names
+            )
+    return found
+
+
+def provider_lists(tree: ast.AST, names: frozenset[str]) -> list[tuple[int, str, list[str]]]:
+    """Each tuple, list, set or dict literal in ``tree`` naming two or more providers (as
+    items, dict keys or values, or inside its pairs): its line, the top-level name (or
+    function) it sits in, and the names."""
+    found = []
+    body = tree.body if isinstance(tree, ast.Module) else []
+    for top in body:
+        where = ""
+        if isinstance(top, ast.Assign | ast.AnnAssign):
+            targets = top.targets if isinstance(top, ast.Assign) else [top.target]
+            where = next((t.id for t in targets if isinstance(t, ast.Name)), "")
+        elif isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            where = top.name
+        seen: set[int] = set()
+        for node in ast.walk(top):
+            items: list[ast.expr | None]
+            if isinstance(node, ast.Tuple | ast.List | ast.Set):
+                items = list(node.elts)
+            elif isinstance(node, ast.Dict):
+                items = [*node.keys, *node.values]
+            else:
+                continue
+            if id(node) in seen:
+                continue
+            # A pair or row inside is counted with its table, not again on its own.
+            seen.update(id(e) for e in items if isinstance(e, ast.Tuple | ast.List))
+            named = _named(items, names)
+            if len(named) >= 2:
+                found.append((node.lineno, where, named))
+    return found
+
+
+def provider_branches(tree: ast.AST, names: frozenset[str]) -> list[tuple[int, str]]:
+    """Each comparison of a value with a provider's name in ``tree``: line and name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Constant) and side.value in names:
+                    found.append((node.lineno, side.value))
+    return found
+
+
+def test_every_list_of_providers_is_the_registry() -> None:
+    """A provider is one adapter module and one entry in llm/registry.py: no other module
+    keeps a list, a set or a table of provider names (the six that did read the entries)."""
+    names = provider_names()
+    assert {"openai", "azure", "bedrock", "vertex", "groq", "llamacpp"} <= names
+    lists = []
+    for _, path in modules():
+        if path == REGISTRY:
+            continue
+        where = path.relative_to(SRC).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for line, holder, named in provider_lists(tree, names):
+            if (where, holder) not in KEPT_PROVIDER_LISTS:
+                lists.append(f"{where}:{line} {holder} {named}")
+    assert lists == []
+
+
+def test_the_kept_lists_are_still_there() -> None:
+    """Each exception still names a list (one that is gone is dropped from the set)."""
+    names = provider_names()
+    present = {
+        (path.relative_to(SRC).as_posix(), holder)
+        for _, path in modules()
+        for _, holder, _ in provider_lists(ast.parse(path.read_text(encoding="utf-8")), names)
+    }
+    assert present >= KEPT_PROVIDER_LISTS
+
+
+def test_the_modules_that_read_the_registry_have_no_provider_branch() -> None:
+    names = provider_names()
+    branches = [
+        f"{module}:{line} {name}"
+        for module in NO_PROVIDER_BRANCHES
+        for line, name in provider_branches(ast.parse((SRC / module).read_text("utf-8")), names)
+    ]
+    assert branches == []
+
+
+NAMES = frozenset({"openai", "azure", "vllm", "llamacpp", "bedrock", "vertex"})
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'SEVENTH = {"openai": "x", "azure": "y"}',
+        'LOCAL: Final = frozenset({"vllm", "llamacpp"})',
+        'HOSTS = (("api.openai.com", "openai"), ("openai.azure.com", "azure"))',
+        'def f(p):\n    return p in ("bedrock", "vertex")',
+        'NAMES = {"v": "vertex", "b": "bedrock"}',
+        'ORDER = ["openai", "azure"]',
+        'NESTED = {"servers": {"vllm": 1, "llamacpp": 2}}',
+    ],
+)
+def test_the_provider_list_finder_finds_a_list(source: str) -> None:
+    assert len(provider_lists(ast.parse(source), NAMES)) == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    ['ONE = {"openai": 1}', 'WORDS = ("open", "ai")', 'RULE = Rule("openai", x=("azure",))'],
+)
+def test_the_provider_list_finder_leaves_what_is_not_a_list_of_providers(source: str) -> None:
+    assert provider_lists(ast.parse(source), NAMES) == []
+
+
+def test_the_branch_finder_finds_a_branch() -> None:
+    tree = ast.parse('if info.adapter == "vertex":\n    pass\nok = name != "other"')
+    assert provider_branches(tree, NAMES) == [(1, "vertex")]
+
+
+class EchoAdapter(OpenAIAdapter):
+    """A provider fluid has never heard of, speaking OpenAI's chat completions at home."""
+
+    provider = "echo"
+    default_base_url = "https://echo.example.test/v1"
+
+
+#: The one entry that adds it: nothing else in src/ is edited.
+ECHO = ProviderEntry(
+    "echo",
+    "echo",
+    f"{__name__}:EchoAdapter",
+    ("ECHO_API_KEY",),
+    True,
+    "gpt-4o-mini",
+    "ECHO_BASE_URL",
+    price_id="openai",  # it resells OpenAI's models at OpenAI's prices
+    strict_schema=True,
+    family="openai",
+)
+ECHO_ANSWER = {
+    "id": "x",
+    "model": "gpt-4o-mini",
+    "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+    ],
+    "usage": {"prompt_tokens": 1_000, "completion_tokens": 100, "total_tokens": 1_100},
+}
+
+
+@pytest.fixture
+def echo(monkeypatch: pytest.MonkeyPatch) -> ProviderEntry:
+    from fluid_build.copilot.llm import registry
+
+    # The table is read where it is used, never copied at import: one entry is enough.
+    monkeypatch.setitem(cast("dict[str, ProviderEntry]", registry.PROVIDERS), "echo", ECHO)
+    return ECHO
+
+
+def test_a_new_provider_is_one_entry_for_the_settings(echo: ProviderEntry) -> None:
+    from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    config = resolve_provider_config(env={"FLUID_LLM_PROVIDER": "echo", "ECHO_API_KEY": "k-1"})
+    assert (config.provider, config.model, config.api_key) == ("echo", "gpt-4o-mini", "k-1")
+    assert config.base_url is None  # the adapter's own default serves it
+    url = resolve_provider_config("echo", env={"ECHO_API_KEY": "k", "ECHO_BASE_URL": "http://h:1"})
+    assert url.base_url == "http://h:1"
+    with pytest.raises(ProviderAuthError) as missing:
+        resolve_provider_config("echo", env={})
+    assert missing.value.details["variable"] == "ECHO_API_KEY"
+    assert "ECHO_API_KEY" in str(missing.value)
+    with pytest.raises(ProviderError) as bad:
+        resolve_provider_config("echo", env={"ECHO_API_KEY": "k", "ECHO_BASE_URL": "ftp://h"})
+    assert bad.value.code == "llm.bad_endpoint"
+    assert bad.value.details["variable"] == "ECHO_BASE_URL"
+
+
+def test_a_new_provider_is_one_entry_for_the_client_and_prices(echo: ProviderEntry) -> None:
+    import httpx
+
+    from fluid_build.copilot import LLMClient
+    from fluid_build.copilot.call.prices import known_price, price_call
+    from fluid_build.copilot.llm.types import Usage
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ECHO_ANSWER)
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    env = {"ECHO_API_KEY": "k-echo", "FLUID_OPENAI_STRICT_SCHEMA": "1"}
+    with LLMClient("echo", env=env, http_client=http) as client:
+        assert type(client.adapter) is EchoAdapter
+        assert client.strict_schema is True  # its entry says its API has strict mode
+        done = client.complete("hi")
+    http.close()
+    assert done.text == "hi"
+    assert str(sent[0].url) == "https://echo.example.test/v1/chat/completions"
+    assert sent[0].headers["authorization"] == "Bearer k-echo"
+    usage = Usage(input_tokens=1_000, output_tokens=100)
+    assert known_price("echo", "gpt-4o-mini")
+    assert done.cost_usd == price_call("openai", "gpt-4o-mini", usage)
+    assert done.cost_usd is not None
+    assert done.cost_usd > 0
+
+
+def test_a_new_provider_is_one_entry_for_doctor(
+    echo: ProviderEntry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fluid_build.cli import doctor
+
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "fluid-home"))
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "memory://")
+    monkeypatch.setenv("ECHO_API_KEY", "k-echo-secret")
+    result = CliRunner().invoke(doctor.command, ["--json"])
+    assert result.exit_code == 0, result.output
+    assert "k-echo-secret" not in result.output
+    row = next(p for p in json.loads(result.output)["providers"] if p["name"] == "echo")
+    assert row["adapter"] == "echo"
+    assert row["key"]["present"] is True
+    assert row["key"]["source"] == "ECHO_API_KEY"
+    assert row["base_url"] == "https://echo.example.test/v1"  # the adapter's own default
+    assert (row["model"], row["model_source"]) == ("gpt-4o-mini", "default")
 
 
 PACKAGES = sorted(
