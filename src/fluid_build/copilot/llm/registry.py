@@ -10,7 +10,8 @@ capability matrix (the family whose rows apply), ``fluid doctor`` and
 provider names appears anywhere else, so a new provider cannot be half added.
 
 This module imports no adapter and no other part of fluid_build: importing it
-costs a few dataclasses (tests/test_import_cost.py).
+costs a few dataclasses (tests/test_import_cost.py), and it sits below every
+layer, so the error contract (copilot/agents/) reads it too.
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ class ProviderEntry:
     key_prefix: str | None = None
     #: OpenTelemetry's ``gen_ai.provider.name`` for it (None: fluid's name).
     otel_name: str | None = None
+    #: The host name endings of its API: an error on such a URL names this provider.
+    hosts: tuple[str, ...] = ()
+    #: A server the user starts with ``--api-key``: the advice for a rejected key names it.
+    server_label: str | None = None
 
 
 _COMPATIBLE: Final = "fluid_build.copilot.llm.openai_compatible:OpenAICompatibleAdapter"
@@ -151,6 +156,7 @@ _ENTRIES: Final = (
         family="openai",
         key_prefix="sk-",
         otel_name="openai",
+        hosts=("api.openai.com",),
     ),
     ProviderEntry(
         "azure",
@@ -166,6 +172,7 @@ _ENTRIES: Final = (
         price_id="azure",
         strict_schema=True,
         otel_name="azure.ai.openai",
+        hosts=("openai.azure.com",),
     ),
     ProviderEntry(
         "anthropic",
@@ -180,6 +187,7 @@ _ENTRIES: Final = (
         family="anthropic",
         key_prefix="sk-ant-",
         otel_name="anthropic",
+        hosts=("anthropic.com",),
     ),
     ProviderEntry(
         "gemini",
@@ -194,6 +202,7 @@ _ENTRIES: Final = (
         family="gemini",
         key_prefix="AIza",
         otel_name="gcp.gemini",
+        hosts=("generativelanguage.googleapis.com",),
     ),
     # Gemini on Vertex AI: Google credentials (ADC) or an access token by api_key=, no key
     # variable; the project's URL from GOOGLE_CLOUD_PROJECT / GOOGLE_CLOUD_LOCATION.
@@ -208,6 +217,7 @@ _ENTRIES: Final = (
         price_id="google",  # Google's list covers Gemini on Vertex AI too
         family="gemini",
         otel_name="gcp.vertex_ai",
+        hosts=("aiplatform.googleapis.com",),
     ),
     # AWS Bedrock (Converse): the AWS credential chain, or a Bedrock API key
     # (AWS_BEARER_TOKEN_BEDROCK, read by llm/bedrock.py) as a bearer token.
@@ -261,6 +271,7 @@ _ENTRIES: Final = (
         dialect=Dialect(max_tokens="max_completion_tokens"),
         key_prefix="gsk_",
         otel_name="groq",
+        hosts=("api.groq.com",),
     ),
     # Mistral: the seed is random_seed; no reasoning effort (Magistral reasons by itself).
     _hosted(
@@ -271,6 +282,7 @@ _ENTRIES: Final = (
         price_id="mistral",
         dialect=Dialect(seed="random_seed", lacks=frozenset({"reasoning_effort"})),
         otel_name="mistral_ai",
+        hosts=("api.mistral.ai",),
     ),
     # OpenRouter normalises reasoning across its models as reasoning: {effort}.
     _hosted(
@@ -281,6 +293,7 @@ _ENTRIES: Final = (
         price_id="openrouter",
         dialect=Dialect(reasoning="reasoning"),
         key_prefix="sk-or-",
+        hosts=("openrouter.ai",),
     ),
     _hosted(
         "xai",
@@ -333,12 +346,13 @@ _ENTRIES: Final = (
         dialect=Dialect(max_tokens="max_completion_tokens"),
     ),
     # Local servers: a key is optional (sent when set, for `--api-key`), never required.
-    _server("vllm"),
+    _server("vllm", server_label="vLLM"),
     # llama.cpp's server: tool_choice is only auto/none/required; reasoning effort is a
     # chat-template argument there (chat_template_kwargs), not a request field.
     _server(
         "llamacpp",
         dialect=Dialect(lacks=frozenset({"reasoning_effort"}), named_tool_choice=False),
+        server_label="llama.cpp",
     ),
 )
 
