@@ -262,10 +262,11 @@ def _cloud_notes(name: str, settings: dict[str, str]) -> tuple[str | None, list[
     """Where the cloud provider's credentials come from (never stored by fluid), and what is
     still missing, each with its next step."""
     from fluid_build.cli._credentials import aws_credentials, google_credentials
+    from fluid_build.copilot.llm.registry import PROVIDERS
 
     env = {**os.environ, **{k: v for k, v in settings.items() if not os.environ.get(k)}}
     missing: list[str] = []
-    if name == "bedrock":
+    if PROVIDERS[name].cloud == "aws":
         holder = next(
             (v for v in ("FLUID_LLM_API_KEY", "AWS_BEARER_TOKEN_BEDROCK") if env.get(v)), None
         )
