@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-__all__ = ["PROVIDERS", "Dialect", "ProviderEntry", "entry", "load"]
+__all__ = ["PROVIDERS", "Dialect", "ProviderEntry", "load"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +83,12 @@ class ProviderEntry:
     #: The settings ``fluid ai setup`` stores for this provider (never a credential).
     stored_settings: tuple[str, ...] = ()
     #: Whose cloud credentials the adapter signs with (``fluid doctor`` shows where from).
-    cloud: str | None = None
+    cloud: Literal["aws", "google"] | None = None
     #: genai-prices' provider id (None: no price unless the user gives one).
     price_id: str | None = None
-    #: A server the user runs: nothing in any price list, a context window worth asking.
+    #: A server the user runs: in no price list, whatever its models are called.
     local: bool = False
-    #: Ask a loopback server its context window (call/window.py).
+    #: On a local URL, ask the server its context window (llm/local_server.py).
     probe_window: bool = False
     #: The API has OpenAI's strict-schema mode (``FLUID_OPENAI_STRICT_SCHEMA``).
     strict_schema: bool = False
@@ -359,11 +359,6 @@ _ENTRIES: Final = (
 #: Every provider by name, in the order ``fluid doctor`` lists them. Read it at call time
 #: (never copy it at import): a provider added to it is then known everywhere at once.
 PROVIDERS: Final[Mapping[str, ProviderEntry]] = {e.name: e for e in _ENTRIES}
-
-
-def entry(name: str) -> ProviderEntry | None:
-    """The entry named ``name``, or None for a provider fluid does not know."""
-    return PROVIDERS.get(name)
 
 
 def load(path: str) -> Any:
