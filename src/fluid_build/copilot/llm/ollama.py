@@ -10,6 +10,7 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
+    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -103,6 +104,10 @@ class OllamaAdapter(Adapter):
         if _harmony(model):
             return self.options | {"reasoning_effort"}
         return self.options
+
+    def models_request(self) -> ModelsRequest | None:
+        headers = {"accept": "application/json", **self.config.headers}
+        return f"{(self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip('/')}/api/tags", headers, {}
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")

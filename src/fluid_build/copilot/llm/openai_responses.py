@@ -20,6 +20,7 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
+    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -27,7 +28,12 @@ from fluid_build.copilot.llm.base import (
     merge_body,
     text_of,
 )
-from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused, with_extra_headers
+from fluid_build.copilot.llm.openai import (
+    OPENAI_BASE_URL,
+    _refused,
+    bearer_models_request,
+    with_extra_headers,
+)
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIResponsesAdapter", "responses_input"]
@@ -193,6 +199,9 @@ class OpenAIResponsesAdapter(Adapter):
             "reasoning_effort",
         }
     )
+
+    def models_request(self) -> ModelsRequest | None:
+        return bearer_models_request(self)
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
