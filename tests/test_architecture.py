@@ -232,6 +232,33 @@ def test_the_registry_is_a_leaf_every_layer_may_read() -> None:
     assert layer_of("fluid_build.copilot.llm.settings") < layer_of("fluid_build.copilot.agents")
 
 
+@pytest.mark.parametrize("name", sorted(provider_names()))
+def test_each_entry_names_what_exists(name: str) -> None:
+    """The registry names its adapters and steps as strings, which mypy cannot follow: each
+    must load (an adapter renamed or moved fails here, not in a user's first call), and each
+    id it gives another table must be one that table has."""
+    from genai_prices import data_snapshot
+
+    from fluid_build.copilot.call.capabilities import _MATRIX
+    from fluid_build.copilot.llm.base import Adapter
+    from fluid_build.copilot.llm.registry import PROVIDERS, load
+
+    entry = PROVIDERS[name]
+    adapter = load(entry.adapter_class)
+    assert issubclass(adapter, Adapter)
+    assert adapter.provider == entry.adapter
+    assert entry.adapter_class.startswith(f"fluid_build.copilot.llm.{entry.adapter}:")
+    if entry.endpoint_step is not None:
+        assert callable(load(entry.endpoint_step))
+    if entry.price_id is not None:
+        providers = {p.id for p in data_snapshot.get_snapshot().providers}
+        assert entry.price_id in providers
+    if entry.family is not None:
+        assert entry.family in _MATRIX
+    if entry.dialect is not None:
+        assert entry.adapter == "openai_compatible"
+
+
 def test_the_kept_lists_are_still_there() -> None:
     """Each exception still names a list (one that is gone is dropped from the set)."""
     names = provider_names()
