@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -87,14 +87,27 @@ CONFIG_DIR_NAME: Final = "fluid"
 #: Where older versions kept the configuration, under the home directory.
 LEGACY_DIR_NAME: Final = ".fluid"
 _VERSION: Final = 1
+
+
+class _StoredSettings(Mapping[str, tuple[str, ...]]):
+    """Each provider's ``stored_settings`` (llm/registry.py), read from its entry when asked."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        entry = registry.PROVIDERS.get(name)
+        if entry is None or not entry.stored_settings:
+            raise KeyError(name)
+        return entry.stored_settings
+
+    def __iter__(self) -> Iterator[str]:
+        return (e.name for e in registry.PROVIDERS.values() if e.stored_settings)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 #: The settings ``fluid ai setup`` stores for a cloud provider, as the variables they fill.
 #: Never a credential: AWS and Google keep theirs in their own files and tools.
-#: Each provider's ``stored_settings`` in its registry entry (llm/registry.py).
-CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = {
-    entry.name: entry.stored_settings
-    for entry in registry.PROVIDERS.values()
-    if entry.stored_settings
-}
+CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = _StoredSettings()
 _SETTING_LIMIT: Final = 100
 _MAX_FILE_BYTES: Final = 64 * 1024
 
