@@ -11,7 +11,6 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
-    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -280,14 +279,6 @@ class AnthropicAdapter(Adapter):
     def refusals(self, spec: CallSpec) -> dict[str, str]:
         respond = _respond_tool(spec) if spec.response_schema is not None else None
         return thinking_refusals(spec, respond)
-
-    def models_request(self) -> ModelsRequest | None:
-        headers = {"accept": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["x-api-key"] = self.config.api_key
-        headers["anthropic-version"] = self.config.api_version or ANTHROPIC_VERSION
-        base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
-        return f"{base}/v1/models", headers, {"limit": 1000}
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from fluid_build.copilot.llm.base import ModelsRequest
 from fluid_build.copilot.llm.openai import CHAT_OPTIONS, OpenAIAdapter
 
 __all__ = ["AZURE_API_VERSION", "AzureOpenAIAdapter"]
@@ -45,11 +44,3 @@ class AzureOpenAIAdapter(OpenAIAdapter):
         if self.config.api_key:
             headers["api-key"] = self.config.api_key
         return headers
-
-    def models_request(self) -> ModelsRequest | None:
-        headers = {"accept": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["api-key"] = self.config.api_key
-        version = self.config.api_version or AZURE_API_VERSION
-        endpoint = (self.config.base_url or "").rstrip("/")
-        return f"{endpoint}/openai/models", headers, {"api-version": version}

@@ -18,7 +18,6 @@ from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 __all__ = [
     "NULL",
     "Adapter",
-    "ModelsRequest",
     "Parsed",
     "ProviderConfig",
     "Request",
@@ -35,9 +34,6 @@ __all__ = [
     "text_of",
     "unsupported_option",
 ]
-
-#: A GET listing the models a key may use: URL, headers, query parameters.
-ModelsRequest = tuple[str, dict[str, str], dict[str, str | int]]
 
 #: The call options an adapter maps to a field of its own (``Adapter.supported_options``).
 #: ``extra_body`` and ``extra_headers`` go to every provider and are not listed.
@@ -299,11 +295,6 @@ class Adapter:
     def endpoint(self) -> str | None:
         """The base URL requests go to: the configured one, or the provider's default."""
         return self.config.base_url or self.default_base_url
-
-    def models_request(self) -> ModelsRequest | None:
-        """The cheapest authenticated GET (``fluid ai setup --check``): the models the key
-        may use. None: the API has no such list a key alone can read (a cloud's endpoint)."""
-        return None
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         raise NotImplementedError

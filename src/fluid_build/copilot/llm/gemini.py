@@ -13,7 +13,6 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
-    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -243,13 +242,6 @@ class GeminiAdapter(Adapter):
         if thinking_kind(model.removeprefix("models/")) is None:
             return self.options - {"reasoning_effort"}
         return self.options
-
-    def models_request(self) -> ModelsRequest | None:
-        headers = {"accept": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["x-goog-api-key"] = self.config.api_key  # never in the URL
-        base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")
-        return f"{base}/models", headers, {"pageSize": 1000}
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")

@@ -10,7 +10,6 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
-    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -104,10 +103,6 @@ class OllamaAdapter(Adapter):
         if _harmony(model):
             return self.options | {"reasoning_effort"}
         return self.options
-
-    def models_request(self) -> ModelsRequest | None:
-        headers = {"accept": "application/json", **self.config.headers}
-        return f"{(self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip('/')}/api/tags", headers, {}
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")

@@ -19,7 +19,6 @@ from fluid_build.copilot.llm.base import (
     SAMPLING_OPTIONS,
     TEXT,
     Adapter,
-    ModelsRequest,
     Parsed,
     ProviderConfig,
     Request,
@@ -48,15 +47,6 @@ _CHAT_NAMES: Final = {
     "stop": "stop",
     "seed": "seed",
 }
-
-
-def bearer_models_request(adapter: Adapter) -> ModelsRequest:
-    """``GET {base}/models`` with the key as a bearer token: OpenAI's list, and that of
-    every server speaking its API."""
-    headers = {"accept": "application/json", **adapter.config.headers}
-    if adapter.config.api_key:
-        headers["authorization"] = f"Bearer {adapter.config.api_key}"
-    return f"{(adapter.endpoint or OPENAI_BASE_URL).rstrip('/')}/models", headers, {}
 
 
 def with_extra_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
@@ -293,9 +283,6 @@ class OpenAIAdapter(Adapter):
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
         return headers
-
-    def models_request(self) -> ModelsRequest | None:
-        return bearer_models_request(self)
 
     def body(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
         """The request body: fluid's fields, then the call's ``extra_body`` merged in last."""

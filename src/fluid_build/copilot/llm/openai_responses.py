@@ -20,7 +20,6 @@ from fluid_build.copilot.llm.base import (
     NULL,
     TEXT,
     Adapter,
-    ModelsRequest,
     Parsed,
     Request,
     StreamState,
@@ -28,12 +27,7 @@ from fluid_build.copilot.llm.base import (
     merge_body,
     text_of,
 )
-from fluid_build.copilot.llm.openai import (
-    OPENAI_BASE_URL,
-    _refused,
-    bearer_models_request,
-    with_extra_headers,
-)
+from fluid_build.copilot.llm.openai import OPENAI_BASE_URL, _refused, with_extra_headers
 from fluid_build.copilot.llm.types import CallSpec, StreamEvent, ToolCall, Usage
 
 __all__ = ["OpenAIResponsesAdapter", "responses_input"]
@@ -199,9 +193,6 @@ class OpenAIResponsesAdapter(Adapter):
             "reasoning_effort",
         }
     )
-
-    def models_request(self) -> ModelsRequest | None:
-        return bearer_models_request(self)
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
