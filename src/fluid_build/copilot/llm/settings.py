@@ -26,12 +26,11 @@ from urllib.parse import urlsplit
 from fluid_build._redact import redact, truncate
 from fluid_build.config import env_float
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
-from fluid_build.copilot.llm import registry as _registry
 from fluid_build.copilot.llm.base import ProviderConfig
 from fluid_build.copilot.llm.checks import clean as _clean
 from fluid_build.copilot.llm.checks import not_configured as _not_configured
 from fluid_build.copilot.llm.checks import url_problem as _url_problem
-from fluid_build.copilot.llm.registry import ProviderEntry
+from fluid_build.copilot.llm.registry import PROVIDERS, ProviderEntry, load
 
 __all__ = [
     "CALL_DEFAULT_VARIABLES",
@@ -44,9 +43,7 @@ __all__ = [
 DEFAULT_TIMEOUT: Final = 120.0
 
 
-#: The table of providers (llm/registry.py): every name, its variables and defaults.
-PROVIDERS: Final = _registry.PROVIDERS
-#: The old name of a provider's entry.
+#: The old name of a provider's entry (llm/registry.py).
 ProviderInfo = ProviderEntry
 
 #: A valid value for each variable, shown when the value set cannot be used.
@@ -327,7 +324,7 @@ def resolve_provider_config(
     region = None
     if info.endpoint_step is not None:
         # A cloud's endpoint (and region): its library loads only for this provider.
-        settled = _registry.load(info.endpoint_step)(url, key, env)
+        settled = load(info.endpoint_step)(url, key, env)
         if isinstance(settled, tuple):
             url, region, key = settled
         else:
