@@ -119,7 +119,6 @@ KEPT_PROVIDER_LISTS = {
     # the providers serving each model family (a new provider with models of its own
     # adds rows there; an entry's ``family`` picks the section).
     ("fluid_build/copilot/call/capabilities.py", "_MATRIX"),
-    ("fluid_build/copilot/call/capabilities.py", "_OWN_PROVIDER_ONLY"),
     ("fluid_build/copilot/call/capabilities.py", "_OPENAI"),
     ("fluid_build/copilot/call/capabilities.py", "_OPENAI_CHAT"),
     ("fluid_build/copilot/call/capabilities.py", "_CLAUDE"),

@@ -314,7 +314,7 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         ),
     ),
     # The OpenAI-compatible presets: suggested only to a run of the same provider
-    # (_OWN_PROVIDER_ONLY). No tokenizer of theirs is bundled: open-weight and Grok
+    # (_own_provider_only). No tokenizer of theirs is bundled: open-weight and Grok
     # models are estimated like local ones ("llama"); gpt-oss is o200k_base.
     # DeepSeek: api-docs.deepseek.com/quick_start/pricing ("CONTEXT LENGTH 128K";
     # "MAX OUTPUT ... MAXIMUM: 8K" for deepseek-chat, "64K" for deepseek-reasoner;
@@ -400,9 +400,13 @@ def _section(provider: str) -> str | None:
     return entry.family if entry is not None else _SECTION_ALIASES.get(provider)
 
 
-# Sections offered as a larger-window alternative only to a run of the same provider:
-# a local model, or a preset's, needs another server or another key.
-_OWN_PROVIDER_ONLY: Final = frozenset({"ollama", "deepseek", "xai", "together"})
+def _own_provider_only() -> set[str]:
+    """Sections offered as a larger-window alternative only to a run of the same provider:
+    a local model (``local``), or a hosted preset's (``default_base_url``), needs another
+    server or another key."""
+    return {e.family for e in PROVIDERS.values() if e.family and (e.local or e.default_base_url)}
+
+
 # A known name followed by one of these is the same model, versioned or tagged.
 _SEPARATORS: Final = frozenset("-:@._/")
 _NAME_PREFIXES: Final = ("models/", "library/")
@@ -1141,7 +1145,8 @@ def models_with_larger_window(
     if limit <= 0:
         return []
     if provider is None:
-        sections = [name for name in _MATRIX if name not in _OWN_PROVIDER_ONLY]
+        own = _own_provider_only()
+        sections = [name for name in _MATRIX if name not in own]
     else:
         section = _section(provider.strip().lower())
         sections = [section] if section else []
