@@ -10,13 +10,17 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
+
+from fluid_build.copilot.llm.openai import OpenAIAdapter
+from fluid_build.copilot.llm.registry import ProviderEntry
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
-#: Top to bottom, as docs/architecture.md draws them; a package's first match wins.
+#: Top to bottom, as docs/architecture.md draws them; the longest matching prefix wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fluid_build.cli",),
     ("fluid_build.forge", "fluid_build.corpus", "fluid_build.aiconfig"),
@@ -28,6 +32,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fluid_build.copilot.health", "fluid_build.copilot.schema", "fluid_build.copilot.llm"),
     ("fluid_build.copilot.agents",),
     (
+        # The provider table imports nothing of fluid_build: every layer reads it, the error
+        # contract too (tests below check it stays a leaf).
+        "fluid_build.copilot.llm.registry",
         "fluid_build.config",
         "fluid_build.errors",
         "fluid_build._files",
@@ -42,14 +49,18 @@ ABOVE_ALL = {"fluid_build", "fluid_build.__main__", "fluid_build.fakeserver"}
 
 
 def layer_of(module: str) -> int:
+    found: tuple[int, int] | None = None  # (prefix length, depth)
     for depth, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
             if prefix == "fluid_build.copilot":
-                if module == prefix:
-                    return depth
-            elif module == prefix or module.startswith(prefix + "."):
-                return depth
-    raise AssertionError(f"{module} belongs to no layer of docs/architecture.md")
+                matches = module == prefix
+            else:
+                matches = module == prefix or module.startswith(prefix + ".")
+            if matches and (found is None or len(prefix) > found[0]):
+                found = (len(prefix), depth)
+    if found is None:
+        raise AssertionError(f"{module} belongs to no layer of docs/architecture.md")
+    return found[1]
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -96,6 +107,330 @@ def test_the_provider_adapters_import_no_other_part_of_the_call() -> None:
                 assert not target.startswith(
                     ("fluid_build.copilot.health", "fluid_build.copilot.schema")
                 ), f"{path.name}:{line} imports {target}"
+
+
+# -- One registry entry per provider (issue 36 item 2) ---------------------------------------
+
+REGISTRY = SRC / "fluid_build" / "copilot" / "llm" / "registry.py"
+#: Lists of provider names still kept outside the registry, each with why: (module, the
+#: top-level name holding the list). Any other list of two or more names fails.
+KEPT_PROVIDER_LISTS = {
+    # The capability matrix is a table of models by section, and its option rules name
+    # the providers serving each model family (a new provider with models of its own
+    # adds rows there; an entry's ``family`` picks the section).
+    ("fluid_build/copilot/call/capabilities.py", "_MATRIX"),
+    ("fluid_build/copilot/call/capabilities.py", "_OPENAI"),
+    ("fluid_build/copilot/call/capabilities.py", "_OPENAI_CHAT"),
+    ("fluid_build/copilot/call/capabilities.py", "_CLAUDE"),
+    ("fluid_build/copilot/call/capabilities.py", "_GEMINI"),
+}
+#: Comparisons with a provider's name kept outside the registry, each with why: (module, the
+#: top-level function or name holding it). Any other (``if provider == "azure"``: a table in
+#: hiding) fails.
+KEPT_PROVIDER_BRANCHES = {
+    # `fluid ai setup --check` lists the models with each API's own request (a wire format,
+    # one branch per adapter that lists models its own way).
+    ("fluid_build/cli/ai.py", "_probe"),
+    # Matrix sections, not providers: Bedrock's model ids and the Responses API's fallback
+    # to OpenAI's rows.
+    ("fluid_build/copilot/call/capabilities.py", "_lookup"),
+    ("fluid_build/copilot/call/capabilities.py", "_rule_name"),
+    # The vendor inside a Bedrock model id ("anthropic.claude-..."), not a provider.
+    ("fluid_build/copilot/llm/bedrock.py", "BedrockAdapter"),
+}
+
+
+def _holder(top: ast.stmt) -> str:
+    """The name a top-level statement defines: its function, class or assigned name."""
+    if isinstance(top, ast.Assign | ast.AnnAssign):
+        targets = top.targets if isinstance(top, ast.Assign) else [top.target]
+        return next((t.id for t in targets if isinstance(t, ast.Name)), "")
+    if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return top.name
+    return ""
+
+
+def provider_names() -> frozenset[str]:
+    """The names the registry gives its entries."""
+    from fluid_build.copilot.llm.registry import PROVIDERS
+
+    return frozenset(PROVIDERS)
+
+
+def _named(nodes: list[ast.expr | None], names: frozenset[str]) -> list[str]:
+    """The provider names among ``nodes`` and the pairs/rows they hold (not calls)."""
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.append(node.value)
+        elif isinstance(node, ast.Tuple | ast.List):
+            found.extend(
+                e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names
+            )
+    return found
+
+
+def provider_lists(tree: ast.AST, names: frozenset[str]) -> list[tuple[int, str, list[str]]]:
+    """Each tuple, list, set or dict literal in ``tree`` naming two or more providers (as
+    items, dict keys or values, or inside its pairs): its line, the top-level name (or
+    function) it sits in, and the names."""
+    found = []
+    for top in tree.body if isinstance(tree, ast.Module) else []:
+        where = _holder(top)
+        seen: set[int] = set()
+        for node in ast.walk(top):
+            items: list[ast.expr | None]
+            if isinstance(node, ast.Tuple | ast.List | ast.Set):
+                items = list(node.elts)
+            elif isinstance(node, ast.Dict):
+                items = [*node.keys, *node.values]
+            else:
+                continue
+            if id(node) in seen:
+                continue
+            # A pair or row inside is counted with its table, not again on its own.
+            seen.update(id(e) for e in items if isinstance(e, ast.Tuple | ast.List))
+            named = _named(items, names)
+            if len(named) >= 2:
+                found.append((node.lineno, where, named))
+    return found
+
+
+def provider_branches(tree: ast.AST, names: frozenset[str]) -> list[tuple[int, str, str]]:
+    """Each comparison of a value with a provider's name in ``tree``: its line, the top-level
+    name it sits in, and the provider's name."""
+    found = []
+    for top in tree.body if isinstance(tree, ast.Module) else []:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    if isinstance(side, ast.Constant) and side.value in names:
+                        found.append((node.lineno, _holder(top), side.value))
+    return found
+
+
+def test_every_list_of_providers_is_the_registry() -> None:
+    """A provider is one adapter module and one entry in llm/registry.py: no other module
+    keeps a list, a set or a table of provider names (the six that did read the entries)."""
+    names = provider_names()
+    assert {"openai", "azure", "bedrock", "vertex", "groq", "llamacpp"} <= names
+    lists = []
+    for _, path in modules():
+        if path == REGISTRY:
+            continue
+        where = path.relative_to(SRC).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for line, holder, named in provider_lists(tree, names):
+            if (where, holder) not in KEPT_PROVIDER_LISTS:
+                lists.append(f"{where}:{line} {holder} {named}")
+    assert lists == []
+
+
+def test_the_registry_is_a_leaf_every_layer_may_read() -> None:
+    """llm/registry.py imports no other fluid_build module (adapters load by dotted path,
+    when a client is made), so the error contract below llm/ reads it as well."""
+    assert imports(REGISTRY) == []
+    assert layer_of("fluid_build.copilot.llm.registry") == len(LAYERS) - 1
+    assert layer_of("fluid_build.copilot.llm.settings") < layer_of("fluid_build.copilot.agents")
+
+
+@pytest.mark.parametrize("name", sorted(provider_names()))
+def test_each_entry_names_what_exists(name: str) -> None:
+    """The registry names its adapters and steps as strings, which mypy cannot follow: each
+    must load (an adapter renamed or moved fails here, not in a user's first call), and each
+    id it gives another table must be one that table has."""
+    from genai_prices import data_snapshot
+
+    from fluid_build.copilot.call.capabilities import _MATRIX
+    from fluid_build.copilot.llm.base import Adapter
+    from fluid_build.copilot.llm.registry import PROVIDERS, load
+
+    entry = PROVIDERS[name]
+    adapter = load(entry.adapter_class)
+    assert issubclass(adapter, Adapter)
+    assert adapter.provider == entry.adapter
+    assert entry.adapter_class.startswith(f"fluid_build.copilot.llm.{entry.adapter}:")
+    if entry.endpoint_step is not None:
+        assert callable(load(entry.endpoint_step))
+    if entry.price_id is not None:
+        providers = {p.id for p in data_snapshot.get_snapshot().providers}
+        assert entry.price_id in providers
+    if entry.family is not None:
+        assert entry.family in _MATRIX
+    if entry.dialect is not None:
+        assert entry.adapter == "openai_compatible"
+
+
+def test_the_kept_lists_are_still_there() -> None:
+    """Each exception still names a list (one that is gone is dropped from the set)."""
+    names = provider_names()
+    present = {
+        (path.relative_to(SRC).as_posix(), holder)
+        for _, path in modules()
+        for _, holder, _ in provider_lists(ast.parse(path.read_text(encoding="utf-8")), names)
+    }
+    assert present >= KEPT_PROVIDER_LISTS
+
+
+def test_no_module_branches_on_a_providers_name() -> None:
+    """What differs between providers is a field of their entries: a comparison with one
+    provider's name (the per-provider branches resolve_provider_config had) fails."""
+    names = provider_names()
+    branches = []
+    present = set()
+    for _, path in modules():
+        if path == REGISTRY:
+            continue
+        where = path.relative_to(SRC).as_posix()
+        for line, holder, name in provider_branches(ast.parse(path.read_text("utf-8")), names):
+            present.add((where, holder))
+            if (where, holder) not in KEPT_PROVIDER_BRANCHES:
+                branches.append(f"{where}:{line} {holder} {name}")
+    assert branches == []
+    assert present >= KEPT_PROVIDER_BRANCHES  # an exception that is gone leaves the set
+
+
+NAMES = frozenset({"openai", "azure", "vllm", "llamacpp", "bedrock", "vertex"})
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'SEVENTH = {"openai": "x", "azure": "y"}',
+        'LOCAL: Final = frozenset({"vllm", "llamacpp"})',
+        'HOSTS = (("api.openai.com", "openai"), ("openai.azure.com", "azure"))',
+        'def f(p):\n    return p in ("bedrock", "vertex")',
+        'NAMES = {"v": "vertex", "b": "bedrock"}',
+        'ORDER = ["openai", "azure"]',
+        'NESTED = {"servers": {"vllm": 1, "llamacpp": 2}}',
+    ],
+)
+def test_the_provider_list_finder_finds_a_list(source: str) -> None:
+    assert len(provider_lists(ast.parse(source), NAMES)) == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    ['ONE = {"openai": 1}', 'WORDS = ("open", "ai")', 'RULE = Rule("openai", x=("azure",))'],
+)
+def test_the_provider_list_finder_leaves_what_is_not_a_list_of_providers(source: str) -> None:
+    assert provider_lists(ast.parse(source), NAMES) == []
+
+
+def test_the_branch_finder_finds_a_branch() -> None:
+    tree = ast.parse('def f(info):\n    if info.adapter == "vertex":\n        return name != "x"')
+    assert provider_branches(tree, NAMES) == [(2, "f", "vertex")]
+
+
+class EchoAdapter(OpenAIAdapter):
+    """A provider fluid has never heard of, speaking OpenAI's chat completions at home."""
+
+    provider = "echo"
+    default_base_url = "https://echo.example.test/v1"
+
+
+#: The one entry that adds it: nothing else in src/ is edited.
+ECHO = ProviderEntry(
+    "echo",
+    "echo",
+    f"{__name__}:EchoAdapter",
+    ("ECHO_API_KEY",),
+    True,
+    "gpt-4o-mini",
+    "ECHO_BASE_URL",
+    price_id="openai",  # it resells OpenAI's models at OpenAI's prices
+    strict_schema=True,
+    family="openai",
+)
+ECHO_ANSWER = {
+    "id": "x",
+    "model": "gpt-4o-mini",
+    "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+    ],
+    "usage": {"prompt_tokens": 1_000, "completion_tokens": 100, "total_tokens": 1_100},
+}
+
+
+@pytest.fixture
+def echo(monkeypatch: pytest.MonkeyPatch) -> ProviderEntry:
+    from fluid_build.copilot.llm import registry
+
+    # The table is read where it is used, never copied at import: one entry is enough.
+    monkeypatch.setitem(cast("dict[str, ProviderEntry]", registry.PROVIDERS), "echo", ECHO)
+    return ECHO
+
+
+def test_a_new_provider_is_one_entry_for_the_settings(echo: ProviderEntry) -> None:
+    from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
+    from fluid_build.copilot.llm.settings import resolve_provider_config
+
+    config = resolve_provider_config(env={"FLUID_LLM_PROVIDER": "echo", "ECHO_API_KEY": "k-1"})
+    assert (config.provider, config.model, config.api_key) == ("echo", "gpt-4o-mini", "k-1")
+    assert config.base_url is None  # the adapter's own default serves it
+    url = resolve_provider_config("echo", env={"ECHO_API_KEY": "k", "ECHO_BASE_URL": "http://h:1"})
+    assert url.base_url == "http://h:1"
+    with pytest.raises(ProviderAuthError) as missing:
+        resolve_provider_config("echo", env={})
+    assert missing.value.details["variable"] == "ECHO_API_KEY"
+    assert "ECHO_API_KEY" in str(missing.value)
+    with pytest.raises(ProviderError) as bad:
+        resolve_provider_config("echo", env={"ECHO_API_KEY": "k", "ECHO_BASE_URL": "ftp://h"})
+    assert bad.value.code == "llm.bad_endpoint"
+    assert bad.value.details["variable"] == "ECHO_BASE_URL"
+
+
+def test_a_new_provider_is_one_entry_for_the_client_and_prices(echo: ProviderEntry) -> None:
+    import httpx
+
+    from fluid_build.copilot import LLMClient
+    from fluid_build.copilot.call.prices import known_price, price_call
+    from fluid_build.copilot.llm.types import Usage
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ECHO_ANSWER)
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    env = {"ECHO_API_KEY": "k-echo", "FLUID_OPENAI_STRICT_SCHEMA": "1"}
+    with LLMClient("echo", env=env, http_client=http) as client:
+        assert type(client.adapter) is EchoAdapter
+        assert client.strict_schema is True  # its entry says its API has strict mode
+        done = client.complete("hi")
+    http.close()
+    assert done.text == "hi"
+    assert str(sent[0].url) == "https://echo.example.test/v1/chat/completions"
+    assert sent[0].headers["authorization"] == "Bearer k-echo"
+    usage = Usage(input_tokens=1_000, output_tokens=100)
+    assert known_price("echo", "gpt-4o-mini")
+    assert done.cost_usd == price_call("openai", "gpt-4o-mini", usage)
+    assert done.cost_usd is not None
+    assert done.cost_usd > 0
+
+
+def test_a_new_provider_is_one_entry_for_doctor(
+    echo: ProviderEntry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fluid_build.cli import doctor
+
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "fluid-home"))
+    monkeypatch.setenv("FLUID_COOLDOWN_URL", "memory://")
+    monkeypatch.setenv("ECHO_API_KEY", "k-echo-secret")
+    result = CliRunner().invoke(doctor.command, ["--json"])
+    assert result.exit_code == 0, result.output
+    assert "k-echo-secret" not in result.output
+    row = next(p for p in json.loads(result.output)["providers"] if p["name"] == "echo")
+    assert row["adapter"] == "echo"
+    assert row["key"]["present"] is True
+    assert row["key"]["source"] == "ECHO_API_KEY"
+    assert row["base_url"] == "https://echo.example.test/v1"  # the adapter's own default
+    assert (row["model"], row["model_source"]) == ("gpt-4o-mini", "default")
 
 
 PACKAGES = sorted(

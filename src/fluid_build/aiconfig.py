@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -48,6 +48,7 @@ from fluid_build._files import (
 )
 from fluid_build._private import private_dir
 from fluid_build._redact import redact
+from fluid_build.copilot.llm import registry
 
 if TYPE_CHECKING:
     from keyring.backend import KeyringBackend
@@ -86,12 +87,27 @@ CONFIG_DIR_NAME: Final = "fluid"
 #: Where older versions kept the configuration, under the home directory.
 LEGACY_DIR_NAME: Final = ".fluid"
 _VERSION: Final = 1
+
+
+class _StoredSettings(Mapping[str, tuple[str, ...]]):
+    """Each provider's ``stored_settings`` (llm/registry.py), read from its entry when asked."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        entry = registry.PROVIDERS.get(name)
+        if entry is None or not entry.stored_settings:
+            raise KeyError(name)
+        return entry.stored_settings
+
+    def __iter__(self) -> Iterator[str]:
+        return (e.name for e in registry.PROVIDERS.values() if e.stored_settings)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 #: The settings ``fluid ai setup`` stores for a cloud provider, as the variables they fill.
 #: Never a credential: AWS and Google keep theirs in their own files and tools.
-CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = {
-    "bedrock": ("AWS_REGION",),
-    "vertex": ("GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"),
-}
+CLOUD_SETTINGS: Final[Mapping[str, tuple[str, ...]]] = _StoredSettings()
 _SETTING_LIMIT: Final = 100
 _MAX_FILE_BYTES: Final = 64 * 1024
 

@@ -24,16 +24,6 @@ __all__ = ["command"]
 
 _MIN_KEY_LENGTH: Final = 8
 _MAX_KEY_LENGTH: Final = 1024
-# Known key prefixes, to warn about a key pasted for the wrong provider.
-_KEY_PREFIXES: Final = {
-    "openai": "sk-",
-    "anthropic": "sk-ant-",
-    "openrouter": "sk-or-",
-    "gemini": "AIza",
-    "groq": "gsk_",
-    "openai_responses": "sk-",
-    "xai": "xai-",
-}
 # The cloud providers' options, as the variables they are stored for (aiconfig.CLOUD_SETTINGS).
 _CLOUD_OPTIONS: Final = {
     "AWS_REGION": "--region",
@@ -149,15 +139,20 @@ def _shape_problem(key: str) -> str | None:
 
 
 def _prefix_warning(provider: str, key: str) -> str | None:
+    from fluid_build.copilot.llm.registry import PROVIDERS
+
+    # Known key prefixes (each entry's key_prefix), to warn about a key pasted for the
+    # wrong provider: the longest that matches names the owner.
+    prefixes = {e.name: e.key_prefix for e in PROVIDERS.values() if e.key_prefix}
     owner = next(
         (
             name
-            for name, prefix in sorted(_KEY_PREFIXES.items(), key=lambda item: -len(item[1]))
+            for name, prefix in sorted(prefixes.items(), key=lambda item: -len(item[1]))
             if key.startswith(prefix)
         ),
         None,
     )
-    expected = _KEY_PREFIXES.get(provider)
+    expected = prefixes.get(provider)
     # "sk-" alone is too common (proxies, DeepSeek) to name its owner.
     if owner is not None and owner not in {provider, "openai"}:
         return f"this key has the prefix of {owner} keys, not {provider}'s"
@@ -267,10 +262,11 @@ def _cloud_notes(name: str, settings: dict[str, str]) -> tuple[str | None, list[
     """Where the cloud provider's credentials come from (never stored by fluid), and what is
     still missing, each with its next step."""
     from fluid_build.cli._credentials import aws_credentials, google_credentials
+    from fluid_build.copilot.llm.registry import PROVIDERS
 
     env = {**os.environ, **{k: v for k, v in settings.items() if not os.environ.get(k)}}
     missing: list[str] = []
-    if name == "bedrock":
+    if PROVIDERS[name].cloud == "aws":
         holder = next(
             (v for v in ("FLUID_LLM_API_KEY", "AWS_BEARER_TOKEN_BEDROCK") if env.get(v)), None
         )
@@ -459,7 +455,7 @@ def _check(provider: str | None, model: str | None, as_json: bool) -> int:
     name = _provider_name(provider) if provider else None
     with LLMClient(provider=name, model=model, env=apply_stored_config(os.environ)) as client:
         config = client.config
-        if PROVIDERS[config.provider].adapter in ("bedrock", "vertex"):
+        if PROVIDERS[config.provider].cloud is not None:
             # Their endpoints have no model list to GET with a key: an unsigned GET would fail
             # for the wrong reason. Say so rather than report a misleading verdict.
             raise click.UsageError(

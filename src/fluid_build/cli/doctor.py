@@ -403,7 +403,7 @@ def _cloud_lines(providers: list[Mapping[str, Any]]) -> list[str]:
         source = found["source"] or f"none ({found['error']})"
         if found["source"] and found["error"]:
             source += f"; but {found['error']}"
-        if row["adapter"] == "bedrock":
+        if "region" in found:  # AWS: a region and an endpoint; Google: a project
             region = (
                 f"{found['region']} ({found['region_source']})"
                 if found["region"]

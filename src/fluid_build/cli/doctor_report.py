@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from fluid_build.copilot.health.breaker import CircuitBreaker
     from fluid_build.copilot.health.store import CooldownStore
+    from fluid_build.copilot.llm.registry import ProviderEntry
 
 __all__ = ["collect_report", "public_url"]
 
@@ -80,19 +81,11 @@ def _key_status(
     return {**status, "present": False, "source": None, "malformed": False}
 
 
-def _default_url(adapter: str) -> str | None:
-    from fluid_build.copilot.llm.anthropic import ANTHROPIC_BASE_URL
-    from fluid_build.copilot.llm.gemini import GEMINI_BASE_URL
-    from fluid_build.copilot.llm.ollama import OLLAMA_DEFAULT_HOST
-    from fluid_build.copilot.llm.openai import OPENAI_BASE_URL
+def _default_url(entry: ProviderEntry) -> str | None:
+    """Where the entry's adapter sends when no base URL is configured: its own default."""
+    from fluid_build.copilot.llm.registry import load
 
-    return {
-        "openai": OPENAI_BASE_URL,
-        "openai_responses": OPENAI_BASE_URL,
-        "anthropic": ANTHROPIC_BASE_URL,
-        "gemini": GEMINI_BASE_URL,
-        "ollama": OLLAMA_DEFAULT_HOST,
-    }.get(adapter)
+    return cast("str | None", load(entry.adapter_class).default_base_url)
 
 
 def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -109,11 +102,11 @@ def _base_url(name: str, env: Mapping[str, str]) -> tuple[str | None, str | None
         )
     except ProviderError as exc:
         return None, exc.message or redact(str(exc))
-    url = config.base_url or _default_url(PROVIDERS[name].adapter)
+    url = config.base_url or _default_url(PROVIDERS[name])
     return public_url(url), None
 
 
-def _cloud(adapter: str, env: Mapping[str, str], url: str | None) -> dict[str, Any]:
+def _cloud(cloud: str, env: Mapping[str, str], url: str | None) -> dict[str, Any]:
     """A cloud provider's credentials: where they come from (never what they are), and for
     bedrock the region and endpoint, for vertex the project and location, with their sources."""
     from fluid_build.cli._credentials import (
@@ -125,7 +118,7 @@ def _cloud(adapter: str, env: Mapping[str, str], url: str | None) -> dict[str, A
 
     # The name of the variable holding a token, never the token.
     holder = "FLUID_LLM_API_KEY" if _set(env, "FLUID_LLM_API_KEY") else None
-    if adapter == "vertex":
+    if cloud == "google":
         found = google_credentials(env, holder)
         changes: dict[str, Any] = {"credentials": found}
         if found["project_source"] == "the key file" and url is None:
@@ -433,29 +426,30 @@ def _collect(env: Mapping[str, str]) -> dict[str, Any]:
     providers = []
     for name, info in PROVIDERS.items():
 
-        def provider_row(name: str = name, adapter: str = info.adapter) -> dict[str, Any]:
+        def provider_row(name: str = name, info: ProviderEntry = info) -> dict[str, Any]:
             # A cloud provider's stored region/project/location fill what env lacks, as in a run.
             filled = {k: v for k, v in stored.settings.get(name, {}).items() if not _set(env, k)}
             row_env = {**env, **filled} if filled else env
             url, url_error = _base_url(name, row_env)
             row = {
                 "name": name,
-                "adapter": adapter,
+                "adapter": info.adapter,
                 "key": _key_status(name, env, stored.key_sources),
                 "base_url": url,
                 "base_url_error": url_error,
                 **_model(name, env, stored.model_dump()),
                 "selected": name == selection["provider"],
             }
-            if adapter in ("bedrock", "vertex"):
-                row.update(_cloud(adapter, row_env, url))
+            if info.cloud is not None:
+                row.update(_cloud(info.cloud, row_env, url))
                 for part in ("region", "project", "location"):
                     if row["credentials"].get(f"{part}_source") in filled:
                         row["credentials"][f"{part}_source"] = "stored by fluid ai setup"
                 # Asked for (a broken key file or profile is then worth a line too).
                 wanted = (_set(env, "FLUID_LLM_PROVIDER") or "").strip().lower() == name
                 explicit = _set(
-                    env, "GOOGLE_APPLICATION_CREDENTIALS" if adapter == "vertex" else "AWS_PROFILE"
+                    env,
+                    "GOOGLE_APPLICATION_CREDENTIALS" if info.cloud == "google" else "AWS_PROFILE",
                 )
                 row["credentials"]["wanted"] = wanted or explicit is not None
             return row

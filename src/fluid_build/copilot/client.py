@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fluid_build.copilot.health.cooldown import CooldownKey
     from fluid_build.copilot.llm.base import Adapter, ProviderConfig
     from fluid_build.copilot.llm.fallback import Fallback
+    from fluid_build.copilot.llm.registry import ProviderEntry
     from fluid_build.copilot.llm.settings import PROVIDERS, resolve_provider_config
     from fluid_build.copilot.llm.types import Completion, StreamEvent
     from fluid_build.copilot.telemetry import CallTrace, Telemetry, telemetry_from
@@ -61,19 +62,6 @@ def _on_cut(value: object, source: str) -> OnCut:
 
 
 T = TypeVar("T")
-
-#: Each adapter's module and class; only the provider's own adapter is imported.
-_ADAPTERS: dict[str, tuple[str, str]] = {
-    "openai": ("openai", "OpenAIAdapter"),
-    "azure": ("azure", "AzureOpenAIAdapter"),
-    "anthropic": ("anthropic", "AnthropicAdapter"),
-    "gemini": ("gemini", "GeminiAdapter"),
-    "bedrock": ("bedrock", "BedrockAdapter"),
-    "vertex": ("vertex", "VertexAdapter"),
-    "ollama": ("ollama", "OllamaAdapter"),
-    "openai_compatible": ("openai_compatible", "OpenAICompatibleAdapter"),
-    "openai_responses": ("openai_responses", "OpenAIResponsesAdapter"),
-}
 
 #: ``batch.DEFAULT_CONCURRENCY`` (the same figure, kept here so that importing this
 #: module does not import the batch module; a test checks that they agree).
@@ -120,13 +108,11 @@ def _load() -> None:
     _loaded = True
 
 
-def _adapter(name: str, config: ProviderConfig) -> Adapter:
-    import importlib
+def _adapter(entry: ProviderEntry, config: ProviderConfig) -> Adapter:
+    """The entry's adapter for ``config``: only the provider's own module is imported."""
+    from fluid_build.copilot.llm.registry import load
 
-    module, cls = _ADAPTERS[name]
-    adapter: type[Adapter] = getattr(
-        importlib.import_module(f"fluid_build.copilot.llm.{module}"), cls
-    )
+    adapter: type[Adapter] = cast("type[Adapter]", load(entry.adapter_class))
     return adapter(config)
 
 
@@ -270,7 +256,7 @@ class LLMClient:
             )
         self._entry = Entry.configured(
             config,
-            _adapter(info.adapter, config),
+            _adapter(info, config),
             self.envelope,
             Pools(self._client, self._aclient),
             env=env,

@@ -31,6 +31,7 @@ from fluid_build._redact import one_line, redact, truncate
 from fluid_build._version import __version__
 from fluid_build.config import yes_no
 from fluid_build.copilot.agents.errors import AgentExecutionError
+from fluid_build.copilot.llm.registry import PROVIDERS
 from fluid_build.errors import FluidError
 
 if TYPE_CHECKING:
@@ -56,31 +57,22 @@ ENABLE_ENV = "FLUID_OTEL"
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 OPERATION = "chat"
-# The conventions' well-known provider names (gen_ai.provider.name's list: openai,
-# azure.ai.openai, anthropic, gcp.gemini, gcp.vertex_ai, aws.bedrock, x_ai, deepseek, groq,
-# mistral_ai, ...); any other provider (together, fireworks, cerebras, ollama, the local
-# servers) keeps fluid's own name, as the conventions ask for a system they do not list.
-_PROVIDER_NAMES = {
-    "openai": "openai",
-    "openai_responses": "openai",  # the same provider, another API
-    "azure": "azure.ai.openai",
-    "anthropic": "anthropic",
-    "gemini": "gcp.gemini",
-    "vertex": "gcp.vertex_ai",
-    "bedrock": "aws.bedrock",
-    "xai": "x_ai",
-    "deepseek": "deepseek",
-    "groq": "groq",
-    "mistral": "mistral_ai",
-}
 # The buckets the GenAI conventions advise for each histogram.
 _DURATION_BUCKETS = [0.01 * 2**i for i in range(14)]
 _TOKEN_BUCKETS = [4.0**i for i in range(14)]
 
 
 def provider_name(provider: str) -> str:
-    """``gen_ai.provider.name`` for one of fluid's providers."""
-    return _PROVIDER_NAMES.get(provider, provider)
+    """``gen_ai.provider.name`` for one of fluid's providers: its entry's ``otel_name``.
+
+    The conventions' well-known names (gen_ai.provider.name's list: openai,
+    azure.ai.openai, anthropic, gcp.gemini, gcp.vertex_ai, aws.bedrock, x_ai, deepseek,
+    groq, mistral_ai, ...); any other provider (together, fireworks, cerebras, ollama, the
+    local servers) keeps fluid's own name, as the conventions ask for a system they do
+    not list.
+    """
+    entry = PROVIDERS.get(provider)
+    return entry.otel_name if entry is not None and entry.otel_name else provider
 
 
 class Telemetry:

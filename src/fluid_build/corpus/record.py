@@ -32,6 +32,7 @@ import httpx
 from fluid_build._redact import redact, redact_json, redact_url, request_secrets
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.copilot.call.wire import DEFAULT_DEADLINE, Deadline, ainflated, inflated
+from fluid_build.copilot.llm.registry import PROVIDERS
 from fluid_build.corpus.cassette import (
     CASSETTE_VERSION,
     OMITTED,
@@ -704,21 +705,19 @@ _RECORDED_ENV: Final = (
 
 def recipe_env(client: LLMClient, env: Mapping[str, str]) -> dict[str, str]:
     """What a replay needs from the environment: the endpoint and the retry policy."""
-    from fluid_build.copilot.llm.settings import PROVIDERS
-
     config = client.config
     info = PROVIDERS[config.provider]
     kept: dict[str, str] = {}
     if config.base_url and info.base_url_var and config.base_url != info.default_base_url:
         kept[info.base_url_var] = redact_url(config.base_url, [config.api_key or ""])
-    if config.provider == "azure" and config.api_version:
-        kept["AZURE_OPENAI_API_VERSION"] = config.api_version
-    if config.provider == "bedrock" and config.region:
+    if info.version_vars and config.api_version:
+        kept[info.version_vars[0]] = config.api_version
+    if info.cloud == "aws" and config.region:
         # The region names the endpoint; replay reaches it with its own bearer token, so
         # the credential chain (and its instance metadata) is never asked.
         kept["AWS_REGION"] = config.region
         kept["AWS_EC2_METADATA_DISABLED"] = "true"
-    if config.provider == "vertex" and config.base_url:
+    if info.cloud == "google" and config.base_url:
         # The project may have come from the credentials (ADC), which replay never loads.
         found = _VERTEX_URL.search(config.base_url)
         if found:
@@ -814,7 +813,7 @@ def record(
             api_key=config.api_key,
             # Vertex's resolved URL already holds the project and location, which the
             # client would add again: it resolves them itself from the caller's endpoint.
-            base_url=base_url if config.provider == "vertex" else config.base_url,
+            base_url=base_url if PROVIDERS[config.provider].cloud == "google" else config.base_url,
             env=source_env,
             strict_schema=strict_schema,
             clock=ticking,

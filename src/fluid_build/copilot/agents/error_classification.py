@@ -69,6 +69,7 @@ from fluid_build.copilot.agents.errors import (
     ProviderTimeoutError,
     SchemaValidationError,
 )
+from fluid_build.copilot.llm.registry import PROVIDERS
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -121,16 +122,6 @@ def parse_rate_limit_reset(
 # Request context: provider, model, secrets
 # --------------------------------------------------------------------------
 
-_HOST_PROVIDERS: Final = (
-    ("openai.azure.com", "azure"),
-    ("api.openai.com", "openai"),
-    ("anthropic.com", "anthropic"),
-    ("generativelanguage.googleapis.com", "gemini"),
-    ("aiplatform.googleapis.com", "vertex"),
-    ("openrouter.ai", "openrouter"),
-    ("api.groq.com", "groq"),
-    ("api.mistral.ai", "mistral"),
-)
 _TIMEOUT_KINDS: Final[Mapping[type[BaseException], str]] = {
     httpx.ConnectTimeout: "connect",
     httpx.ReadTimeout: "read",
@@ -248,7 +239,10 @@ def _where(ctx: _Context, url: httpx.URL) -> None:
     bare = url.copy_with(query=None, fragment=None, username=None, password=None)
     ctx.url = redact(str(bare), ctx.secrets)
     if ctx.provider is None:
-        ctx.provider = next((p for suffix, p in _HOST_PROVIDERS if host.endswith(suffix)), None)
+        # The provider whose entry names the host (llm/registry.py, ``hosts``).
+        ctx.provider = next(
+            (e.name for e in PROVIDERS.values() if e.hosts and host.endswith(e.hosts)), None
+        )
         if ctx.provider is None and url.port == 11434:
             ctx.provider = "ollama"
     if ctx.model is None:

@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Final, Self
 
 from fluid_build._redact import JsonValue, json_safe, one_line, redact, truncate
 from fluid_build.copilot.agents.reason_codes import REASON_CODES, ReasonCode
+from fluid_build.copilot.llm.registry import PROVIDERS
 from fluid_build.errors import FluidError
 
 __all__ = [
@@ -137,29 +138,6 @@ def without_python_asides(text: str) -> str:
     return _PYTHON_ASIDE.sub("", text)
 
 
-#: The variable each provider's key is read from, named in the advice of a rejected key
-#: (kept in step with ``fluid_build.copilot.llm.settings.PROVIDERS``; a test checks).
-_KEY_VARIABLES: Final[Mapping[str, str]] = {
-    "openai": "OPENAI_API_KEY",
-    "azure": "AZURE_OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-    "gemini": "GEMINI_API_KEY",
-    "groq": "GROQ_API_KEY",
-    "mistral": "MISTRAL_API_KEY",
-    "openrouter": "OPENROUTER_API_KEY",
-    "openai_compatible": "OPENAI_API_KEY",
-    "openai_responses": "OPENAI_API_KEY",
-    "xai": "XAI_API_KEY",
-    "deepseek": "DEEPSEEK_API_KEY",
-    "together": "TOGETHER_API_KEY",
-    "fireworks": "FIREWORKS_API_KEY",
-    "cerebras": "CEREBRAS_API_KEY",
-}
-#: OpenAI-compatible servers run by the user: the right key is whatever the server was
-#: started with, not one issued by a provider.
-_LOCAL_SERVERS: Final[Mapping[str, str]] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
-
-
 #: Bedrock has no key variable of its own: the AWS credential chain, or a Bedrock API key.
 _AWS_CREDENTIALS: Final = (
     "Check the AWS credentials in the shell running fluid: AWS_PROFILE (run `aws sso login` "
@@ -177,20 +155,23 @@ _AWS_PERMISSION: Final = (
 
 def _key_advice(provider: str | None, error_type: str | None = None) -> str | None:
     """The advice for a rejected key that names the provider's own variable, or None."""
-    if provider == "bedrock":
+    entry = PROVIDERS.get(provider or "")  # its key variable, or its cloud's credentials
+    if entry is None:
+        return None
+    if entry.cloud == "aws":  # no key variable: the AWS credential chain, or a Bedrock key
         refused = (error_type or "").lower() == "accessdeniedexception"
         return _AWS_PERMISSION if refused else _AWS_CREDENTIALS
-    server = _LOCAL_SERVERS.get(provider or "")
-    if server is not None:
+    if entry.server_label is not None:
+        # The user's own server: the right key is whatever it was started with.
         return (
-            f"Check OPENAI_API_KEY (or FLUID_LLM_API_KEY) in the shell running fluid: it must "
-            f"match the --api-key the {server} server was started with."
+            f"Check {entry.key_vars[0]} (or FLUID_LLM_API_KEY) in the shell running fluid: it "
+            f"must match the --api-key the {entry.server_label} server was started with."
         )
-    if provider == "vertex":  # no key variable: Google credentials and IAM
+    if entry.cloud == "google":  # no key variable: Google credentials and IAM
         return _GOOGLE_CREDENTIALS
-    variable = _KEY_VARIABLES.get(provider or "")
-    if variable is None:
+    if not entry.key_vars:
         return None
+    variable = entry.key_vars[0]
     return (
         f"Check {variable} (or FLUID_LLM_API_KEY, which overrides it) in the shell running "
         f"fluid, or re-run `fluid ai setup --provider {provider}`."

@@ -29,6 +29,7 @@ from typing import Any, Final, TextIO
 from fluid_build._redact import redact, truncate
 from fluid_build.config import yes_no
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.registry import PROVIDERS
 
 __all__ = [
     "CAPABILITY_MATRIX_ENV",
@@ -313,7 +314,7 @@ _MATRIX: Final[Mapping[str, tuple[_Row, ...]]] = {
         ),
     ),
     # The OpenAI-compatible presets: suggested only to a run of the same provider
-    # (_OWN_PROVIDER_ONLY). No tokenizer of theirs is bundled: open-weight and Grok
+    # (_own_provider_only). No tokenizer of theirs is bundled: open-weight and Grok
     # models are estimated like local ones ("llama"); gpt-oss is o200k_base.
     # DeepSeek: api-docs.deepseek.com/quick_start/pricing ("CONTEXT LENGTH 128K";
     # "MAX OUTPUT ... MAXIMUM: 8K" for deepseek-chat, "64K" for deepseek-reasoner;
@@ -386,28 +387,26 @@ def _bedrock_model(name: str) -> str:
     return rest if rest and geography in _BEDROCK_GEOGRAPHIES else name
 
 
-# Provider names that share a matrix section. Azure deployments and the
-# OpenAI-compatible family (vLLM, llama.cpp, Groq, OpenRouter ...) name models
-# freely and are never looked up.
-_SECTIONS: Final[Mapping[str, str]] = {
-    "openai": "openai",
-    "openai_responses": "openai_responses",
-    "anthropic": "anthropic",
-    "gemini": "gemini",
-    "google": "gemini",
-    "vertex": "gemini",
-    "bedrock": "bedrock",
-    "deepseek": "deepseek",
-    "xai": "xai",
-    "together": "together",
-    "ollama": "ollama",
-}
-# Sections offered as a larger-window alternative only to a run of the same provider:
-# a local model, or a preset's, needs another server or another key.
-_OWN_PROVIDER_ONLY: Final = frozenset({"ollama", "deepseek", "xai", "together"})
-_NEVER_KNOWN: Final = frozenset(
-    {"azure", "openai_compatible", "vllm", "llamacpp", "groq", "mistral", "openrouter"}
-)
+# Another name for a section: Google's own for Gemini's. Each provider's section is its
+# registry entry's ``family`` (llm/registry.py).
+_SECTION_ALIASES: Final[Mapping[str, str]] = {"google": "gemini"}
+
+
+def _section(provider: str) -> str | None:
+    """The matrix section whose rows apply to ``provider``; None for Azure deployments and
+    the OpenAI-compatible family (vLLM, llama.cpp, Groq, OpenRouter ...), which name
+    models freely and are never looked up, and for a name the matrix does not know."""
+    entry = PROVIDERS.get(provider)
+    return entry.family if entry is not None else _SECTION_ALIASES.get(provider)
+
+
+def _own_provider_only() -> set[str]:
+    """Sections offered as a larger-window alternative only to a run of the same provider:
+    a local model (``local``), or a hosted preset's (``default_base_url``), needs another
+    server or another key."""
+    return {e.family for e in PROVIDERS.values() if e.family and (e.local or e.default_base_url)}
+
+
 # A known name followed by one of these is the same model, versioned or tagged.
 _SEPARATORS: Final = frozenset("-:@._/")
 _NAME_PREFIXES: Final = ("models/", "library/")
@@ -443,9 +442,7 @@ def _match(rows: Sequence[_Row], name: str) -> _Row | None:
 
 
 def _lookup(provider: str, name: str) -> tuple[str, _Row] | None:
-    if provider in _NEVER_KNOWN:
-        return None
-    section = _SECTIONS.get(provider)
+    section = _section(provider)
     if section == "bedrock":
         name = _bedrock_model(name)
     if section is not None:
@@ -1148,9 +1145,10 @@ def models_with_larger_window(
     if limit <= 0:
         return []
     if provider is None:
-        sections = [name for name in _MATRIX if name not in _OWN_PROVIDER_ONLY]
+        own = _own_provider_only()
+        sections = [name for name in _MATRIX if name not in own]
     else:
-        section = _SECTIONS.get(provider.strip().lower())
+        section = _section(provider.strip().lower())
         sections = [section] if section else []
     found = sorted(
         (_input_room(row), section, order, row)

@@ -77,6 +77,7 @@ from fluid_build.copilot.llm.base import (
     StreamState,
 )
 from fluid_build.copilot.llm.local_server import probe_urls
+from fluid_build.copilot.llm.registry import PROVIDERS
 from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 
 if TYPE_CHECKING:
@@ -102,10 +103,6 @@ _CALLER_SIDE = frozenset(
         "llm.unsupported_option",
     }
 )
-
-
-#: The providers whose API has OpenAI's strict-schema mode.
-STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
 
 
 class Entry:
@@ -193,13 +190,15 @@ class Entry:
             from fluid_build.copilot.schema.strict import strict_schema_enabled
 
             strict_schema = strict_schema_enabled(env)
+        # Only an API with OpenAI's strict-schema mode (its entry says so) gets the walker.
+        api = PROVIDERS.get(adapter.provider)
         return cls(
             config,
             adapter,
             envelope,
             limits if limits is not None else Limits.from_env(source),
             matrix,
-            strict_schema and adapter.provider in STRICT_SCHEMA_PROVIDERS,
+            strict_schema and api is not None and api.strict_schema,
             pools,
             prices,
         )

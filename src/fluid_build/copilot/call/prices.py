@@ -3,9 +3,10 @@
 Rules (docs/budgets.md, "Prices"), in order: a price the user gave
 (``LLMClient(prices=...)`` or ``FLUID_PRICES``) for the model the answer
 names, then for the model requested; then genai-prices for the model the
-answer names, then for the model requested. ``openai`` is priced as OpenAI at
-any base URL; a local server (openai_compatible, vllm, llamacpp, ollama) has
-no price unless the user gives one. ``None`` means no price is known.
+answer names, then for the model requested, at the provider's ``price_id``
+(llm/registry.py). ``openai`` is priced as OpenAI at any base URL; a local
+server (an entry with ``local``: openai_compatible, vllm, llamacpp, ollama)
+has no price unless the user gives one. ``None`` means no price is known.
 
 genai-prices is imported on first use, never at ``import fluid_build.copilot``
 (it costs a quarter of a second), and never fetches: only the data bundled in
@@ -24,12 +25,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
 
 from fluid_build.copilot.agents.errors import ProviderError
+from fluid_build.copilot.llm.registry import PROVIDERS
 
 if TYPE_CHECKING:
     from fluid_build.copilot.llm.types import Usage
 
 __all__ = [
-    "LOCAL_PROVIDERS",
     "MOST_PRICE",
     "MOST_TOKENS",
     "PRICES_EXAMPLE",
@@ -47,28 +48,6 @@ __all__ = [
 
 PRICES_VARIABLE: Final = "FLUID_PRICES"
 PRICES_EXAMPLE: Final = '{"my-model": {"input": 0.5, "output": 1.5}}'
-
-#: Servers the user runs: what they cost is not in any price list.
-LOCAL_PROVIDERS: Final = frozenset({"openai_compatible", "vllm", "llamacpp", "ollama"})
-
-# fluid's provider names -> genai-prices' provider ids (genai_prices/data.py).
-_PROVIDER_IDS: Final[Mapping[str, str]] = {
-    "openai": "openai",
-    "azure": "azure",
-    "anthropic": "anthropic",
-    "gemini": "google",
-    "vertex": "google",  # Gemini on Vertex AI: Google's list covers both
-    "bedrock": "aws",  # genai-prices lists Bedrock's model ids, inference profiles too
-    "groq": "groq",
-    "mistral": "mistral",
-    "openrouter": "openrouter",
-    "openai_responses": "openai",
-    "xai": "x-ai",
-    "deepseek": "deepseek",
-    "together": "together",
-    "fireworks": "fireworks",
-    "cerebras": "cerebras",
-}
 
 _PER_MILLION: Final = 1_000_000.0
 #: More tokens than any model reads or writes in one answer: a usage figure past it (or
@@ -355,7 +334,9 @@ def _price(
     given = _given(overrides, provider, named) or _given(overrides, provider, model)
     if given is not None:
         return given
-    provider_id = _PROVIDER_IDS.get(provider)
+    entry = PROVIDERS.get(provider)
+    # A server the user runs is in no price list, whatever its models are called.
+    provider_id = None if entry is None or entry.local else entry.price_id
     if provider_id is None:
         return None
     if named is not None:

@@ -32,18 +32,16 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from fluid_build.copilot.llm.registry import PROVIDERS
+
 __all__ = [
     "MAX_PROBE_BYTES",
-    "PROBED_PROVIDERS",
     "PROBE_TIMEOUT",
     "is_local_url",
     "probe_urls",
     "window_from",
 ]
 
-#: Providers whose server is asked. Ollama is not: its OpenAI-compatible model
-#: list carries no context size (see docs/llm-providers.md).
-PROBED_PROVIDERS: Final = frozenset({"llamacpp", "vllm", "openai_compatible"})
 #: Seconds for all of a client's probe requests together: at most this, and at most a
 #: quarter of what is left of the call's deadline. A local server answers in milliseconds.
 PROBE_TIMEOUT: Final = 1.0
@@ -78,7 +76,10 @@ def is_local_url(url: str) -> bool:
 
 def probe_urls(provider: str, base_url: str | None) -> tuple[str, ...]:
     """The URLs to ask, in order; none when the provider is not a local server."""
-    if provider not in PROBED_PROVIDERS or not base_url or not is_local_url(base_url):
+    # Asked: the entries with ``probe_window``. Ollama is not: its OpenAI-compatible model
+    # list carries no context size (see docs/llm-providers.md).
+    entry = PROVIDERS.get(provider)
+    if entry is None or not entry.probe_window or not base_url or not is_local_url(base_url):
         return ()
     base = base_url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     root = base.removesuffix("/v1")

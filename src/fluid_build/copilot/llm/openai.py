@@ -259,7 +259,9 @@ class OpenAIAdapter(Adapter):
         self.without_stream_options = Endpoints()
 
     def url(self) -> str:
-        base = (self.config.base_url or OPENAI_BASE_URL).rstrip("/")
+        # ``endpoint``: a subclass's own default_base_url serves it (a new provider speaking
+        # OpenAI's API is a subclass and a registry entry).
+        base = (self.endpoint or OPENAI_BASE_URL).rstrip("/")
         return f"{base}/chat/completions"
 
     def headers(self) -> dict[str, str]:

@@ -1,66 +1,26 @@
 """Servers speaking OpenAI's chat completions: vLLM, llama.cpp, Groq, Mistral, OpenRouter ...
 
-Each preset names its own fields where they differ from OpenAI's, from its API
-reference (docs/llm-providers.md, "Call options", says which and where from):
-the field of the answer's length cap, of the seed and of the reasoning effort,
-and the call options the server has no field for (refused before sending).
+Each preset names its own fields where they differ from OpenAI's (its entry's
+``dialect`` in llm/registry.py), from its API reference (docs/llm-providers.md,
+"Call options", says which and where from): the field of the answer's length
+cap, of the seed and of the reasoning effort, and the call options the server
+has no field for (refused before sending).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from fluid_build.copilot.llm.openai import CHAT_OPTIONS, OpenAIAdapter
+from fluid_build.copilot.llm.registry import PROVIDERS, Dialect
 from fluid_build.copilot.llm.types import CallSpec
 
-__all__ = ["DIALECTS", "Dialect", "OpenAICompatibleAdapter"]
+__all__ = ["Dialect", "OpenAICompatibleAdapter"]
 
 
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    """Where one server's chat completions differ from OpenAI's, for the call options."""
-
-    #: The field of the answer's length cap.
-    max_tokens: str = "max_tokens"
-    #: The field of the sampling seed.
-    seed: str = "seed"
-    #: ``reasoning_effort`` as OpenAI sends it, or ``reasoning`` as ``{"effort": ...}``.
-    reasoning: str = "reasoning_effort"
-    #: Call options the server has no field for.
-    lacks: frozenset[str] = frozenset()
-    #: The server takes a tool's name as ``tool_choice`` (llama.cpp takes only the words).
-    named_tool_choice: bool = True
-
-
-#: Servers without their own entry (``openai_compatible``, any server the caller points
-#: at): OpenAI's fields, except ``max_tokens``, the one every such server knows.
+#: Servers without a dialect of their own (``openai_compatible``, any server the caller
+#: points at): OpenAI's fields, except ``max_tokens``, the one every such server knows.
 _GENERIC: Final = Dialect()
-
-#: Each preset's dialect (settings.PROVIDERS names the presets). Sources: each
-#: provider's API reference, as docs/llm-providers.md ("Call options") cites them.
-DIALECTS: Final[Mapping[str, Dialect]] = {
-    # Groq, Cerebras, xAI: max_tokens is deprecated there in favour of max_completion_tokens.
-    "groq": Dialect(max_tokens="max_completion_tokens"),
-    "cerebras": Dialect(max_tokens="max_completion_tokens"),
-    "xai": Dialect(max_tokens="max_completion_tokens"),
-    # Mistral: the seed is random_seed; no reasoning effort (Magistral reasons by itself).
-    "mistral": Dialect(seed="random_seed", lacks=frozenset({"reasoning_effort"})),
-    # OpenRouter normalises reasoning across its models as reasoning: {effort}.
-    "openrouter": Dialect(reasoning="reasoning"),
-    # DeepSeek: no seed, no parallel_tool_calls, no reasoning effort (deepseek-reasoner
-    # always reasons).
-    "deepseek": Dialect(lacks=frozenset({"seed", "parallel_tool_calls", "reasoning_effort"})),
-    # Together's and Fireworks' chat-completions references name no parallel_tool_calls
-    # (and Fireworks' no seed): refused rather than sent to a server that may ignore it.
-    "together": Dialect(lacks=frozenset({"parallel_tool_calls"})),
-    "fireworks": Dialect(lacks=frozenset({"seed", "parallel_tool_calls"})),
-    "vllm": _GENERIC,
-    # llama.cpp's server: tool_choice is only auto/none/required; reasoning effort is a
-    # chat-template argument there (chat_template_kwargs), not a request field.
-    "llamacpp": Dialect(lacks=frozenset({"reasoning_effort"}), named_tool_choice=False),
-}
 
 
 class OpenAICompatibleAdapter(OpenAIAdapter):
@@ -71,7 +31,9 @@ class OpenAICompatibleAdapter(OpenAIAdapter):
 
     @property
     def dialect(self) -> Dialect:
-        return DIALECTS.get(self.config.provider, _GENERIC)
+        # Each preset's dialect is in its registry entry (llm/registry.py, with its sources).
+        entry = PROVIDERS.get(self.config.provider)
+        return entry.dialect if entry is not None and entry.dialect is not None else _GENERIC
 
     def supported_options(self, model: str) -> frozenset[str]:
         # Per model (xAI's reasoning models refuse stop, most refuse reasoning_effort): the

@@ -20,8 +20,7 @@ import ipaddress
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 from urllib.parse import urlsplit
 
 from fluid_build._redact import redact, truncate
@@ -31,6 +30,7 @@ from fluid_build.copilot.llm.base import ProviderConfig
 from fluid_build.copilot.llm.checks import clean as _clean
 from fluid_build.copilot.llm.checks import not_configured as _not_configured
 from fluid_build.copilot.llm.checks import url_problem as _url_problem
+from fluid_build.copilot.llm.registry import PROVIDERS, ProviderEntry, load
 
 __all__ = [
     "CALL_DEFAULT_VARIABLES",
@@ -43,87 +43,8 @@ __all__ = [
 DEFAULT_TIMEOUT: Final = 120.0
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderInfo:
-    adapter: str  # the adapter module's provider name
-    key_vars: tuple[str, ...]
-    key_required: bool
-    default_model: str | None
-    base_url_var: str | None = None
-    default_base_url: str | None = None
-
-
-PROVIDERS: Final[Mapping[str, ProviderInfo]] = {
-    "openai": ProviderInfo("openai", ("OPENAI_API_KEY",), True, "gpt-4o-mini", "OPENAI_BASE_URL"),
-    "azure": ProviderInfo("azure", ("AZURE_OPENAI_API_KEY",), True, None, "AZURE_OPENAI_ENDPOINT"),
-    "anthropic": ProviderInfo(
-        "anthropic", ("ANTHROPIC_API_KEY",), True, "claude-sonnet-4-6", "ANTHROPIC_BASE_URL"
-    ),
-    "gemini": ProviderInfo(
-        "gemini", ("GEMINI_API_KEY", "GOOGLE_API_KEY"), True, "gemini-2.5-flash", "GEMINI_BASE_URL"
-    ),
-    # Gemini on Vertex AI: Google credentials (ADC) or an access token by api_key=, no key variable.
-    "vertex": ProviderInfo("vertex", (), False, "gemini-2.5-flash"),
-    # AWS Bedrock (Converse): the AWS credential chain, or a Bedrock API key
-    # (AWS_BEARER_TOKEN_BEDROCK, read by llm/bedrock.py) as a bearer token.
-    "bedrock": ProviderInfo(
-        "bedrock",
-        (),
-        False,
-        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
-        "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
-    ),
-    "ollama": ProviderInfo("ollama", (), False, "llama3.1", "OLLAMA_HOST"),
-    "openai_responses": ProviderInfo(
-        "openai_responses", ("OPENAI_API_KEY",), True, "gpt-4o-mini", "OPENAI_BASE_URL"
-    ),
-    "openai_compatible": ProviderInfo(
-        "openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"
-    ),
-    # OpenAI-compatible services with a known home.
-    "groq": ProviderInfo(
-        "openai_compatible", ("GROQ_API_KEY",), True, None, None, "https://api.groq.com/openai/v1"
-    ),
-    "mistral": ProviderInfo(
-        "openai_compatible", ("MISTRAL_API_KEY",), True, None, None, "https://api.mistral.ai/v1"
-    ),
-    "openrouter": ProviderInfo(
-        "openai_compatible",
-        ("OPENROUTER_API_KEY",),
-        True,
-        None,
-        None,
-        "https://openrouter.ai/api/v1",
-    ),
-    "xai": ProviderInfo(
-        "openai_compatible", ("XAI_API_KEY",), True, None, None, "https://api.x.ai/v1"
-    ),
-    "deepseek": ProviderInfo(
-        "openai_compatible", ("DEEPSEEK_API_KEY",), True, None, None, "https://api.deepseek.com"
-    ),
-    "together": ProviderInfo(
-        "openai_compatible", ("TOGETHER_API_KEY",), True, None, None, "https://api.together.xyz/v1"
-    ),
-    "fireworks": ProviderInfo(
-        "openai_compatible",
-        ("FIREWORKS_API_KEY",),
-        True,
-        None,
-        None,
-        "https://api.fireworks.ai/inference/v1",
-    ),
-    "cerebras": ProviderInfo(
-        "openai_compatible", ("CEREBRAS_API_KEY",), True, None, None, "https://api.cerebras.ai/v1"
-    ),
-    # Local servers: a key is optional (sent when set, for `--api-key`), never required.
-    "vllm": ProviderInfo("openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"),
-    "llamacpp": ProviderInfo(
-        "openai_compatible", ("OPENAI_API_KEY",), False, None, "OPENAI_BASE_URL"
-    ),
-}
-
-# Providers picked automatically when theirs is the only key set.
-_AUTO: Final = ("openai", "anthropic", "gemini")
+#: The old name of a provider's entry (llm/registry.py).
+ProviderInfo = ProviderEntry
 
 #: A valid value for each variable, shown when the value set cannot be used.
 EXAMPLES: Final[Mapping[str, str]] = {
@@ -143,21 +64,7 @@ EXAMPLES: Final[Mapping[str, str]] = {
     "FLUID_LLM_TEMPERATURE": "0.2",
     "FLUID_LLM_MAX_OUTPUT_TOKENS": "1024",
 }
-# The example for a server speaking the OpenAI API that is not OpenAI itself.
-_LOCAL_SERVER: Final = "http://127.0.0.1:8000/v1"
 _YES: Final = frozenset({"1", "true", "yes", "on"})
-# Examples of a model name for the providers that have no default model.
-_MODEL_EXAMPLES: Final[Mapping[str, str]] = {
-    "azure": "my-gpt-4o-deployment",
-    "groq": "llama-3.3-70b-versatile",
-    "mistral": "mistral-small-latest",
-    "openrouter": "openai/gpt-4o-mini",
-    "xai": "grok-4",
-    "deepseek": "deepseek-chat",
-    "together": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
-    "fireworks": "accounts/fireworks/models/llama-v3p3-70b-instruct",
-    "cerebras": "llama-3.3-70b",
-}
 
 
 def _shown(value: str, limit: int = 60) -> str:
@@ -182,13 +89,15 @@ def _pick_provider(env: Mapping[str, str]) -> str:
                 example=EXAMPLES["FLUID_LLM_PROVIDER"],
             )
         return name
-    with_keys = [p for p in _AUTO if any(_get(env, v) for v in PROVIDERS[p].key_vars)]
+    auto = [e for e in PROVIDERS.values() if e.auto]
+    with_keys = [e.name for e in auto if any(_get(env, v) for v in e.key_vars)]
     if len(with_keys) == 1:
         return with_keys[0]
     if not with_keys:
+        first = [e.key_vars[0] for e in auto]
         raise ProviderAuthError(
-            "no LLM provider is configured: set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
-            "GEMINI_API_KEY, or choose one with FLUID_LLM_PROVIDER (e.g. FLUID_LLM_PROVIDER=ollama "
+            f"no LLM provider is configured: set {', '.join(first[:-1])} or {first[-1]}, "
+            "or choose one with FLUID_LLM_PROVIDER (e.g. FLUID_LLM_PROVIDER=ollama "
             f"for a local model) or --provider {python_aside('provider')}, or run "
             "`fluid ai setup --provider <name>`"
         )
@@ -272,35 +181,22 @@ def _base_url(
     if url is None and info.default_base_url:
         return info.default_base_url
     if url is None:
-        if provider == "azure":
+        if info.url_required is not None:
+            variable = cast(str, info.base_url_var)
+            example = _url_example(info)
             raise _not_configured(
-                "Azure OpenAI needs its endpoint: set AZURE_OPENAI_ENDPOINT, e.g. "
-                f"AZURE_OPENAI_ENDPOINT={EXAMPLES['AZURE_OPENAI_ENDPOINT']} "
-                + python_aside("base_url"),
+                f"{info.url_required.format(name=provider)}: set {variable}, "
+                f"e.g. {variable}={example} {python_aside('base_url')}",
                 provider,
-                variable="AZURE_OPENAI_ENDPOINT",
-                example=EXAMPLES["AZURE_OPENAI_ENDPOINT"],
-            )
-        if info.adapter == "openai_compatible":
-            raise _not_configured(
-                f"{provider} needs the server's URL: set OPENAI_BASE_URL, "
-                f"e.g. OPENAI_BASE_URL={_LOCAL_SERVER} {python_aside('base_url')}",
-                provider,
-                variable="OPENAI_BASE_URL",
-                example=_LOCAL_SERVER,
+                variable=variable,
+                example=example,
             )
         return None
-    if provider == "ollama" and "://" not in url:
+    if info.bare_host and "://" not in url:
         url = f"http://{url}"  # OLLAMA_HOST is often host:port
     problem = _url_problem(url)
     if problem is not None:
-        example = (
-            EXAMPLES.get(info.base_url_var or "")
-            or info.default_base_url
-            or "https://api.example.com/v1"
-        )
-        if info.adapter == "openai_compatible" and info.base_url_var == "OPENAI_BASE_URL":
-            example = _LOCAL_SERVER
+        example = _url_example(info)
         if source == "base_url=":
             shown, fix = "base_url", f"pass base_url='{example}'"
             if info.base_url_var:
@@ -316,45 +212,56 @@ def _base_url(
             details={"variable": None if source == "base_url=" else source, "example": example},
         )
     host = urlsplit(url).hostname or ""
-    if provider == "ollama":
+    if info.remote_switch is not None:
         if host in {"0.0.0.0", "::"}:  # noqa: S104 - a listen address, meaning this machine
             url = url.replace(host, "127.0.0.1", 1)
-        elif not _is_local(host) and not _allow_remote(env):
+        elif not _is_local(host) and not _allow_remote(env, info.remote_switch):
+            host_var, switch = info.base_url_var or "base_url", info.remote_switch
             raise ProviderError(
-                f"OLLAMA_HOST points to {host}, which is not this machine; prompts would leave "
-                "it unencrypted. Set FLUID_OLLAMA_ALLOW_REMOTE=1 to allow it"
-                + _remote_note(env)
-                + ", or point OLLAMA_HOST at this machine (e.g. OLLAMA_HOST=127.0.0.1:11434).",
+                f"{host_var} points to {host}, which is not this machine; prompts would leave "
+                f"it unencrypted. Set {switch}=1 to allow it"
+                + _remote_note(env, switch)
+                + f", or point {host_var} at this machine (e.g. {host_var}="
+                + f"{EXAMPLES.get(host_var, '127.0.0.1')}).",
                 provider=provider,
                 code="llm.bad_endpoint",
                 retryable=False,
-                details={"variable": "FLUID_OLLAMA_ALLOW_REMOTE", "example": "1"},
+                details={"variable": switch, "example": "1"},
             )
     return url
 
 
-def _allow_remote(env: Mapping[str, str]) -> bool:
-    return (_get(env, "FLUID_OLLAMA_ALLOW_REMOTE") or "").lower() in _YES
+def _url_example(info: ProviderEntry) -> str:
+    """The URL a message shows as an example for ``info``'s base URL."""
+    return (
+        info.url_example
+        or EXAMPLES.get(info.base_url_var or "")
+        or info.default_base_url
+        or "https://api.example.com/v1"
+    )
 
 
-def _remote_note(env: Mapping[str, str]) -> str:
-    value = _get(env, "FLUID_OLLAMA_ALLOW_REMOTE")
+def _allow_remote(env: Mapping[str, str], switch: str) -> bool:
+    return (_get(env, switch) or "").lower() in _YES
+
+
+def _remote_note(env: Mapping[str, str], switch: str) -> str:
+    value = _get(env, switch)
     if value is None or value.lower() in {"0", "false", "no", "off"}:
         return ""
     return f" (it is set to {_shown(value, 20)}, which is not 1, true, yes or on)"
 
 
-def _model(name: str, model: str | None, env: Mapping[str, str]) -> str:
+def _model(name: str, info: ProviderEntry, model: str | None, env: Mapping[str, str]) -> str:
     source = "model="
     chosen = model.strip() if model and model.strip() else None
     if chosen is None:
         chosen = _get(env, "FLUID_LLM_MODEL")
         source = "FLUID_LLM_MODEL"
     if chosen is None:
-        chosen = PROVIDERS[name].default_model
+        chosen = info.default_model
     if not chosen:
-        what = "deployment name" if name == "azure" else "model name"
-        example = _MODEL_EXAMPLES.get(name, "my-model")
+        what, example = info.model_noun, info.model_example
         raise _not_configured(
             f"{name} needs a {what}: set FLUID_LLM_MODEL (e.g. FLUID_LLM_MODEL={example}) "
             f"or give --model {python_aside('model')}",
@@ -375,10 +282,8 @@ def _model(name: str, model: str | None, env: Mapping[str, str]) -> str:
     return chosen
 
 
-def _api_version(name: str, env: Mapping[str, str]) -> str | None:
-    if name != "azure":
-        return None
-    for variable in ("AZURE_OPENAI_API_VERSION", "OPENAI_API_VERSION"):
+def _api_version(name: str, info: ProviderEntry, env: Mapping[str, str]) -> str | None:
+    for variable in info.version_vars:
         value = _get(env, variable)
         if value is None:
             continue
@@ -413,18 +318,17 @@ def resolve_provider_config(
             "e.g. --provider openai or FLUID_LLM_PROVIDER=openai " + python_aside("provider"),
             truncate(redact(name), 40),
         )
-    chosen_model = _model(name, model, env)
+    chosen_model = _model(name, info, model, env)
     url = _base_url(name, info, base_url, env)
     key = _key(name, info, api_key, env)
-    if info.adapter == "vertex":  # the project's URL; google-auth loads only for this provider
-        from fluid_build.copilot.llm.vertex import resolve_base_url
-
-        url = resolve_base_url(url, key, env)
     region = None
-    if info.adapter == "bedrock":  # the region's endpoint; botocore loads only for this provider
-        from fluid_build.copilot.llm.bedrock import resolve_endpoint
-
-        url, region, key = resolve_endpoint(url, key, env)
+    if info.endpoint_step is not None:
+        # A cloud's endpoint (and region): its library loads only for this provider.
+        settled = load(info.endpoint_step)(url, key, env)
+        if isinstance(settled, tuple):
+            url, region, key = settled
+        else:
+            url = settled
     if timeout is None:
         timeout = env_float(
             env, "FLUID_LLM_TIMEOUT_SECONDS", DEFAULT_TIMEOUT, minimum=1.0, maximum=3600.0
@@ -443,7 +347,7 @@ def resolve_provider_config(
         api_key=key,
         base_url=url,
         timeout=float(timeout or DEFAULT_TIMEOUT),
-        api_version=_api_version(name, env),
+        api_version=_api_version(name, info, env),
         region=region,
     )
 
