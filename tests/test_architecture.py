@@ -183,3 +183,132 @@ def test_the_exit_code_map_imports_no_command() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [{"a", "b", "c"}]
+
+
+#: The most lines a module under src/ may have (issue 36 item 6): past it, a module holds
+#: more than one role; split it along a seam (docs/architecture.md names each module's role).
+MAX_MODULE_LINES = 850
+#: Modules allowed past MAX_MODULE_LINES, each with why.
+LONG_MODULES = {
+    # Data tables: one row per rule / per provider and model, read top to bottom.
+    "fluid_build/copilot/agents/classification_rules.py",
+    "fluid_build/copilot/call/capabilities.py",
+    # Seven roles in one module: to be split into a package in issue 36 item 1.
+    "fluid_build/copilot/call/transport.py",
+}
+
+
+def long_modules(root: Path, most: int) -> dict[str, int]:
+    """Each module under ``root`` with more than ``most`` lines, and its count."""
+    counts = {}
+    for path in sorted(root.rglob("*.py")):
+        with path.open(encoding="utf-8") as lines:
+            counts[path.relative_to(root).as_posix()] = sum(1 for _ in lines)
+    return {name: count for name, count in counts.items() if count > most}
+
+
+def test_no_module_is_over_850_lines_but_the_named_ones() -> None:
+    over = {n: c for n, c in long_modules(SRC, MAX_MODULE_LINES).items() if n not in LONG_MODULES}
+    assert over == {}
+
+
+def test_the_long_module_finder_counts_lines(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 4, encoding="utf-8")
+    (tmp_path / "short.py").write_text("x = 1\n" * 3, encoding="utf-8")
+    assert long_modules(tmp_path, 3) == {"pkg/long.py": 4}
+
+
+SEAMS = SRC / "fluid_build" / "copilot" / "call" / "seams.py"
+#: What looks a member up by a name given as a string: a ``fluid_*`` seam looked up so
+#: is a contract mypy cannot see (call/seams.py declares them instead).
+LOOKUPS = {"getattr", "hasattr", "setattr", "delattr", "attrgetter", "getattr_static"}
+
+
+def named_lookups(tree: ast.AST) -> list[tuple[int, str]]:
+    """Each ``getattr(x, "fluid_...")``-like call in ``tree``: its line and the name."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name not in LOOKUPS:
+            continue
+        for arg in node.args:
+            text = arg.value if isinstance(arg, ast.Constant) else None
+            if isinstance(arg, ast.JoinedStr) and arg.values:
+                head = arg.values[0]
+                text = head.value if isinstance(head, ast.Constant) else None
+            if isinstance(text, str) and text.startswith("fluid_"):
+                found.append((node.lineno, text))
+    return found
+
+
+def test_no_fluid_seam_is_looked_up_by_name() -> None:
+    """The ``fluid_*`` hooks between prepare, drive, wire and the direct request are
+    declared Protocols (call/seams.py), never found with getattr/hasattr."""
+    found = [
+        f"{path.relative_to(SRC)}:{line} {name}"
+        for _, path in modules()
+        for line, name in named_lookups(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'getattr(pool, "fluid_send", None)',
+        'hasattr(stream, "fluid_direct")',
+        'operator.attrgetter("fluid_url")(request)',
+        'getattr(request, f"fluid_{name}")',
+    ],
+)
+def test_the_lookup_finder_finds_a_lookup(source: str) -> None:
+    assert [line for line, _ in named_lookups(ast.parse(source))] == [1]
+
+
+def declared_seams() -> set[str]:
+    """The ``fluid_*`` members the Protocols of call/seams.py declare."""
+    names = set()
+    for node in ast.walk(ast.parse(SEAMS.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {name for name in names if name.startswith("fluid_")}
+
+
+def test_every_fluid_member_is_a_declared_seam() -> None:
+    """A ``fluid_*`` member used or defined anywhere in src/ is one call/seams.py declares:
+    a new hook is written into the contract, not found by a name only its two ends know."""
+    declared = declared_seams()
+    undeclared = []
+    for _, path in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = node.name
+            elif isinstance(node, ast.AnnAssign | ast.Assign):
+                targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                name = next((n for n in names if n.startswith("fluid_")), None)
+            if name and name.startswith("fluid_") and name not in declared:
+                undeclared.append(f"{path.relative_to(SRC)}:{node.lineno} {name}")
+    assert declared >= {"fluid_json_request", "fluid_send", "fluid_read", "fluid_fields"}
+    assert undeclared == []
+
+
+def test_the_seams_sit_below_every_module_that_meets_at_them() -> None:
+    """call/seams.py imports no other fluid_build module, so prepare, drive, wire and the
+    transport all import it and none of them has to import another for the contract."""
+    assert imports(SEAMS) == []
+    graph = import_graph()
+    meeting = {
+        f"fluid_build.copilot.call.{name}" for name in ("prepare", "drive", "wire", "transport")
+    }
+    assert {name for name in meeting if "fluid_build.copilot.call.seams" in graph[name]} == meeting
+    assert layer_of("fluid_build.copilot.call.seams") == layer_of("fluid_build.copilot.call.wire")

@@ -24,11 +24,9 @@ import respx
 
 from fluid_build.copilot import LLMClient, ToolSpec
 from fluid_build.copilot.agents.errors import ProviderError
-from fluid_build.copilot.call.envelope import RetryEnvelope
-from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.loop.agent import AgentLoop
 from fluid_build.copilot.loop.workspace import Workspace
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, clocked_envelope
 
 OPENAI_URL = "https://api.openai.com/v1/chat/completions"
 ANTHROPIC_URL = "https://api.anthropic.com/v1/messages"
@@ -49,14 +47,7 @@ def clock() -> FakeClock:
 
 
 def make(provider: str, clock: FakeClock, **kwargs: Any) -> LLMClient:
-    envelope = RetryEnvelope(
-        cooldown=MemoryCooldownStore(),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock)
     kwargs.setdefault("env", {})
     kwargs.setdefault("api_key", "sk-test-0123456789")
     return LLMClient(provider, envelope=envelope, **kwargs)

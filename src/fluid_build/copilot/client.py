@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
     from fluid_build.copilot.batch import Batch, Progress
     from fluid_build.copilot.call.capabilities import ModelCapabilities
-    from fluid_build.copilot.call.core import CallOptions, Entry, OnCut, completing, streaming
+    from fluid_build.copilot.call.chain import OnCut, completing, streaming
+    from fluid_build.copilot.call.core import CallOptions, Entry
     from fluid_build.copilot.call.drive import Plan, Pools, arun, astream, run, stream
     from fluid_build.copilot.call.envelope import MoveOn, RetryEnvelope
     from fluid_build.copilot.call.loops import LoopPools
@@ -91,14 +92,14 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    from fluid_build.copilot.call import core, drive, envelope, prepare, prices, wire
+    from fluid_build.copilot.call import chain, core, drive, envelope, prepare, prices, wire
     from fluid_build.copilot.llm import settings
     from fluid_build.copilot.telemetry import telemetry_from
 
     globals().update(
         Entry=core.Entry,
-        completing=core.completing,
-        streaming=core.streaming,
+        completing=chain.completing,
+        streaming=chain.streaming,
         Pools=drive.Pools,
         run=drive.run,
         arun=drive.arun,

@@ -5,7 +5,11 @@ reset headers, a wait stated in the message), the kind of body it carries
 (JSON, an SSE error event, an HTML gateway page, text, binary, nothing) and
 the provider's own fields (message, type, code, status, param, Google's
 RetryInfo/QuotaFailure/ErrorInfo details), the token counts an overflow
-message states, and all of it gathered as :class:`Evidence`. Reading never
+message states, and all of it gathered as :class:`Evidence`. An answer
+arrives here as plain data, :class:`ErrorAnswer` (status, body bytes,
+headers, provider, model, where it came from and the secrets to keep out of
+the error): an HTTP response, a stream's error event and a Bedrock exception
+frame alike, so nothing needs to pose as an ``httpx.Response``. Reading never
 raises and never reads more than :data:`MAX_BODY_BYTES`;
 :mod:`.classification_rules` decides what it all means.
 """
@@ -27,12 +31,13 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from fluid_build._redact import one_line, truncate
+from fluid_build._redact import one_line, request_secrets, truncate
 
 __all__ = [
     "MAX_BODY_BYTES",
     "Body",
     "BodyKind",
+    "ErrorAnswer",
     "ErrorFields",
     "Evidence",
     "HeadersLike",
@@ -42,6 +47,7 @@ __all__ = [
     "html_title",
     "overflow_numbers",
     "read_body",
+    "request_secrets_of",
     "requested_reset",
     "requested_wait",
     "wait_from_message",
@@ -278,11 +284,9 @@ def _read_prefix(response: httpx.Response) -> tuple[bytes, int | None, bool]:
     return bytes(buf[:MAX_BODY_BYTES]), None, len(buf) >= MAX_BODY_BYTES
 
 
-def _decode(prefix: bytes, response: httpx.Response) -> str:
-    encoding = "utf-8"
+def _decode(prefix: bytes, charset: str | None) -> str:
     try:
-        encoding = response.charset_encoding or "utf-8"
-        return prefix.decode(encoding, errors="replace")
+        return prefix.decode(charset or "utf-8", errors="replace")
     except (LookupError, ValueError):
         return prefix.decode("utf-8", errors="replace")
 
@@ -333,15 +337,28 @@ def _parse_sse(text: str) -> Any:
     return flush()
 
 
+def _charset(response: httpx.Response) -> str | None:
+    try:
+        return response.charset_encoding
+    except Exception:  # noqa: BLE001 - a content-type header httpx cannot parse
+        return None
+
+
 def read_body(response: httpx.Response) -> Body:
     """The first :data:`MAX_BODY_BYTES` of an error answer, sorted by kind; never raises."""
     prefix, size, truncated = _read_prefix(response)
+    return _sort_body(prefix, size, truncated, response.headers, _charset(response))
+
+
+def _sort_body(
+    prefix: bytes, size: int | None, truncated: bool, headers: httpx.Headers, charset: str | None
+) -> Body:
     if not prefix.strip():
         return Body("empty", size=size)
-    text = _decode(prefix, response)
+    text = _decode(prefix, charset)
     if _looks_binary(prefix, text):
         return Body("binary", size=size, truncated=truncated)
-    content_type = response.headers.get("content-type", "").lower()
+    content_type = headers.get("content-type", "").lower()
     stripped = text.lstrip()
     if "event-stream" in content_type or stripped.startswith(("event:", "data:")):
         return Body("sse", text, _parse_sse(text), size, truncated)
@@ -350,6 +367,138 @@ def read_body(response: httpx.Response) -> Body:
     if "html" in content_type or stripped[:1] == "<":
         return Body("html", text, None, size, truncated)
     return Body("text", text, None, size, truncated)
+
+
+# --------------------------------------------------------------------------
+# An error answer as plain data
+# --------------------------------------------------------------------------
+
+
+def request_secrets_of(request: httpx.Request) -> tuple[str, ...]:
+    """What a request carries that is secret: key headers, userinfo, key-like parameters."""
+    found = request_secrets(request.headers.multi_items(), request.url)
+    if request.url.password:
+        found.append(request.url.password)
+    if request.url.username:
+        found.append(request.url.username)
+    return tuple(s for s in dict.fromkeys(found) if s)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAnswer:
+    """One error answer, as plain data: what the classifier judges.
+
+    ``body`` is at most the first :data:`MAX_BODY_BYTES` of the body; ``size``
+    is the whole body's length when it is known and ``truncated`` says that
+    more was sent than ``body`` holds. ``url`` is where the request went (shown
+    in the error redacted, and a hint to the provider and model when they are
+    not given); ``secrets`` are values no part of the error may show (the
+    request's key). Build one with :meth:`of` (bytes), :meth:`of_json` (an
+    event or frame already parsed) or :meth:`of_response` (an httpx answer).
+    """
+
+    status: int
+    body: bytes = b""
+    headers: httpx.Headers = field(default_factory=httpx.Headers)
+    provider: str | None = None
+    model: str | None = None
+    url: httpx.URL | None = None
+    secrets: tuple[str, ...] = ()
+    size: int | None = None
+    truncated: bool = False
+    charset: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        status: int,
+        content: bytes,
+        headers: HeadersLike = None,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        url: httpx.URL | str | None = None,
+        secrets: Iterable[str] = (),
+        charset: str | None = None,
+    ) -> ErrorAnswer:
+        """An answer whose whole body is ``content``."""
+        return cls(
+            status,
+            content[:MAX_BODY_BYTES],
+            _as_headers(headers),
+            provider,
+            model,
+            None if url is None else httpx.URL(url),
+            tuple(s for s in secrets if s),
+            len(content),
+            len(content) > MAX_BODY_BYTES,
+            charset,
+        )
+
+    @classmethod
+    def of_json(
+        cls,
+        status: int,
+        data: Any,
+        headers: HeadersLike = None,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        url: httpx.URL | str | None = None,
+        secrets: Iterable[str] = (),
+    ) -> ErrorAnswer:
+        """An answer whose body is ``data`` as JSON (a stream's error event, an
+        exception frame): encoded as httpx encodes a JSON body, so the error
+        quotes the same bytes whichever way the answer came."""
+        content = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        merged = httpx.Headers(_as_headers(headers))
+        merged["content-type"] = "application/json"
+        return cls.of(
+            status,
+            content.encode("utf-8"),
+            merged,
+            provider=provider,
+            model=model,
+            url=url,
+            secrets=secrets,
+        )
+
+    @classmethod
+    def of_response(
+        cls,
+        response: httpx.Response,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        secrets: Iterable[str] = (),
+    ) -> ErrorAnswer:
+        """What a real httpx answer holds: its status, the first
+        :data:`MAX_BODY_BYTES` of its body (an unread sync stream is read that
+        far), its headers, and its request's URL and secrets."""
+        try:
+            request: httpx.Request | None = response.request
+        except RuntimeError:  # a Response built without a request
+            request = None
+        found = tuple(secrets)
+        if request is not None:
+            found = tuple(dict.fromkeys([*found, *request_secrets_of(request)]))
+        prefix, size, truncated = _read_prefix(response)
+        return cls(
+            response.status_code,
+            prefix,
+            response.headers,
+            provider,
+            model,
+            None if request is None else request.url,
+            found,
+            size,
+            truncated,
+            _charset(response),
+        )
+
+    def read(self) -> Body:
+        """The body sorted by kind (JSON, SSE, HTML, text, binary, empty) and parsed."""
+        return _sort_body(self.body, self.size, self.truncated, self.headers, self.charset)
 
 
 # --------------------------------------------------------------------------

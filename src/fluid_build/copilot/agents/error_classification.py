@@ -2,8 +2,10 @@
 
 This module and the two beside it are the one place where provider wording is
 matched as text; every other part of fluid_build branches on the typed class
-and its ``code``. An error answer is read by :mod:`.error_answers` (the wait it
-asks for, its body, the provider's fields) and judged by the ordered table of
+and its ``code``. An error answer arrives as plain data, an
+:class:`~.error_answers.ErrorAnswer` (status, body, headers, provider, model),
+is read by :mod:`.error_answers` (the wait it asks for, its body, the
+provider's fields) and judged by the ordered table of
 :mod:`.classification_rules`; this module builds the typed error the deciding
 rule yields, and judges what comes with no answer at all (timeouts, refused
 connections, anything else raised around the call).
@@ -36,7 +38,6 @@ from fluid_build._redact import (
     redact,
     redact_exception,
     redact_url,
-    request_secrets,
     truncate,
 )
 from fluid_build.copilot.agents.classification_rules import (
@@ -49,12 +50,13 @@ from fluid_build.copilot.agents.classification_rules import (
 from fluid_build.copilot.agents.error_answers import (
     MAX_BODY_BYTES,
     Body,
+    ErrorAnswer,
     ErrorFields,
     Evidence,
     HeadersLike,
     html_title,
     overflow_numbers,
-    read_body,
+    request_secrets_of,
     requested_reset,
     requested_wait,
     wait_from_message,
@@ -70,6 +72,8 @@ from fluid_build.copilot.agents.errors import (
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "ErrorAnswer",
+    "classify_answer",
     "classify_provider_error",
     "classify_response",
     "parse_rate_limit_reset",
@@ -144,16 +148,6 @@ class _Context:
     timeout: float | None = None
 
 
-def _request_secrets(request: httpx.Request) -> list[str]:
-    """What the request carries that is secret: key headers, userinfo, key-like parameters."""
-    found = request_secrets(request.headers.multi_items(), request.url)
-    if request.url.password:
-        found.append(request.url.password)
-    if request.url.username:
-        found.append(request.url.username)
-    return [s for s in dict.fromkeys(found) if s]
-
-
 # --------------------------------------------------------------------------
 # Exception chains: what an error carries as __cause__ / __context__
 # --------------------------------------------------------------------------
@@ -198,7 +192,7 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
         for link in chain:
             request = _request_of(link) if isinstance(link, httpx.HTTPError) else None
             if request is not None and not request.extensions.get(_REDACTED_REQUEST):
-                found.extend(_request_secrets(request))
+                found.extend(request_secrets_of(request))
         known = tuple(dict.fromkeys(found))
         for link in chain:
             if isinstance(link, AgentExecutionError):
@@ -237,18 +231,8 @@ def _context(
     ctx = _Context(provider, model, tuple(s for s in secrets if s))
     if request is None:
         return ctx
-    ctx.secrets = tuple(dict.fromkeys([*ctx.secrets, *_request_secrets(request)]))
-    host = request.url.host or ""
-    bare = request.url.copy_with(query=None, fragment=None, username=None, password=None)
-    ctx.url = redact(str(bare), ctx.secrets)
-    if ctx.provider is None:
-        ctx.provider = next((p for suffix, p in _HOST_PROVIDERS if host.endswith(suffix)), None)
-        if ctx.provider is None and request.url.port == 11434:
-            ctx.provider = "ollama"
-    if ctx.model is None:
-        match = re.search(r"/models/([^/:]+)|/deployments/([^/]+)", request.url.path)
-        if match:
-            ctx.model = match.group(1) or match.group(2)
+    ctx.secrets = tuple(dict.fromkeys([*ctx.secrets, *request_secrets_of(request)]))
+    _where(ctx, request.url)
     timeout = request.extensions.get("timeout")
     if isinstance(timeout, dict):
         kind = _TIMEOUT_KINDS.get(type(exc)) if exc is not None else None
@@ -256,6 +240,21 @@ def _context(
         if isinstance(limit, int | float):
             ctx.timeout = float(limit)
     return ctx
+
+
+def _where(ctx: _Context, url: httpx.URL) -> None:
+    """The redacted URL, and the provider and model it names when they are not given."""
+    host = url.host or ""
+    bare = url.copy_with(query=None, fragment=None, username=None, password=None)
+    ctx.url = redact(str(bare), ctx.secrets)
+    if ctx.provider is None:
+        ctx.provider = next((p for suffix, p in _HOST_PROVIDERS if host.endswith(suffix)), None)
+        if ctx.provider is None and url.port == 11434:
+            ctx.provider = "ollama"
+    if ctx.model is None:
+        match = re.search(r"/models/([^/:]+)|/deployments/([^/]+)", url.path)
+        if match:
+            ctx.model = match.group(1) or match.group(2)
 
 
 def _who(ctx: _Context) -> str:
@@ -316,10 +315,10 @@ def _note_cap(details: dict[str, object], requested: float | None) -> None:
 
 
 def _classify_answer(
-    response: httpx.Response, ctx: _Context, now: float | datetime | None
+    answer: ErrorAnswer, ctx: _Context, now: float | datetime | None
 ) -> ProviderError:
-    headers = response.headers
-    evidence = _with_aws_type(Evidence(response.status_code, headers, read_body(response), now))
+    headers = answer.headers
+    evidence = _with_aws_type(Evidence(answer.status, headers, answer.read(), now))
     error = _judge_answer(evidence, ctx)
     # The server knows whether sending the same request again can work; its
     # SDKs obey this header before looking at the status, and so does the
@@ -429,6 +428,23 @@ def _yield(
     )
 
 
+def classify_answer(answer: ErrorAnswer, *, now: float | datetime | None = None) -> ProviderError:
+    """Classify an error answer given as plain data; never raises.
+
+    Every error answer is judged here: a non-2xx response (through
+    :func:`classify_response`), a stream's error event inside a 200 (the
+    body's error type decides, not the 200), a Bedrock exception frame. The
+    answer's ``secrets`` and its URL's key are kept out of the error.
+    """
+    try:
+        ctx = _Context(answer.provider, answer.model, answer.secrets)
+        if answer.url is not None:
+            _where(ctx, answer.url)
+        return _classify_answer(answer, ctx, now)
+    except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
+        return _unclassifiable("Response", failure, answer.provider, answer.model)
+
+
 def classify_response(
     response: httpx.Response,
     *,
@@ -438,18 +454,14 @@ def classify_response(
 ) -> ProviderError:
     """Classify an error answer: a non-2xx response, or a 200 whose body is an error.
 
-    Adapters call this with the response of an SSE stream that delivered an
-    ``error`` event; the body's error type decides, not the 200. Never raises.
+    A thin wrapper: the response's status, headers, body prefix and request
+    become an :class:`ErrorAnswer` for :func:`classify_answer`. Never raises.
     """
     try:
-        try:
-            request: httpx.Request | None = response.request
-        except RuntimeError:  # a Response built without a request
-            request = None
-        ctx = _context(None, request, provider, model)
-        return _classify_answer(response, ctx, now)
+        answer = ErrorAnswer.of_response(response, provider=provider, model=model)
     except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
         return _unclassifiable("Response", failure, provider, model)
+    return classify_answer(answer, now=now)
 
 
 def _unclassifiable(
@@ -627,7 +639,8 @@ def classify_provider_error(
         ctx = _context(exc, _request_of(exc), provider, model, secrets)
         secrets = ctx.secrets
         if isinstance(exc, httpx.HTTPStatusError):
-            return _classify_answer(exc.response, ctx, now)
+            answer = ErrorAnswer.of_response(exc.response, secrets=ctx.secrets)
+            return _classify_answer(answer, ctx, now)
         return _classify_exception(exc, ctx)
     except Exception as failure:  # noqa: BLE001 - the contract is "never raises"
         return _unclassifiable(type(exc).__name__, failure, provider, model)

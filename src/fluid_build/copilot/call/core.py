@@ -18,20 +18,14 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import httpx
-from pydantic import BaseModel
 
 from fluid_build.copilot.agents.errors import (
     AgentExecutionError,
-    ContextOverflowError,
-    ProviderAuthError,
-    ProviderServerError,
-    ProviderTimeoutError,
-    RateLimitError,
 )
 from fluid_build.copilot.call.decode import Decoder, request_id, timed_out
 from fluid_build.copilot.call.drive import (
@@ -52,12 +46,18 @@ from fluid_build.copilot.call.drive import (
     run,
 )
 from fluid_build.copilot.call.envelope import CallBounds, MoveOn, RetryEnvelope
-from fluid_build.copilot.call.options import check_tool_choice, sampling, unsupported
+from fluid_build.copilot.call.options import (
+    CALL_OPTIONS,
+    UNSET_FIELDS,
+    CallOptions,
+    check_tool_choice,
+    sampling,
+    unsupported,
+)
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
 from fluid_build.copilot.call.prepare import (
     Messages,
     Prepared,
-    Tools,
     http_request,
     prepare,
     tool_spec,
@@ -82,7 +82,7 @@ from fluid_build.copilot.llm.types import CallSpec, Completion, StreamEvent
 if TYPE_CHECKING:
     from fluid_build.copilot.call.spend import BudgetGuard, BudgetSpend
 
-__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "OnCut", "Tally", "completing", "streaming"]
+__all__ = ["CALL_OPTIONS", "CallOptions", "Entry", "Tally"]
 
 LOG = logging.getLogger("fluid_build.client")
 
@@ -102,50 +102,7 @@ _CALLER_SIDE = frozenset(
         "llm.unsupported_option",
     }
 )
-# Non-retryable failures after which another provider may still answer (an option this
-# entry's provider or model cannot take, nothing sent: the next may take it).
-_MOVE_ON = frozenset({"llm.circuit_open", "llm.quota_exhausted", "llm.unsupported_option"})
 
-
-class CallOptions(TypedDict, total=False):
-    """What a call asks for besides its messages (see :meth:`LLMClient.complete`).
-
-    The sampling and tool options are mapped to each provider's own field
-    (docs/llm-providers.md, "Call options"); one the provider or model cannot take
-    is refused before sending, or dropped with a warning under ``drop_unsupported``.
-    """
-
-    system: str | None
-    response_model: type[BaseModel] | None
-    tools: Tools
-    max_output_tokens: int | None
-    capability_matrix: Mapping[str, Any] | None
-    validate: bool
-    temperature: float | None
-    top_p: float | None
-    #: One stop sequence, or several.
-    stop: str | Sequence[str] | None
-    seed: int | None
-    #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
-    tool_choice: Literal["auto", "none", "required"] | str | None
-    parallel_tool_calls: bool | None
-    reasoning_effort: Literal["low", "medium", "high"] | None
-    #: Merged into the request body last, key by key (a nested object adds to fluid's).
-    extra_body: Mapping[str, Any] | None
-    #: The same as ``extra_body`` (kept: the docs promised it first).
-    extra: Mapping[str, Any] | None
-    #: Sent on the request after fluid's own headers.
-    extra_headers: Mapping[str, str] | None
-    #: Send the call without an option the provider or model cannot take (one warning per
-    #: provider:option) instead of refusing it.
-    drop_unsupported: bool
-
-
-#: A CallSpec field's value when its option is not set (an option dropped goes back to it).
-_UNSET: dict[str, Any] = {"stop": (), "extra_headers": {}}
-
-#: The names a call option may have (a fallback entry's ``options`` are checked against them).
-CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
 
 #: The providers whose API has OpenAI's strict-schema mode.
 STRICT_SCHEMA_PROVIDERS = frozenset({"openai", "azure", "openai_responses"})
@@ -450,7 +407,7 @@ class Entry:
         if not refused:
             return prepared
         unsupported(self.provider, self.model, dict.fromkeys(refused), refused, drop=drop)
-        unset: dict[str, Any] = {name: _UNSET.get(name) for name in refused}
+        unset: dict[str, Any] = {name: UNSET_FIELDS.get(name) for name in refused}
         return dataclasses.replace(prepared, spec=dataclasses.replace(spec, **unset))
 
     def refusals(
@@ -789,8 +746,6 @@ _Opened = tuple[httpx.Response, Any, list[StreamEvent], StreamReader, StreamStat
 
 # -- the fallback chain ------------------------------------------------------------------
 
-History = list[tuple[Entry, AgentExecutionError]]
-
 
 class Tally:
     """The failed attempts of one call on one entry that has another after it, each with
@@ -855,230 +810,3 @@ def _record(
         "sent": sent,
         "cost_usd": cost,
     }
-
-
-def completing(
-    entries: Sequence[Entry],
-    messages: Messages,
-    options: CallOptions,
-    deadline: Deadline,
-    *,
-    fallback_on_auth: bool = False,
-    trace: AttemptTrace | None = None,
-    move_on: MoveOn | None = None,
-) -> Plan[Completion]:
-    """One answer from the first entry that gives one; else the most actionable error.
-
-    The answer's ``fallback_errors`` lists every failed attempt on the entries before
-    it, each with its cost (see :class:`Tally`). ``move_on`` applies to every entry but
-    the last: one that said nothing, or asked for a long wait, hands the call on without
-    being retried (envelope.py ``moving_on``).
-    """
-    history: History = []
-    failed: list[dict[str, Any]] | None = None  # none yet: no list held for the first entry
-    last = len(entries) - 1
-    for index, entry in enumerate(entries):
-        if deadline.provider != entry.provider or deadline.model != entry.model:
-            deadline = deadline.of(entry.provider, entry.model)
-        # None for the last entry (and a client without fallbacks): nothing comes after it.
-        tally = Tally() if index < last else None
-        try:
-            onward = move_on if index < last else None
-            return (
-                yield from entry.complete(messages, options, deadline, failed, trace, tally, onward)
-            )
-        except AgentExecutionError as error:
-            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
-            if tally is not None:
-                failed = [*(failed or ()), *tally.records(entry, error)]
-    raise _final_error(history)
-
-
-#: What a stream does when it is cut after text reached the caller (``on_cut=``).
-OnCut = Literal["raise", "restart"]
-
-
-def streaming(
-    entries: Sequence[Entry],
-    messages: Messages,
-    options: CallOptions,
-    start: Callable[[], Deadline],
-    *,
-    fallback_on_auth: bool = False,
-    on_cut: OnCut = "raise",
-    trace: AttemptTrace | None = None,
-    move_on: MoveOn | None = None,
-) -> Plan[None]:
-    """A stream from the first entry that gives one: :func:`completing`'s chain for streams.
-
-    The deadline ``start()`` s when the caller first asks for an event. Every
-    failure before an event reached the caller moves on as in
-    :func:`completing`. After one, the typed error with what arrived is raised
-    (``on_cut="raise"``); with ``on_cut="restart"`` a cut the provider may not
-    repeat (a retryable error) starts the call again from scratch, once: on the
-    next entry, or on the same one when it is the last, after a ``restart``
-    event saying the text so far is void. The restart walks the rest of the
-    chain as a new stream would; if it fails, the cut's error is raised with
-    the restart's failures in ``details["fallback_attempts"]``. ``move_on`` as in
-    :func:`completing`, for every entry but the last.
-
-    Each entry's plan is stepped by hand, not with ``yield from``: that would turn
-    the caller's ``GeneratorExit`` into ``close()``, and the plan's cleanup yields
-    effects (closing the response); see :meth:`CallTrace.stream`.
-    """
-    deadline = start()
-    history: History = []
-    failed: list[dict[str, Any]] | None = None  # as in completing(): one record per attempt
-    cut: AgentExecutionError | None = None  # the cut that was restarted, once
-    index = 0
-    last = len(entries) - 1
-    while True:
-        entry = entries[index]
-        if deadline.provider != entry.provider or deadline.model != entry.model:
-            deadline = deadline.of(entry.provider, entry.model)
-        # None when no answer can follow this entry's failure (completing()'s rule); a
-        # restart may follow a cut on the last entry too, on that entry.
-        tally = Tally() if index < last or (on_cut == "restart" and cut is None) else None
-        onward = move_on if index < last else None
-        plan = entry.stream(messages, options, deadline, failed, trace, tally, onward)
-        send: Callable[[Any], Any] = plan.send
-        value: Any = None
-        emitted = False
-        try:
-            while True:
-                try:
-                    step = send(value)
-                except StopIteration:
-                    return
-                if isinstance(step, Emit):
-                    emitted = True
-                try:
-                    value = yield step
-                    send = plan.send
-                except BaseException as exc:  # noqa: BLE001 - the plan decides, as in the shells
-                    value, send = exc, plan.throw
-        except AgentExecutionError as broke:
-            error = broke
-        # Decided outside the handler: the error raised keeps its own cause.
-        if tally is not None:
-            failed = [*(failed or ()), *tally.records(entry, error)]
-        if emitted:
-            if cut is None and on_cut == "restart" and _restartable(error, deadline):
-                entry.remember(error)
-                history.append((entry, error))
-                cut = error
-                if trace is not None:
-                    trace.cut(error)
-                index = min(index + 1, len(entries) - 1)
-                LOG.warning(
-                    "the stream from %s was cut [%s]; starting again on %s (on_cut=restart)",
-                    entry.label,
-                    error.code,
-                    entries[index].label,
-                )
-                yield Emit(
-                    StreamEvent(
-                        type="restart",
-                        code=error.code,
-                        reason=error.message,
-                        entry=entries[index].label,
-                    )
-                )
-                continue
-            entry.remember(error)
-            history.append((entry, error))
-            raise _with_history(error, history) if cut is None else _restart_failed(cut, history)
-        if cut is None:
-            _next_or_raise(entry, error, history, len(entries) > 1, fallback_on_auth)
-        elif not _moves_on(entry, error, history, index + 1 < len(entries), fallback_on_auth):
-            raise _restart_failed(cut, history)
-        index += 1
-        if index == len(entries):
-            raise _final_error(history)
-
-
-def _moves_on(
-    entry: Entry,
-    error: AgentExecutionError,
-    history: History,
-    chained: bool,
-    fallback_on_auth: bool,
-) -> bool:
-    """:func:`_next_or_raise` as a decision: whether the call moves to the next entry."""
-    try:
-        _next_or_raise(entry, error, history, chained, fallback_on_auth)
-    except AgentExecutionError:
-        return False
-    return True
-
-
-def _restartable(error: AgentExecutionError, deadline: Deadline) -> bool:
-    """Whether a stream cut by ``error`` may start again: the provider may answer whole
-    next time (a cut, a stall, a server error mid-stream), and there is time left."""
-    return error.retryable and error.code not in _CALLER_SIDE and deadline.left() > 0
-
-
-def _restart_failed(cut: AgentExecutionError, history: History) -> AgentExecutionError:
-    """The cut's own error (never masked by a later one), listing every attempt after it."""
-    last, error = history[-1]
-    note = f"restarted (on_cut=restart), and {last.label} failed too [{error.code}]"
-    return cut.with_details(fallback_attempts=_attempts(history), note=note)
-
-
-def _next_or_raise(
-    entry: Entry,
-    error: AgentExecutionError,
-    history: History,
-    chained: bool,
-    fallback_on_auth: bool,
-) -> None:
-    """Record a failed entry; raise unless the call should move to the next one."""
-    entry.remember(error)
-    history.append((entry, error))
-    if not chained:
-        raise error
-    if isinstance(error, ProviderAuthError):
-        if fallback_on_auth:
-            LOG.warning(
-                "%s rejected the key [%s]; moving to the next fallback (opted in)",
-                entry.label,
-                error.code,
-            )
-            return
-        raise _with_history(error, history)
-    if isinstance(error, ContextOverflowError) or error.retryable or error.code in _MOVE_ON:
-        LOG.warning("%s failed [%s]; moving to the next fallback", entry.label, error.code)
-        return
-    raise _with_history(error, history)
-
-
-def _with_history(error: AgentExecutionError, history: History) -> AgentExecutionError:
-    if len(history) < 2:
-        return error
-    return error.with_details(fallback_attempts=_attempts(history))
-
-
-def _attempts(history: History) -> list[dict[str, Any]]:
-    """``details["fallback_attempts"]``: each failed entry's error class, code and message."""
-    return [
-        {"entry": entry.label, "error": type(e).__name__, "code": e.code, "message": e.message}
-        for entry, e in history
-    ]
-
-
-def _actionability(error: AgentExecutionError) -> int:
-    """Lower is more actionable: overflow, then rate limits, then server errors."""
-    order = (ContextOverflowError, RateLimitError, ProviderServerError, ProviderTimeoutError)
-    for rank, cls in enumerate(order):
-        if isinstance(error, cls):
-            return rank
-    return len(order)
-
-
-def _final_error(history: History) -> AgentExecutionError:
-    """Every entry failed: the most actionable error, listing them all."""
-    best = min(history, key=lambda item: _actionability(item[1]))[1]
-    final = _with_history(best, history)
-    if len(history) > 1:
-        final = final.with_details(note=f"all {len(history)} fallback entries failed")
-    return final

@@ -217,15 +217,22 @@ class Decoder:
         had arrived, and the envelope no longer retries it.
         """
         if self.adapter.is_error_chunk(data, event):
-            body = httpx.Response(
-                200,
-                json=data,
-                request=response.request,
-                headers={"content-type": "application/json"},
+            from fluid_build.copilot.agents.error_answers import request_secrets_of
+            from fluid_build.copilot.agents.error_classification import (
+                ErrorAnswer,
+                classify_answer,
             )
-            from fluid_build.copilot.agents.error_classification import classify_response
 
-            error = classify_response(body, provider=self.provider, model=self.model)
+            asked = response.request
+            answer = ErrorAnswer.of_json(
+                200,
+                data,
+                provider=self.provider,
+                model=self.model,
+                url=asked.url,
+                secrets=request_secrets_of(asked),
+            )
+            error = classify_answer(answer)
             raise error.with_details(interrupted=True, **state.partial()) if started else error
         try:
             return self.adapter.parse_chunk(data, event, state, spec)

@@ -27,6 +27,7 @@ import httpx
 from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
+from fluid_build.copilot.call.seams import is_own_async_pool, is_own_body, is_own_sync_pool
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
 from fluid_build.copilot.llm.base import (
     StreamState,
@@ -239,11 +240,10 @@ async def _arefuse_redirect(response: httpx.Response) -> None:
 
 def send(pool: httpx.Client, request: httpx.Request) -> httpx.Response:
     """The answer's head, its body left to stream: straight to the transport on a pool of
-    ours (call/transport.py ``fluid_send``), through ``send`` on a caller's own pool,
+    ours (call/seams.py ``SyncPool``), through ``send`` on a caller's own pool,
     never following a redirect. The caller bounds it with :class:`_until`."""
-    direct = getattr(pool, "fluid_send", None)
-    if direct is not None:
-        response = cast(httpx.Response, direct(request))
+    if is_own_sync_pool(pool):
+        response = pool.fluid_send(request)
     else:
         deadline = _deadline(request)
         if deadline is None:
@@ -312,9 +312,8 @@ def _close_late(sent: Any) -> None:
 
 async def asend(pool: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
     """:func:`send`, awaited; the caller bounds it with :func:`_within`."""
-    direct = getattr(pool, "fluid_send", None)
-    if direct is not None:
-        response = await cast(Awaitable[httpx.Response], direct(request))
+    if is_own_async_pool(pool):
+        response = await pool.fluid_send(request)
     else:
         response = await pool.send(request, stream=True, follow_redirects=False)
     await _arefuse_redirect(response)
@@ -558,13 +557,11 @@ class Exchange(Effect):
         try:
             async with timer:
                 _watched(phase, timer, self.deadline)
-                pool = self.pool
-                if hasattr(pool, "fluid_send"):  # called at once: no bound method held
-                    response = await cast(Awaitable[httpx.Response], pool.fluid_send(self.request))
+                pool = cast(httpx.AsyncClient, self.pool)
+                if is_own_async_pool(pool):  # called at once: no bound method held
+                    response = await pool.fluid_send(self.request)
                 else:
-                    response = await cast(httpx.AsyncClient, pool).send(
-                        self.request, stream=True, follow_redirects=False
-                    )
+                    response = await pool.send(self.request, stream=True, follow_redirects=False)
                 try:
                     if phase is not None:
                         phase.headed()  # a whole answer: its body is due within the idle limit
@@ -578,8 +575,8 @@ class Exchange(Effect):
                     self.where = "the body"
                     return await aread_body(response, self.deadline, self.limits)
                 finally:
-                    stream = cast(httpx.AsyncByteStream, response.stream)
-                    if getattr(stream, "fluid_direct", False) and not response.is_closed:
+                    stream = response.stream
+                    if is_own_body(stream) and not response.is_closed:
                         # Our aiohttp body (call/transport.py) names its own faults: closed
                         # without httpx's wrapper around it.
                         response.is_closed = True

@@ -20,21 +20,69 @@ import difflib
 import logging
 import math
 import threading
-from collections.abc import Collection, Mapping
-from typing import Any, Final
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from fluid_build.copilot.llm.base import unsupported_option
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from fluid_build.copilot.llm.types import ToolSpec
+
 __all__ = [
+    "CALL_OPTIONS",
     "REASONING_EFFORTS",
     "SAMPLING_FIELDS",
     "TOOL_CHOICES",
+    "CallOptions",
     "check_names",
     "sampling",
     "unsupported",
 ]
 
 LOG = logging.getLogger("fluid_build.llm")
+
+
+class CallOptions(TypedDict, total=False):
+    """What a call asks for besides its messages (see :meth:`LLMClient.complete`).
+
+    The sampling and tool options are mapped to each provider's own field
+    (docs/llm-providers.md, "Call options"); one the provider or model cannot take
+    is refused before sending, or dropped with a warning under ``drop_unsupported``.
+    """
+
+    system: str | None
+    response_model: type[BaseModel] | None
+    tools: Sequence[ToolSpec | Mapping[str, Any]] | None
+    max_output_tokens: int | None
+    capability_matrix: Mapping[str, Any] | None
+    validate: bool
+    temperature: float | None
+    top_p: float | None
+    #: One stop sequence, or several.
+    stop: str | Sequence[str] | None
+    seed: int | None
+    #: ``"auto"``, ``"none"``, ``"required"``, or the name of one of ``tools``.
+    tool_choice: Literal["auto", "none", "required"] | str | None
+    parallel_tool_calls: bool | None
+    reasoning_effort: Literal["low", "medium", "high"] | None
+    #: Merged into the request body last, key by key (a nested object adds to fluid's).
+    extra_body: Mapping[str, Any] | None
+    #: The same as ``extra_body`` (kept: the docs promised it first).
+    extra: Mapping[str, Any] | None
+    #: Sent on the request after fluid's own headers.
+    extra_headers: Mapping[str, str] | None
+    #: Send the call without an option the provider or model cannot take (one warning per
+    #: provider:option) instead of refusing it.
+    drop_unsupported: bool
+
+
+#: A CallSpec field's value when its option is not set (an option dropped goes back to it).
+UNSET_FIELDS: dict[str, Any] = {"stop": (), "extra_headers": {}}
+
+#: The names a call option may have (a fallback entry's ``options`` are checked against them).
+CALL_OPTIONS: frozenset[str] = CallOptions.__optional_keys__ | CallOptions.__required_keys__
 
 #: ``tool_choice`` values besides a tool's name.
 TOOL_CHOICES: Final = ("auto", "none", "required")

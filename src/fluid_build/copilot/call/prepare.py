@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from fluid_build.copilot.call.drive import DEADLINE_EXTENSION
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, PhaseLimits
+from fluid_build.copilot.call.seams import is_own_pool
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING, Deadline
 from fluid_build.copilot.llm.base import Request
 from fluid_build.copilot.llm.types import CallSpec, ToolSpec
@@ -196,15 +197,16 @@ def http_request(
     neither brotli nor zstandard is installed), so that httpx need not swap
     its own header out on every request.
     """
-    direct = getattr(client, "fluid_json_request", None)
     built: httpx.Request
     timeout: float | dict[str, float] = (
         deadline.timeout(per_attempt)
         if phases is None
         else phases.timeouts(deadline.left(), per_attempt)
     )
-    if direct is not None:  # a pool of ours (call/transport.py): no build_request needed
-        built = direct(request.method, request.url, request.headers, request.json, timeout)
+    if is_own_pool(client):  # a pool of ours (call/seams.py): no build_request needed
+        built = client.fluid_json_request(
+            request.method, request.url, request.headers, request.json, timeout
+        )
     else:
         headers = request.headers
         if client.headers.get("accept-encoding") != ACCEPT_ENCODING:

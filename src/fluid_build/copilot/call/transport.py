@@ -45,7 +45,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn, TypeVar, cast
 
 import httpcore
 import httpx
@@ -54,6 +54,16 @@ from fluid_build._redact import one_line, redact, redact_url, truncate
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.drive import CALL_ENDS, CALL_PHASE
 from fluid_build.copilot.call.loops import LoopPools
+from fluid_build.copilot.call.seams import (
+    AsyncPool,
+    DirectBody,
+    FieldRequest,
+    OwnBody,
+    OwnPool,
+    OwnRequest,
+    SyncPool,
+    is_own_request,
+)
 from fluid_build.copilot.call.wire import ACCEPT_ENCODING
 
 __all__ = [
@@ -701,13 +711,14 @@ def _aiohttp_session(
     return session
 
 
-class _AiohttpStream(httpx.AsyncByteStream):
+class _AiohttpStream(OwnBody, httpx.AsyncByteStream):
     """An aiohttp response's body as it arrives, its faults as httpx names them; closing
-    it gives the connection back to aiohttp's pool and the slot to the gate (once)."""
+    it gives the connection back to aiohttp's pool and the slot to the gate (once).
+
+    A :class:`~fluid_build.copilot.call.seams.DirectBody`: call/wire.py reads it straight
+    (no httpx iterator between), its faults already named."""
 
     __slots__ = ("_gate", "_request", "_response")
-    #: Read straight from by call/wire.py (no httpx iterator between): its faults are named.
-    fluid_direct: Final = True
 
     def __init__(self, response: Any, request: httpx.Request, gate: AdmissionGate) -> None:
         self._response: Any = response
@@ -786,7 +797,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             }
 
     def _url(self, request: httpx.Request) -> Any:
-        text = getattr(request, "fluid_url", None) or str(request.url)
+        text = (request.fluid_url if is_own_request(request) else None) or str(request.url)
         found = self._urls.get(text)
         if found is None:
             if len(self._urls) >= _URLS_KEPT:
@@ -827,7 +838,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             except httpx.RequestNotRead:  # a streamed body: aiohttp frames it
                 content = request.stream
                 request.headers.pop("transfer-encoding", None)
-            fields = getattr(request, "fluid_fields", None)  # a _JsonRequest's, unread
+            fields = request.fluid_fields if is_own_request(request) else None  # unread
             response = await session.request(
                 request.method,
                 self._url(request),
@@ -992,7 +1003,7 @@ def env_mounts(
 _URLS_KEPT: Final = 64
 
 
-class _Direct:
+class _Direct(OwnPool):
     """The call path's requests on a pool of ours, without the client layers it never uses.
 
     ``httpx.Client.send`` runs an auth flow, a redirect loop, the cookie jar
@@ -1095,7 +1106,7 @@ class _Target:
         self.host = ("Host", url.netloc.decode("ascii")) if url.host else None
 
 
-class _JsonRequest(httpx.Request):
+class _JsonRequest(OwnRequest, httpx.Request):
     """The request :meth:`_Direct.fluid_json_request` makes: an ``httpx.Request`` in every
     way, whose ``headers`` are made from its header fields only when something asks.
 
@@ -1354,3 +1365,12 @@ def build_async_client(
         ),
         provider,
     )
+
+
+if TYPE_CHECKING:
+    # Each marked class held to its seam (call/seams.py): renaming a member on either
+    # side fails mypy here.
+    _SYNC_POOL: type[SyncPool] = PooledClient
+    _ASYNC_POOL: type[AsyncPool] = PooledAsyncClient
+    _BODY: type[DirectBody] = _AiohttpStream
+    _REQUEST: type[FieldRequest] = _JsonRequest

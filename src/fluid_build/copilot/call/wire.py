@@ -16,12 +16,13 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import httpx
 
 from fluid_build.config import env_float, env_int
 from fluid_build.copilot.agents.errors import ProviderError, ProviderTimeoutError
+from fluid_build.copilot.call.seams import is_own_body
 
 __all__ = [
     "ACCEPT_ENCODING",
@@ -450,11 +451,11 @@ async def _achunks(response: httpx.Response, reader: _Reader) -> AsyncIterator[b
         raise reader.refusal()
     chunks: AsyncIterator[bytes]
     stream = response.stream
-    if reader.raw and getattr(stream, "fluid_direct", False):
-        # One of our own pools' bodies (call/transport.py): its raw chunks, its faults
+    if reader.raw and is_own_body(stream):
+        # One of our own pools' bodies (call/seams.py DirectBody): its raw chunks, its faults
         # already named as httpx names them, without a layer of httpx's iterators.
         response.is_stream_consumed = True
-        chunks = cast(httpx.AsyncByteStream, stream).__aiter__()
+        chunks = stream.__aiter__()
     else:
         chunks = response.aiter_raw() if reader.raw else response.aiter_bytes()
     try:
@@ -554,9 +555,9 @@ async def aread_body(
 ) -> httpx.Response:
     """:func:`read_body`, awaited."""
     reader = _body_reader(response, deadline, limits)
-    stream: Any = response.stream
-    if reader.refused is None and reader.raw and getattr(stream, "fluid_direct", False):
-        # One of our own pools' bodies (call/transport.py): read in one loop, without the
+    stream = response.stream
+    if reader.refused is None and reader.raw and is_own_body(stream):
+        # One of our own pools' bodies (call/seams.py DirectBody): read in one loop, without the
         # two iterators of _achunks between (each call in flight holds their frames).
         response.is_stream_consumed = True
         try:

@@ -800,19 +800,22 @@ _STREAM_STATUS: Final = {
     "ValidationException": 400,
     "ModelTimeoutException": 408,
 }
+# What an exception frame's error names as its URL: the stream's endpoint, without the
+# region or model (the frame does not carry the request).
+_STREAM_URL: Final = "https://bedrock-runtime.amazonaws.com/converse-stream"
 
 
 def _stream_exception(data: Any, spec: CallSpec) -> ProviderError:
     """An exception frame, classified as the error answer its type stands for."""
-    import httpx
-
-    from fluid_build.copilot.agents.error_classification import classify_response
+    from fluid_build.copilot.agents.error_classification import ErrorAnswer, classify_answer
 
     kind = str(data.get("__type") or "") if isinstance(data, dict) else ""
-    answer = httpx.Response(
+    answer = ErrorAnswer.of_json(
         _STREAM_STATUS.get(kind, 500),
-        json=data,
-        headers={"x-amzn-errortype": kind},
-        request=httpx.Request("POST", "https://bedrock-runtime.amazonaws.com/converse-stream"),
+        data,
+        {"x-amzn-errortype": kind},
+        provider="bedrock",
+        model=spec.model,
+        url=_STREAM_URL,
     )
-    return classify_response(answer, provider="bedrock", model=spec.model)
+    return classify_answer(answer)

@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Final
 import httpx
 
 from fluid_build._redact import truncate
-from fluid_build.copilot.agents.error_answers import extract_fields, read_body
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -194,6 +193,9 @@ def names_stream_options(answer: httpx.Response) -> bool:
     (modelscope/ms-agent#489), Fireworks' "Extra inputs are not permitted, field:
     'stream_options'" (FlowiseAI/Flowise#2866), an OpenAI-style upstream's "Unknown
     parameter: 'stream_options'" with ``param`` naming it (QuantumNous/new-api#418)."""
+    # Only an error answer comes here: a call that succeeds never loads the error tables.
+    from fluid_build.copilot.agents.error_answers import extract_fields, read_body
+
     body = read_body(answer)
     if body.kind == "json" and isinstance(body.data, dict | list):
         fields = extract_fields(body.data)

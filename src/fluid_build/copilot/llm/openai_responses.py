@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-import httpx
-
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.base import (
     COUNT,
@@ -113,15 +111,13 @@ def _classified(error: Any, provider: str, model: str) -> ProviderError:
     ``server_error``, ``context_length_exceeded``), where chat completions names it
     in ``type``: the classifier is given it as the type it knows.
     """
-    from fluid_build.copilot.agents.error_classification import classify_response
+    from fluid_build.copilot.agents.error_classification import ErrorAnswer, classify_answer
 
     fields = dict(error) if isinstance(error, dict) else {"message": "the response failed"}
     if not fields.get("type") and isinstance(fields.get("code"), str):
         fields["type"] = fields["code"]
-    answer = httpx.Response(
-        200, json={"error": fields}, headers={"content-type": "application/json"}
-    )
-    return classify_response(answer, provider=provider, model=model)
+    answer = ErrorAnswer.of_json(200, {"error": fields}, provider=provider, model=model)
+    return classify_answer(answer)
 
 
 def _event_error(data: dict[str, Any]) -> Any:

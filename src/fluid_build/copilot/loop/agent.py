@@ -36,9 +36,10 @@ from fluid_build.copilot.agents.errors import (
 )
 from fluid_build.copilot.call import drive
 from fluid_build.copilot.call.drive import Plan
-from fluid_build.copilot.health.budget import usd_amount
 from fluid_build.copilot.llm.types import Completion, ToolCall
+from fluid_build.copilot.loop import limits
 from fluid_build.copilot.loop.declare import Tool
+from fluid_build.copilot.loop.limits import Budget, LoopUsage
 from fluid_build.copilot.loop.tools import ToolOutcome, ToolRegistry
 from fluid_build.copilot.loop.workspace import Workspace
 
@@ -107,36 +108,6 @@ class LoopSettings(BaseModel):
             )
         values.update(overrides)
         return cls(**values)
-
-
-class Budget(BaseModel):
-    """Hard limits on one run; ``None`` is no limit. Cost needs known prices."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_llm_calls: int | None = Field(default=None, ge=1)
-    max_tool_calls: int | None = Field(default=None, ge=0)
-    max_seconds: float | None = Field(default=None, gt=0)
-    max_total_tokens: int | None = Field(default=None, ge=1)
-    max_cost_usd: float | None = Field(default=None, gt=0)
-
-
-class LoopUsage(BaseModel):
-    """What a run used, so far."""
-
-    rounds: int = 0
-    llm_calls: int = 0
-    tool_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    seconds: float = 0.0
-    cost_usd: float | None = None
-    corrections: int = 0
-    compactions: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
 
 
 class AgentResult(BaseModel):
@@ -286,16 +257,6 @@ def _truncate_middle(messages: list[dict[str, Any]], keep_last: int) -> int:
 
 
 # -- the loop ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _WorstCase:
-    """The most the next call can cost, on the dearest entry of the client's chain."""
-
-    usd: float
-    label: str
-    input_tokens: int
-    max_output_tokens: int
 
 
 @dataclass
@@ -449,45 +410,10 @@ class AgentLoop:
         )
 
     def _check_budget(self, state: _State) -> None:
-        budget, usage = self.budget, state.usage
-        usage.seconds = self.clock() - state.started
-        if usage.rounds >= self.settings.max_rounds:
-            raise self._stop(
-                state,
-                "budget.rounds_exhausted",
-                f"{usage.rounds} rounds without a final answer (FLUID_AGENT_MAX_ROUNDS="
-                f"{self.settings.max_rounds})",
-            )
-        if budget.max_llm_calls is not None and usage.llm_calls >= budget.max_llm_calls:
-            raise self._stop(
-                state, "budget.llm_calls_exhausted", f"{usage.llm_calls} model calls made"
-            )
-        if budget.max_seconds is not None and usage.seconds >= budget.max_seconds:
-            raise self._stop(
-                state,
-                "budget.seconds_exhausted",
-                f"{usage.seconds:.1f} s used of {budget.max_seconds:g} s",
-            )
-        if budget.max_total_tokens is not None and usage.total_tokens >= budget.max_total_tokens:
-            raise self._stop(
-                state,
-                "budget.tokens_exhausted",
-                f"{usage.total_tokens} tokens used of {budget.max_total_tokens}",
-            )
-        if (
-            budget.max_cost_usd is not None
-            and usage.cost_usd is not None
-            and usage.cost_usd >= budget.max_cost_usd
-        ):
-            raise self._stop(
-                state,
-                "budget.cost_exhausted",
-                f"{usd_amount(usage.cost_usd)} USD spent of the run's max_cost_usd of "
-                f"{usd_amount(budget.max_cost_usd)} USD",
-                spent_usd=usage.cost_usd,
-                left_usd=0.0,
-                limit_usd=budget.max_cost_usd,
-            )
+        state.usage.seconds = self.clock() - state.started
+        stop = limits.spent_stop(self.budget, self.settings.max_rounds, state.usage)
+        if stop is not None:
+            raise self._stop(state, stop.code, stop.what, **stop.details)
 
     def _before_call(
         self, state: _State, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
@@ -506,46 +432,6 @@ class AgentLoop:
         """The client's prices (FLUID_PRICES, its ``prices=``), the loop's over them."""
         return {**getattr(self.client, "prices", {}), **self.prices}
 
-    def _worst_case(
-        self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
-    ) -> tuple[_WorstCase | None, list[str]]:
-        """The most the call could cost, as a shared budget reserves it (docs/budgets.md):
-        the prompt it sends, counted as the pre-flight counts it, priced, plus
-        ``max_output_tokens`` (else the model's maximum output), priced. A fallback
-        may answer, so each entry is priced at its own model and the dearest counts.
-        Also the entries no price is known for."""
-        from fluid_build.copilot.call.capabilities import capabilities_for
-        from fluid_build.copilot.call.preflight import prompt_tokens
-        from fluid_build.copilot.call.prepare import response_schema, tool_spec
-        from fluid_build.copilot.call.prices import worst_case_usd
-
-        tools = [tool_spec(tool).as_dict() for tool in options.get("tools") or ()]
-        response_model = options.get("response_model")
-        wanted = options.get("max_output_tokens")
-        prices = self._prices()
-        worst: _WorstCase | None = None
-        unpriced: list[str] = []
-        for entry in (self.client, *self.client.fallbacks):
-            counted = list(tools)
-            if response_model is not None:
-                # The response schema travels with the prompt: counted like a tool.
-                schema, _, name = response_schema(response_model, entry.strict_schema)
-                counted.append({"name": name, "description": "", "parameters": schema})
-            matrix = entry.capability_matrix or None
-            tokens, _ = prompt_tokens(
-                entry.provider, entry.model, options.get("system"), messages, counted, matrix
-            )
-            most = wanted
-            if most is None:
-                most = capabilities_for(entry.provider, entry.model, matrix).max_output_tokens
-            usd = worst_case_usd(entry.provider, entry.model, tokens, most, overrides=prices)
-            label = f"{entry.provider}:{entry.model}"
-            if usd is None:
-                unpriced.append(label)
-            elif worst is None or usd > worst.usd:
-                worst = _WorstCase(usd, label, tokens, most)
-        return worst, unpriced
-
     def _check_worst_case(
         self, state: _State, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
     ) -> None:
@@ -553,7 +439,7 @@ class AgentLoop:
         limit = self.budget.max_cost_usd
         if limit is None:
             return  # no limit, nothing counted or priced
-        worst, unpriced = self._worst_case(messages, options)
+        worst, unpriced = limits.worst_case(self.client, self._prices(), messages, options)
         if unpriced and not state.warned_cost:
             state.warned_cost = True
             LOG.warning(
@@ -564,27 +450,9 @@ class AgentLoop:
             )
         if worst is None:
             return
-        spent = state.usage.cost_usd or 0.0
-        if spent + worst.usd <= limit:
-            return
-        left = max(limit - spent, 0.0)
-        raise self._stop(
-            state,
-            "budget.cost_exhausted",
-            f"{usd_amount(spent)} USD spent of the run's max_cost_usd of {usd_amount(limit)} USD, "
-            f"{usd_amount(left)} USD left, and the next call to {worst.label} needs up to "
-            f"{usd_amount(worst.usd)} USD "
-            f"({worst.input_tokens} input tokens and up to {worst.max_output_tokens} output "
-            "tokens, priced); no request was sent (raise max_cost_usd, lower "
-            "max_output_tokens or use a cheaper model)",
-            spent_usd=spent,
-            left_usd=left,
-            limit_usd=limit,
-            needed_usd=worst.usd,
-            model=worst.label,
-            input_tokens=worst.input_tokens,
-            max_output_tokens=worst.max_output_tokens,
-        )
+        stop = limits.cost_stop(limit, state.usage.cost_usd or 0.0, worst)
+        if stop is not None:
+            raise self._stop(state, stop.code, stop.what, **stop.details)
 
     @staticmethod
     def _not_sent(state: _State, error: AgentExecutionError) -> None:
