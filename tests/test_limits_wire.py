@@ -158,8 +158,16 @@ def stacked_server(
     return handler, seen
 
 
-def client(base: str, *, deadline: float = 2.0, limits: Limits | None = None) -> LLMClient:
-    envelope = RetryEnvelope(RetryPolicy(attempts=3), cooldown=None, hook=lambda e: None)
+def client(
+    base: str,
+    *,
+    deadline: float = 2.0,
+    limits: Limits | None = None,
+    waits: list[float] | None = None,
+) -> LLMClient:
+    """A vllm client; given ``waits``, its retry waits go there instead of passing for real."""
+    faked: dict[str, Any] = {} if waits is None else {"sleep": waits.append, "random": lambda: 0.0}
+    envelope = RetryEnvelope(RetryPolicy(attempts=3), cooldown=None, hook=lambda e: None, **faked)
     return LLMClient(
         "vllm",
         "m",
@@ -456,10 +464,13 @@ def answering(body: bytes) -> Iterator[Any]:
     ],
 )
 def test_a_malformed_answer_names_what_is_wrong(body: bytes, where: str | None) -> None:
-    with answering(body) as base, client(base) as llm:
+    waits: list[float] = []
+    with answering(body) as base, client(base, waits=waits) as llm:
         _, error = timed(lambda: llm.complete("hi"))
     assert isinstance(error, ProviderError), repr(error)
     assert error.code == "llm.malformed_response"
+    # Retried once, after the first backoff: the next (2 s) would pass the 2 s deadline.
+    assert waits == [1.0]
     if where is not None:
         assert error.details.get("field") == where, error.details
         assert where in error.message
