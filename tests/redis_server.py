@@ -21,13 +21,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@contextmanager
-def running_redis(workdir: Path) -> Iterator[str]:
-    """Start redis-server; yield its URL; stop it."""
-    binary = redis_binary()
-    if binary is None:
-        raise RuntimeError("redis-server is not installed")
-    port = _free_port()
+def _start(binary: str, port: int, workdir: Path) -> subprocess.Popen[bytes] | None:
+    """redis-server on ``port``, answering PING; None if it exited (the port was taken)."""
     process = subprocess.Popen(
         [
             binary,
@@ -47,23 +42,48 @@ def running_redis(workdir: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
+    deadline = time.monotonic() + 10
+    while True:
+        # Our process first: under pytest-xdist another worker's server may hold the port
+        # (picked between our probe and redis binding it) and answer the PING below.
+        if process.poll() is not None:
+            return None
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG") and process.poll() is None:
+                    return process
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            _stop(process)
+            raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
+        time.sleep(0.02)  # noqa: real-sleep - waiting for a real server to start
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start (exit {process.poll()})")
-            time.sleep(0.02)  # noqa: real-sleep - waiting for a real server to start
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+@contextmanager
+def running_redis(workdir: Path) -> Iterator[str]:
+    """Start redis-server on a free port (another if that one was taken); yield its URL; stop it."""
+    binary = redis_binary()
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    for _ in range(5):
+        port = _free_port()
+        process = _start(binary, port, workdir)
+        if process is not None:
+            break
+    else:
+        raise RuntimeError("redis-server could not bind a free loopback port in 5 tries")
+    try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        _stop(process)

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -33,6 +32,7 @@ from fluid_build.copilot.agents.errors import (
 from fluid_build.copilot.call.envelope import RetryEnvelope, RetryPolicy
 from fluid_build.copilot.call.wire import Limits
 from tests import loopback
+from tests.bombs import GZIP, ZLIB, gzip_of_gzip, zeros_packed
 
 ROOT = Path(__file__).resolve().parents[1]
 MARGIN = 1.5  # the issue's bound: deadline + 1.5 s at most
@@ -101,12 +101,7 @@ def huge_body(conn: socket.socket) -> None:
 @cache
 def bomb(kind: str, inflated: int = 2**30) -> bytes:
     """``inflated`` zero bytes, gzip- or zlib-compressed (about 1 MB for 1 GiB)."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | (16 if kind == "gzip" else 0))
-    block = b"\0" * 2**20
-    parts = [packer.compress(b'{"choices": "')]
-    parts += [packer.compress(block) for _ in range(inflated // len(block))]
-    parts.append(packer.flush())
-    return b"".join(parts)
+    return zeros_packed(GZIP if kind == "gzip" else ZLIB, inflated, b'{"choices": "')
 
 
 def bomb_server(kind: str) -> Callable[[socket.socket], None]:
@@ -127,14 +122,8 @@ def bomb_server(kind: str) -> Callable[[socket.socket], None]:
 
 @cache
 def stacked_bomb(inflated: int = 2**30) -> bytes:
-    """gzip of gzip of a JSON start and ``inflated`` zero bytes: under 2 KB for 1 GiB."""
-    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-    outer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-    block = b"\0" * 2**20
-    parts = [outer.compress(inner.compress(b'{"choices": "'))]
-    parts += [outer.compress(inner.compress(block)) for _ in range(inflated // len(block))]
-    parts += [outer.compress(inner.flush()), outer.flush()]
-    return b"".join(parts)
+    """gzip of gzip of a JSON start and ``inflated`` zero bytes: a few KB for 1 GiB."""
+    return gzip_of_gzip(inflated, b'{"choices": "')
 
 
 def stacked_server(
@@ -151,15 +140,25 @@ def stacked_server(
         if request.startswith(b"POST"):
             seen.append(request)
         kind = "text/event-stream" if sse else "application/json"
+        # Closed after one answer, and says so: else aiohttp reuses the context-window probe's
+        # connection for the call, finds it closed, and waits a backoff (1 s) to retry.
         lines = ["HTTP/1.1 200 OK", f"content-length: {len(body)}", f"content-type: {kind}"]
-        lines += [f"content-encoding: {value}" for value in encodings]
+        lines += ["connection: close", *(f"content-encoding: {value}" for value in encodings)]
         _send(conn, ("\r\n".join(lines) + "\r\n\r\n").encode() + body)
 
     return handler, seen
 
 
-def client(base: str, *, deadline: float = 2.0, limits: Limits | None = None) -> LLMClient:
-    envelope = RetryEnvelope(RetryPolicy(attempts=3), cooldown=None, hook=lambda e: None)
+def client(
+    base: str,
+    *,
+    deadline: float = 2.0,
+    limits: Limits | None = None,
+    waits: list[float] | None = None,
+) -> LLMClient:
+    """A vllm client; given ``waits``, its retry waits go there instead of passing for real."""
+    faked: dict[str, Any] = {} if waits is None else {"sleep": waits.append, "random": lambda: 0.0}
+    envelope = RetryEnvelope(RetryPolicy(attempts=3), cooldown=None, hook=lambda e: None, **faked)
     return LLMClient(
         "vllm",
         "m",
@@ -299,7 +298,7 @@ def _call(llm: LLMClient, mode: str) -> Any:
     "encodings", [["gzip, gzip"], ["gzip", "gzip"], ["gzip", "identity, x-gzip"]]
 )
 def test_a_stacked_compression_bomb_stops_at_the_limit(encodings: list[str], mode: str) -> None:
-    """Two gzip layers (in one header or two): 1.8 KB that inflate to 1 GiB, counted inflated
+    """Two gzip layers (in one header or two): 2.5 KB that inflate to 1 GiB, counted inflated
     layer by layer on every transport, never handed to httpx's unbounded decoders."""
     limits = Limits(max_response_bytes=8 * 2**20, max_event_bytes=2**20)
     handler, seen = stacked_server(encodings, sse=mode == "stream")
@@ -456,10 +455,13 @@ def answering(body: bytes) -> Iterator[Any]:
     ],
 )
 def test_a_malformed_answer_names_what_is_wrong(body: bytes, where: str | None) -> None:
-    with answering(body) as base, client(base) as llm:
+    waits: list[float] = []
+    with answering(body) as base, client(base, waits=waits) as llm:
         _, error = timed(lambda: llm.complete("hi"))
     assert isinstance(error, ProviderError), repr(error)
     assert error.code == "llm.malformed_response"
+    # Retried once, after the first backoff: the next (2 s) would pass the 2 s deadline.
+    assert waits == [1.0]
     if where is not None:
         assert error.details.get("field") == where, error.details
         assert where in error.message

@@ -172,6 +172,16 @@ def test_the_realserver_tier_is_registered_and_runs_in_the_default_suite() -> No
         assert f"{package}>=" in test_extra
 
 
+def test_the_readme_command_runs_the_suite_on_every_core() -> None:
+    """`python -m pytest` (README, CI) runs under pytest-xdist with one worker a core: the
+    parallelism is in the configuration, not in a flag someone must remember."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    addopts = project["tool"]["pytest"]["ini_options"]["addopts"]
+    assert addopts[addopts.index("-n") + 1] == "auto"
+    test_extra = " ".join(project["project"]["optional-dependencies"]["test"])
+    assert "pytest-xdist>=" in test_extra
+
+
 # -- the transport suite on both ends of the allowed versions --------------------------------
 
 

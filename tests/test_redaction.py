@@ -14,7 +14,6 @@ import logging
 import pickle
 import pkgutil
 import tracemalloc
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ from fluid_build.corpus.cassette import (
 )
 from fluid_build.corpus.record import Recorder, record
 from fluid_build.corpus.replay import ReplayBodyOmitted, VirtualClock, replay_client, run_cassette
+from tests.bombs import gzip_of_gzip
 
 KEY = "k3y-9f8e7d6c5b4a39281706f5e4"  # no known shape: only its position or value gives it away
 PLAN = {"name": "sales_orders", "steps": ["stage", "model"]}
@@ -732,11 +732,8 @@ def _gzip_layers(data: bytes, layers: int) -> bytes:
 
 @functools.cache
 def _stacked_bomb() -> bytes:
-    """gzip of gzip of 256 MiB of zeros, made a MiB at a time: a few hundred bytes."""
-    inner = zlib.compressobj(9, zlib.DEFLATED, 31)
-    zeros = b"\0" * (1024 * 1024)
-    layer = b"".join(inner.compress(zeros) for _ in range(256)) + inner.flush()
-    return gzip.compress(layer, compresslevel=9)
+    """gzip of gzip of 256 MiB of zeros (tests/bombs.py): about a KB."""
+    return gzip_of_gzip(256 * 2**20)
 
 
 def _encoded(body: bytes, encoding: str) -> httpx.Response:

@@ -118,6 +118,12 @@ def provider(first: Callable[[loopback.Seen], loopback.Reply] | None = None) -> 
         yield server
 
 
+#: The 429's window in the store tests: long enough that the second process (and doctor)
+#: still find it open on a loaded machine, beside other pytest-xdist workers; no test
+#: waits for it to end (one attempt per call).
+WINDOW = "30"
+
+
 def retry_after(seconds: str) -> Callable[[loopback.Seen], loopback.Reply]:
     return lambda seen: (429, {**JSON, "retry-after": seconds}, LIMITED)
 
@@ -257,7 +263,7 @@ def test_garbage_rows_in_the_default_store_are_purged_and_sharing_goes_on(
     cache = tmp_path / "cache"
     path = default_cooldown_path({"XDG_CACHE_HOME": str(cache)})
     for run, model in enumerate(("m-first", "m-again")):  # twice on the same store
-        with provider(retry_after("3")) as server:
+        with provider(retry_after(WINDOW)) as server:
             base = loopback.base_url(server)
             key = call_key(base, model)
             garbage_rows(path, key, time.time())
@@ -293,7 +299,7 @@ def test_wrong_type_and_garbage_redis_keys_are_skipped_deleted_and_doctor_lists_
     prefix = "fluid:health:"
     cache = tmp_path / "cache"
     for run in range(2):
-        with provider(retry_after("3")) as server:
+        with provider(retry_after(WINDOW)) as server:
             base = loopback.base_url(server)
             model = f"m-redis-{run}-{time.time_ns()}"
             key = call_key(base, model)

@@ -3,7 +3,7 @@
 Real bytes, no network: each answer is an ``httpx.Response`` over a byte
 stream (sync or async) whose head says how its body is encoded, read by
 ``read_body`` / ``aread_body`` / ``StreamReader`` as a call reads one. A
-stacked bomb (gzip of gzip of 1 GiB of zeros: under 2 KB) stops at the limit
+stacked bomb (gzip of gzip of 1 GiB of zeros: under 3 KB) stops at the limit
 with memory and CPU to match; encodings no bounded inflater undoes (br, zstd,
 anything unknown, too many layers) are refused, never handed to httpx's own
 decoders, which have no bound.
@@ -33,6 +33,7 @@ from fluid_build.copilot.call.wire import (
     aread_body,
     read_body,
 )
+from tests.bombs import gzip_of_gzip
 
 URL = "http://provider.test/v1/chat/completions"
 MiB = 2**20
@@ -58,12 +59,8 @@ def encode(data: bytes, *codings: str, raw_deflate: bool = False) -> bytes:
 
 @cache
 def stacked_bomb(inflated: int = GiB) -> bytes:
-    """gzip of gzip of ``inflated`` zero bytes, made a MiB at a time: under 2 KB for 1 GiB."""
-    inner, outer = packer("gzip"), packer("gzip")
-    block = b"\0" * MiB
-    parts = [outer.compress(inner.compress(block)) for _ in range(inflated // MiB)]
-    parts += [outer.compress(inner.flush()), outer.flush()]
-    return b"".join(parts)
+    """gzip of gzip of ``inflated`` zero bytes (tests/bombs.py): under 3 KB for 1 GiB."""
+    return gzip_of_gzip(inflated)
 
 
 def pieces(body: bytes, size: int) -> list[bytes]:

@@ -28,6 +28,7 @@ from fluid_build._redact import is_credential_header, one_line, redact, redact_u
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
 from fluid_build.copilot.call.seams import is_own_async_pool, is_own_body, is_own_sync_pool
+from fluid_build.copilot.call.threads import DaemonPool
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
 from fluid_build.copilot.llm.base import (
     StreamState,
@@ -274,9 +275,9 @@ def _body_reads(request: httpx.Request, deadline: Deadline) -> None:
     }
 
 
-#: Threads that wait for the heads of answers on callers' own sync pools.
+#: Daemon threads that wait for the heads of answers on callers' own sync pools.
 _HEADS: Final = 32
-_head_pool: Any = None
+_head_pool: DaemonPool | None = None
 _head_lock = threading.Lock()
 
 
@@ -285,24 +286,30 @@ def _head_within(pool: httpx.Client, request: httpx.Request, deadline: Deadline)
 
     Its sockets are the caller's: fluid cannot narrow their waits as it does its
     own pool's, and a server that drips its head would hold the call. So the head
-    is awaited on a worker thread, for no longer than the deadline leaves; past it
-    the call fails on time and the worker closes whatever answer comes later.
-    """
+    is awaited on a daemon thread for no longer than the deadline leaves; past it (or on
+    Ctrl-C) the call ends, and the thread, replaced, closes the answer that comes later:
+    a head that never comes holds neither a worker nor the process's exit."""
     global _head_pool
     if _head_pool is None:
         with _head_lock:
             if _head_pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                _head_pool = ThreadPoolExecutor(_HEADS, thread_name_prefix="fluid-head")
+                _head_pool = DaemonPool(_HEADS, "fluid-head")
+    from concurrent.futures import CancelledError
     from concurrent.futures import TimeoutError as Late
 
-    sent = _head_pool.submit(pool.send, request, stream=True, follow_redirects=False)
+    wait = _bound(deadline, _phase(request))
+    sent = _head_pool.submit(
+        lambda: pool.send(request, stream=True, follow_redirects=False), time.monotonic() + wait
+    )
     try:
-        return cast(httpx.Response, sent.result(timeout=_bound(deadline, _phase(request))))
-    except Late:
-        sent.add_done_callback(_close_late)
-        raise _past(request) from None
+        return cast(httpx.Response, sent.result(timeout=wait))
+    except BaseException as exc:
+        if not sent.cancel():  # not still queued: sending, or done
+            _head_pool.abandon(sent)
+            sent.add_done_callback(_close_late)
+        if isinstance(exc, Late | CancelledError):  # cancelled: still queued at the deadline
+            raise _past(request) from None
+        raise
 
 
 def _close_late(sent: Any) -> None:

@@ -3,10 +3,9 @@
 :class:`ToolRegistry` holds the tools one agent may call (declared with
 ``@forge_tool``, :mod:`fluid_build.copilot.loop.declare`), validates a call's
 arguments (``WorkspacePath`` ones confined, :mod:`fluid_build.copilot.loop.workspace`),
-runs the body under the tool's timeout (sync bodies on a
-:mod:`~fluid_build.copilot.loop.pool` of daemon threads) and hands back a
-:class:`ToolOutcome`; a failing tool never raises into the loop. Refusals and
-failures carry stable codes::
+runs the body under the tool's timeout (sync bodies on a pool of daemon threads,
+:mod:`~fluid_build.copilot.call.threads`) and hands back a :class:`ToolOutcome`; a
+failing tool never raises into the loop. Refusals and failures carry stable codes::
 
     ToolValidationError              refused before the body ran
         tool.unknown_tool            no tool has that name
@@ -40,9 +39,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
+from fluid_build.copilot.call.threads import DaemonPool
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
 from fluid_build.copilot.loop.declare import Tool, forge_tool
-from fluid_build.copilot.loop.pool import DaemonPool
 from fluid_build.copilot.loop.workspace import (
     WORKSPACE_KEY,
     Workspace,

@@ -1,9 +1,11 @@
-"""The threads sync tool bodies run on: daemon workers, a stuck one replaced.
+"""Daemon worker threads for waits fluid gives up on: a stuck one replaced, none held at exit.
 
-Python cannot kill a thread, so a body that overruns its timeout is given
+Python cannot kill a thread, so a job that overruns its deadline is given
 up on (:meth:`DaemonPool.abandon`) rather than stopped: it finishes in the
 background on its own daemon thread, which then ends, while a new worker
-takes its place. See docs/tools.md, "Timeouts".
+takes its place. Two pools use it: the heads of answers on a caller's own
+sync pool (call/drive.py) and sync tool bodies (loop/tools.py; docs/tools.md,
+"Timeouts").
 """
 
 from __future__ import annotations
