@@ -128,9 +128,6 @@ KEPT_PROVIDER_LISTS = {
 #: top-level function or name holding it). Any other (``if provider == "azure"``: a table in
 #: hiding) fails.
 KEPT_PROVIDER_BRANCHES = {
-    # `fluid ai setup --check` lists the models with each API's own request (a wire format,
-    # one branch per adapter that lists models its own way).
-    ("fluid_build/cli/ai.py", "_probe"),
     # Matrix sections, not providers: Bedrock's model ids and the Responses API's fallback
     # to OpenAI's rows.
     ("fluid_build/copilot/call/capabilities.py", "_lookup"),
@@ -431,6 +428,29 @@ def test_a_new_provider_is_one_entry_for_doctor(
     assert row["key"]["source"] == "ECHO_API_KEY"
     assert row["base_url"] == "https://echo.example.test/v1"  # the adapter's own default
     assert (row["model"], row["model_source"]) == ("gpt-4o-mini", "default")
+
+
+def test_a_new_provider_is_one_entry_for_ai_setup_check(
+    echo: ProviderEntry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`fluid ai setup --check` asks the adapter what lists its models (no branch per
+    provider in the CLI): a new provider's list is asked at its own home, with its key."""
+    import respx
+    from click.testing import CliRunner
+
+    from fluid_build.cli import ai
+
+    monkeypatch.setenv("FLUID_HOME", str(tmp_path / "fluid-home"))
+    monkeypatch.setenv("ECHO_API_KEY", "k-echo-secret")
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get("https://echo.example.test/v1/models").respond(
+            200, json={"data": [{"id": "gpt-4o-mini"}]}
+        )
+        result = CliRunner().invoke(ai.command, ["setup", "--check", "--provider", "echo"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "echo: key accepted (1 models visible)"
+    assert route.calls.last.request.headers["authorization"] == "Bearer k-echo-secret"
+    assert "k-echo-secret" not in result.output
 
 
 PACKAGES = sorted(

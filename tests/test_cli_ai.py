@@ -32,6 +32,9 @@ from fluid_build.aiconfig import (
 from fluid_build.cli import ai
 from fluid_build.cli.exit_codes import EXIT_CODES
 from fluid_build.copilot.health.cooldown import key_fingerprint
+from fluid_build.copilot.llm.base import ProviderConfig
+from fluid_build.copilot.llm.registry import PROVIDERS, load
+from fluid_build.copilot.llm.types import CallSpec
 from tests.test_cli_conventions import _AT_A_TERMINAL as AT_A_TERMINAL
 from tests.test_cli_conventions import FLUID, fluid, fresh_env
 
@@ -728,6 +731,16 @@ def test_check_connection_failure_is_a_timeout_family_exit(
             "ollama: server answered (1 models visible)",
         ),
         (
+            # Ollama behind a proxy (or ollama.com) takes a bearer key: the list is asked
+            # with the key the calls carry, so "key accepted" means it was sent.
+            {"FLUID_LLM_API_KEY": "ollama-key-0123456789"},
+            ["--provider", "ollama"],
+            "http://127.0.0.1:11434/api/tags",
+            {"authorization": "Bearer ollama-key-0123456789"},
+            {"models": [{"name": "llama3.1"}]},
+            "ollama: key accepted (1 models visible)",
+        ),
+        (
             {"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1", "FLUID_LLM_MODEL": "local"},
             ["--provider", "vllm"],
             "http://127.0.0.1:8000/v1/models",
@@ -761,6 +774,35 @@ def test_check_calls_each_providers_model_list(
         assert sent.headers[name] == value
     if not headers:
         assert "authorization" not in sent.headers
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_the_model_list_is_asked_with_the_credentials_a_call_carries(name: str) -> None:
+    """--check GETs each adapter's own list (``Adapter.models_request``) with the headers its
+    calls carry: the key in the call's header, the API version, the configured headers; a
+    cloud, which signs each call, has no such list and --check says so."""
+    entry = PROVIDERS[name]
+    config = ProviderConfig(
+        name,
+        "some-model",
+        api_key="k-0123456789",
+        base_url="https://models.example.test/v1",
+        headers={"x-team": "blue"},
+    )
+    adapter = load(entry.adapter_class)(config)
+    probe = adapter.models_request()
+    if entry.cloud is not None:
+        assert probe is None
+        return
+    assert probe is not None
+    assert probe.url.startswith("https://models.example.test/v1/")
+    spec = CallSpec(model="some-model", messages=[{"role": "user", "content": "hi"}])
+    call = adapter.request(spec, stream=False)
+    sent = {k.lower(): v for k, v in call.headers.items() if k.lower() != "content-type"}
+    listed = {k.lower(): v for k, v in probe.headers.items()}
+    assert listed == {**sent, "accept": "application/json"}
+    assert any("k-0123456789" in value for value in sent.values())
+    assert "k-0123456789" not in probe.url + json.dumps(probe.params)  # a header, never the URL
 
 
 def test_check_with_an_unreadable_model_list_still_accepts_the_key(

@@ -18,8 +18,6 @@ import click
 if TYPE_CHECKING:
     import httpx
 
-    from fluid_build.copilot.llm.base import ProviderConfig
-
 __all__ = ["command"]
 
 _MIN_KEY_LENGTH: Final = 8
@@ -391,44 +389,6 @@ def _setup(
 # -- checking -----------------------------------------------------------------------
 
 
-def _probe(config: ProviderConfig) -> tuple[str, dict[str, str], dict[str, str | int]]:
-    """The cheapest authenticated GET for ``config``: url, headers, query parameters."""
-    from fluid_build.copilot.llm.anthropic import ANTHROPIC_BASE_URL, ANTHROPIC_VERSION
-    from fluid_build.copilot.llm.azure import AZURE_API_VERSION
-    from fluid_build.copilot.llm.gemini import GEMINI_BASE_URL
-    from fluid_build.copilot.llm.ollama import OLLAMA_DEFAULT_HOST
-    from fluid_build.copilot.llm.openai import OPENAI_BASE_URL
-    from fluid_build.copilot.llm.settings import PROVIDERS
-
-    adapter = PROVIDERS[config.provider].adapter
-    key = config.api_key
-    headers = {"accept": "application/json", **config.headers}
-    if adapter == "azure":
-        endpoint = (config.base_url or "").rstrip("/")
-        if key:
-            headers["api-key"] = key
-        version = config.api_version or AZURE_API_VERSION
-        return f"{endpoint}/openai/models", headers, {"api-version": version}
-    if adapter == "anthropic":
-        if key:
-            headers["x-api-key"] = key
-        headers["anthropic-version"] = config.api_version or ANTHROPIC_VERSION
-        base = (config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
-        return f"{base}/v1/models", headers, {"limit": 1000}
-    if adapter == "gemini":
-        if key:
-            headers["x-goog-api-key"] = key
-        base = (config.base_url or GEMINI_BASE_URL).rstrip("/")
-        return f"{base}/models", headers, {"pageSize": 1000}
-    if adapter == "ollama":
-        base = (config.base_url or OLLAMA_DEFAULT_HOST).rstrip("/")
-        return f"{base}/api/tags", headers, {}
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    base = (config.base_url or OPENAI_BASE_URL).rstrip("/")
-    return f"{base}/models", headers, {}
-
-
 def _models_visible(response: httpx.Response) -> int | None:
     try:
         data = response.json()
@@ -450,19 +410,20 @@ def _check(provider: str | None, model: str | None, as_json: bool) -> int:
     from fluid_build.cli.doctor import public_url
     from fluid_build.copilot import LLMClient
     from fluid_build.copilot.agents.error_classification import classify_provider_error
-    from fluid_build.copilot.llm.settings import PROVIDERS
 
     name = _provider_name(provider) if provider else None
     with LLMClient(provider=name, model=model, env=apply_stored_config(os.environ)) as client:
         config = client.config
-        if PROVIDERS[config.provider].cloud is not None:
-            # Their endpoints have no model list to GET with a key: an unsigned GET would fail
-            # for the wrong reason. Say so rather than report a misleading verdict.
+        # The adapter's list of models, with the headers its calls carry (Adapter.models_path).
+        probe = client.adapter.models_request()
+        if probe is None:
+            # A cloud's endpoint has no model list to GET with a key: an unsigned GET would
+            # fail for the wrong reason. Say so rather than report a misleading verdict.
             raise click.UsageError(
                 f"--check does not test {config.provider}'s cloud credentials: `fluid doctor` "
                 "shows where they come from, and one prompt through `fluid batch` tests them"
             )
-        url, headers, params = _probe(config)
+        url, headers, params = probe
         try:
             response = httpx.get(url, headers=headers, params=params, timeout=config.timeout)
             response.raise_for_status()

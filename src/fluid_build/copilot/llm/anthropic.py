@@ -244,6 +244,11 @@ class AnthropicAdapter(Adapter):
         "usage": _USAGE,
     }
     default_base_url = ANTHROPIC_BASE_URL
+    key_header = ("x-api-key", "{key}")
+    default_api_version = ANTHROPIC_VERSION
+    version_header = "anthropic-version"
+    models_path: ClassVar[str | None] = "/v1/models"
+    models_query: ClassVar[Mapping[str, str | int]] = {"limit": 1000}
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     #: message_delta's stop_reason comes with the final usage: only message_stop follows.
     stream_end: ClassVar[str] = "message_stop (or a message_delta with a stop_reason)"
@@ -264,13 +269,7 @@ class AnthropicAdapter(Adapter):
 
     def request(self, spec: CallSpec, *, stream: bool) -> Request:
         base = (self.config.base_url or ANTHROPIC_BASE_URL).rstrip("/")
-        headers = {
-            "content-type": "application/json",
-            "anthropic-version": self.config.api_version or ANTHROPIC_VERSION,
-            **self.config.headers,
-        }
-        if self.config.api_key:
-            headers["x-api-key"] = self.config.api_key
+        headers = self.json_headers()
         max_tokens = spec.max_output_tokens
         thinking: dict[str, Any] | None = None
         if spec.reasoning_effort is not None:

@@ -23,24 +23,20 @@ class AzureOpenAIAdapter(OpenAIAdapter):
 
     provider = "azure"
     default_base_url = None
+    key_header = ("api-key", "{key}")
+    default_api_version = AZURE_API_VERSION
+    version_query = "api-version"
+    models_path = "/openai/models"
 
     def supported_options(self, model: str) -> frozenset[str]:
-        version = self.config.api_version or AZURE_API_VERSION
-        dated = _DATED.match(version)
+        dated = _DATED.match(self.api_version or AZURE_API_VERSION)
         if dated and dated.group() < _REASONING_SINCE:
             return CHAT_OPTIONS - {"reasoning_effort"}
         return CHAT_OPTIONS
 
     def url(self) -> str:
         endpoint = (self.config.base_url or "").rstrip("/")
-        version = self.config.api_version or AZURE_API_VERSION
         return (
             f"{endpoint}/openai/deployments/{self.config.model}/chat/completions"
-            f"?api-version={version}"
+            f"?api-version={self.api_version}"
         )
-
-    def headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["api-key"] = self.config.api_key
-        return headers

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, NamedTuple
 
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.llm.answer_shape import (
@@ -33,6 +33,7 @@ __all__ = [
     "NULL",
     "TEXT",
     "Adapter",
+    "ModelsRequest",
     "Parsed",
     "ProviderConfig",
     "Request",
@@ -154,6 +155,14 @@ class Request:
     headers: dict[str, str]
     json: dict[str, Any]
     auth: RequestAuth | None = None
+
+
+class ModelsRequest(NamedTuple):
+    """The GET listing the models a key may use (``fluid ai setup --check``)."""
+
+    url: str
+    headers: dict[str, str]
+    params: dict[str, str | int]
 
 
 @dataclass(slots=True)
@@ -296,6 +305,18 @@ class Adapter:
     #: The credential step this adapter's requests carry (``Request.auth``): SigV4, a
     #: Google token; None where the key is a plain header.
     credential: RequestAuth | None = None
+    #: The header a plain key goes in, and its value, the key standing for ``{key}``.
+    key_header: ClassVar[tuple[str, str]] = ("authorization", "Bearer {key}")
+    #: The API version named when the config gives none, and the header or the query field
+    #: naming it (None: this API takes no version so).
+    default_api_version: ClassVar[str | None] = None
+    version_header: ClassVar[str | None] = None
+    version_query: ClassVar[str | None] = None
+    #: Where the models a key may use are listed (a path under :attr:`endpoint`) and the
+    #: query asking for them all: ``fluid ai setup --check`` GETs it (:meth:`models_request`).
+    #: None: no list a key alone can read (a cloud's endpoint wants a signed request).
+    models_path: ClassVar[str | None] = None
+    models_query: ClassVar[Mapping[str, str | int]] = {}
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -330,12 +351,37 @@ class Adapter:
         """The call's sampling options that are set, under :attr:`sampling_names`."""
         return sampling_fields(spec, self.sampling_names)
 
-    def bearer_headers(self) -> dict[str, str]:
-        """A JSON request's headers: the configured ones, and the key as a bearer token."""
-        headers = {"content-type": "application/json", **self.config.headers}
+    @property
+    def api_version(self) -> str | None:
+        """The API version requests name: the configured one, or the adapter's default."""
+        return self.config.api_version or self.default_api_version
+
+    def key_headers(self, first: Mapping[str, str]) -> dict[str, str]:
+        """``first``, the API version's header, the configured headers, then the key in
+        :attr:`key_header`, in that order: a name set later wins."""
+        headers = dict(first)
+        if self.version_header is not None and self.api_version:
+            headers[self.version_header] = self.api_version
+        headers.update(self.config.headers)
         if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
+            name, value = self.key_header
+            headers[name] = value.format(key=self.config.api_key)
         return headers
+
+    def json_headers(self) -> dict[str, str]:
+        """A JSON request's headers (:meth:`key_headers`, after the content type)."""
+        return self.key_headers({"content-type": "application/json"})
+
+    def models_request(self) -> ModelsRequest | None:
+        """The cheapest GET the key must pass: the list at :attr:`models_path`, sent with the
+        headers a call carries (None: the API has no such list, as for the clouds)."""
+        if self.models_path is None:
+            return None
+        params = dict(self.models_query)
+        if self.version_query is not None and self.api_version:
+            params[self.version_query] = self.api_version
+        url = (self.endpoint or "").rstrip("/") + self.models_path
+        return ModelsRequest(url, self.key_headers({"accept": "application/json"}), params)
 
     def post(
         self, spec: CallSpec, url: str, headers: dict[str, str], body: dict[str, Any]

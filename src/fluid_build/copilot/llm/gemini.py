@@ -208,6 +208,9 @@ class GeminiAdapter(Adapter):
     shape: ClassVar[Any] = _SHAPE
     chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = GEMINI_BASE_URL
+    key_header = ("x-goog-api-key", "{key}")  # a header, never the URL
+    models_path: ClassVar[str | None] = "/models"
+    models_query: ClassVar[Mapping[str, str | int]] = {"pageSize": 1000}
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a candidate with a finishReason"
     #: No ``parallel_tool_calls``: generateContent has no such field.
@@ -228,9 +231,7 @@ class GeminiAdapter(Adapter):
         base = (self.config.base_url or GEMINI_BASE_URL).rstrip("/")
         model = spec.model.removeprefix("models/")
         action = "streamGenerateContent?alt=sse" if stream else "generateContent"
-        headers = {"content-type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["x-goog-api-key"] = self.config.api_key  # a header, never the URL
+        headers = self.json_headers()
         body: dict[str, Any] = {"contents": gemini_contents(spec)}
         if spec.system:
             body["systemInstruction"] = {"parts": [{"text": spec.system}]}

@@ -65,6 +65,7 @@ class OllamaAdapter(Adapter):
     shape: ClassVar[Any] = _SHAPE
     chunk_shape: ClassVar[Any] = _SHAPE
     default_base_url = OLLAMA_DEFAULT_HOST
+    models_path: ClassVar[str | None] = "/api/tags"
     stream_format = "ndjson"
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "a line with done: true"
@@ -112,7 +113,7 @@ class OllamaAdapter(Adapter):
             body["options"] = options
         if spec.reasoning_effort is not None:
             body["think"] = spec.reasoning_effort  # a level: gpt-oss only (supported_options)
-        return self.post(spec, f"{base}/api/chat", self.bearer_headers(), body)
+        return self.post(spec, f"{base}/api/chat", self.json_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         message = data.get("message") or {}

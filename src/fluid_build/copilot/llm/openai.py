@@ -201,6 +201,7 @@ def _refused(refusal: str, spec: CallSpec, provider: str) -> ProviderError:
 class OpenAIAdapter(Adapter):
     provider = "openai"
     default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
+    models_path: ClassVar[str | None] = "/models"
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     #: A finish_reason is marked here, ``[DONE]`` (the chunk reader ends there) by the
     #: stream's reader: a server that sends one of the two has finished the answer.
@@ -265,7 +266,7 @@ class OpenAIAdapter(Adapter):
         return f"{base}/chat/completions"
 
     def headers(self) -> dict[str, str]:
-        return self.bearer_headers()
+        return self.json_headers()
 
     def fields(self, spec: CallSpec, *, stream: bool) -> dict[str, Any]:
         """The body fluid builds for ``spec``, before the caller's ``extra_body``."""

@@ -151,6 +151,7 @@ _RESPONSE = {
 class OpenAIResponsesAdapter(Adapter):
     provider = "openai_responses"
     default_base_url: ClassVar[str | None] = OPENAI_BASE_URL
+    models_path: ClassVar[str | None] = "/models"
     #: What says a stream is over; one that ends without it was cut (see call/core.py).
     stream_end: ClassVar[str] = "response.completed (or response.incomplete)"
     shape: ClassVar[Any] = _RESPONSE
@@ -204,7 +205,7 @@ class OpenAIResponsesAdapter(Adapter):
         body.update(self.sampling(spec))
         if stream:
             body["stream"] = True
-        return self.post(spec, f"{base}/responses", self.bearer_headers(), body)
+        return self.post(spec, f"{base}/responses", self.json_headers(), body)
 
     def parse(self, data: Any, spec: CallSpec) -> Parsed:
         if data.get("status") == "failed":

@@ -601,6 +601,8 @@ class VertexAdapter(GeminiAdapter):
     """``base_url`` is the project's models prefix (see :func:`resolve_base_url`)."""
 
     provider = "vertex"
+    #: Vertex lists models per project with a signed token: no list a key alone can read.
+    models_path: ClassVar[str | None] = None
     finish_reasons: ClassVar[Mapping[int, str]] = VERTEX_FINISH_REASONS
     block_reasons: ClassVar[Mapping[int, str]] = VERTEX_BLOCK_REASONS
     harm_categories: ClassVar[Mapping[int, str]] = VERTEX_HARM_CATEGORIES
