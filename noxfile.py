@@ -210,11 +210,14 @@ TRANSPORT_STACKS: dict[str, tuple[str, ...]] = {
     "oldest": ("httpx==0.28.0", "httpcore==1.0.9", "aiohttp==3.12.4"),
     "newest": ("httpx>=0.28,<0.29", "httpcore>=1.0,<2", "aiohttp>=3.12.4,<4"),
 }
-#: The transport suite: one scenario list on every transport, and the pools themselves.
+#: The transport suite: one scenario list on every transport, the pools themselves, the fault
+#: boundaries, and SigV4 over the bytes each transport sends (whatever the encoder makes).
 TRANSPORT_TESTS: tuple[str, ...] = (
     "tests/test_conformance.py",
     "tests/test_transport.py",
     "tests/test_direct_pool.py",
+    "tests/test_transport_faults.py",
+    "tests/test_request_auth.py",
 )
 #: Prints the versions in use; fails if a pinned one (``name==version``) is not the one in use.
 SHOW_TRANSPORT_VERSIONS = """\
