@@ -307,8 +307,24 @@ def test_the_docs_table_is_what_the_matrix_does(row: str, kind: str) -> None:
     *said, within = cells
     assert observed(row, kind) == said
     bound = float(within.removesuffix(" s"))
-    assert run(row, kind, True).elapsed < bound
-    assert run(row, kind, False).elapsed < bound
+    for fallback in (True, False):
+        assert fastest(row, kind, fallback, bound) < bound, (row, kind, fallback)
+
+
+def fastest(row: str, kind: str, fallback: bool, bound: float, tries: int = 3) -> float:
+    """The case's elapsed seconds; over ``bound``, the fastest of ``tries`` runs of it.
+
+    The bound is wall-clock time, and a machine busy with other work (the suite's other
+    workers) can stretch a 0.2 s call past it: a case that waits out a full timeout or
+    a retry it should not stays over the bound every time, a descheduled one does not."""
+    elapsed = run(row, kind, fallback).elapsed
+    for _ in range(tries - 1):
+        if elapsed < bound:
+            break
+        again = _run(row, kind, fallback)
+        assert (again.answer is None) == (run(row, kind, fallback).answer is None)
+        elapsed = min(elapsed, again.elapsed)
+    return elapsed
 
 
 # -- the rules, over every case ------------------------------------------------------------
