@@ -24,6 +24,7 @@ import asyncio
 import gc
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,6 +37,17 @@ CASES = [
     pytest.param(scenario, transport, id=f"{scenario.name}-{transport}")
     for scenario, transport in hostile.cases()
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _frozen_heap() -> Iterator[None]:
+    """What lived before this module is frozen while it runs, so the collections each
+    scenario makes (hostile.run, and the one after each test) walk only what this module
+    made: late in a run a worker's whole heap takes 0.3 s to walk, twice per scenario."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.mark.parametrize(("scenario", "transport"), CASES)
