@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -173,13 +175,21 @@ def test_the_realserver_tier_is_registered_and_runs_in_the_default_suite() -> No
 
 
 def test_the_readme_command_runs_the_suite_on_every_core() -> None:
-    """`python -m pytest` (README, CI) runs under pytest-xdist with one worker a core: the
+    """`python -m pytest` (README, CI) runs under pytest-xdist on every core: the
     parallelism is in the configuration, not in a flag someone must remember."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     addopts = project["tool"]["pytest"]["ini_options"]["addopts"]
     assert addopts[addopts.index("-n") + 1] == "auto"
     test_extra = " ".join(project["project"]["optional-dependencies"]["test"])
     assert "pytest-xdist>=" in test_extra
+
+
+def test_auto_is_one_worker_more_than_the_cores(pytestconfig: pytest.Config) -> None:
+    """The suite waits a fifth of its time: ``-n auto`` fills the waits with one more worker."""
+    from tests.conftest import cores, pytest_xdist_auto_num_workers
+
+    assert cores() >= 1
+    assert pytest_xdist_auto_num_workers(pytestconfig) == cores() + 1
 
 
 # -- the transport suite on both ends of the allowed versions --------------------------------
