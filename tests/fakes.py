@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fluid_build.copilot.call.envelope import RetryEnvelope
+from fluid_build.copilot.call.envelope import RetryEnvelope, RetryEvent
 from fluid_build.copilot.health.cooldown import MemoryCooldownStore
+from fluid_build.copilot.health.ratelimit import RateLimiter
+from fluid_build.copilot.health.store import CooldownStore
 from fluid_build.corpus.replay import VirtualClock
 
 # The library's own virtual clock (it drives `fluid forge`'s offline replay):
@@ -13,16 +16,25 @@ from fluid_build.corpus.replay import VirtualClock
 FakeClock = VirtualClock
 
 
-def clocked_envelope(clock: FakeClock) -> RetryEnvelope:
-    """A retry envelope that sleeps only on ``clock``: its own memory store, no jitter,
-    no logging hook."""
+def clocked_envelope(
+    clock: FakeClock,
+    *,
+    store: CooldownStore | None = None,
+    limited: bool = False,
+    hook: Callable[[RetryEvent], None] = lambda event: None,
+) -> RetryEnvelope:
+    """A retry envelope that sleeps only on ``clock``: ``store`` (its own memory store by
+    default), no jitter, no logging hook unless ``hook``; with ``limited``, a rate limiter
+    on the same store."""
+    store = MemoryCooldownStore() if store is None else store
     return RetryEnvelope(
-        cooldown=MemoryCooldownStore(),
+        cooldown=store,
+        limiter=RateLimiter(store) if limited else None,
         clock=clock,
         sleep=clock.sleep,
         asleep=clock.asleep,
         random=lambda: 0.0,
-        hook=lambda event: None,
+        hook=hook,
     )
 
 

@@ -16,10 +16,9 @@ import respx
 
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import RateLimitError
-from fluid_build.copilot.call.envelope import RetryEnvelope, RetryEvent
-from fluid_build.copilot.health.ratelimit import RateLimiter
+from fluid_build.copilot.call.envelope import RetryEvent
 from fluid_build.copilot.health.store import MemoryCooldownStore
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, clocked_envelope
 
 URL = "https://api.openai.com/v1/chat/completions"
 OK = {
@@ -44,16 +43,7 @@ def mock() -> Iterator[respx.MockRouter]:
 
 
 def client_on(clock: FakeClock, events: list[RetryEvent], **kwargs: Any) -> LLMClient:
-    store = MemoryCooldownStore()
-    envelope = RetryEnvelope(
-        cooldown=store,
-        limiter=RateLimiter(store),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=events.append,
-    )
+    envelope = clocked_envelope(clock, limited=True, hook=events.append)
     return LLMClient("openai", "gpt-4o", api_key="sk-test", envelope=envelope, env={}, **kwargs)
 
 
@@ -128,15 +118,7 @@ def test_a_call_without_an_announced_budget_writes_nothing_to_the_store(
             return _original(*args)
 
         setattr(store, name, spy)
-    envelope = RetryEnvelope(
-        cooldown=store,
-        limiter=RateLimiter(store),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock, store=store, limited=True)
     with LLMClient("openai", "gpt-4o", api_key="sk-test", envelope=envelope, env={}) as client:
         for _ in range(3):
             client.complete("hi")

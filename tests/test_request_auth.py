@@ -11,7 +11,6 @@ its refresh run off the event loop first.
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from fluid_build.copilot.agents.errors import ProviderAuthError
 from fluid_build.copilot.call import encode
 from tests.fakes import FakeClock, clocked_envelope
 from tests.loopback import Reply, Seen, base_url, http_server
+from tests.test_bedrock import ANSWER, STREAM  # a Converse answer, and one as an event stream
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ACCESS = "AKIDEXAMPLE"
@@ -36,15 +36,6 @@ REGION = "us-east-1"
 #: An inference profile's ARN: its "/" is escaped in the path, its ":" are not.
 MODEL = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.amazon.nova-micro-v1:0"
 NOW = datetime(2026, 11, 29, 0, 55, 0, tzinfo=UTC)
-ANSWER = {
-    "output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}},
-    "stopReason": "end_turn",
-    "usage": {"inputTokens": 3, "outputTokens": 1},
-}
-ROWS = json.loads((Path(__file__).parent / "data" / "provider_answers.json").read_text())
-STREAM = base64.b64decode(
-    "".join(next(r for r in ROWS if r["id"] == "bedrock-stream-text")["stream"])
-)
 #: What the call sends beside the prompt: the temperature in ``inferenceConfig`` after
 #: ``messages``, and a caller's field with keys out of order and a non-ASCII value, so that
 #: every swapped encoder below makes other bytes than httpx's.
@@ -277,10 +268,6 @@ def test_a_request_that_waited_for_a_rate_limit_is_signed_when_it_goes_out(
     takes a signature for 5 minutes: a longer hold would be refused)."""
     import botocore.auth
 
-    from fluid_build.copilot.call.envelope import RetryEnvelope
-    from fluid_build.copilot.health.ratelimit import RateLimiter
-    from fluid_build.copilot.health.store import MemoryCooldownStore
-
     clock = FakeClock()
 
     def now() -> datetime:
@@ -303,16 +290,7 @@ def test_a_request_that_waited_for_a_rate_limit_is_signed_when_it_goes_out(
             return httpx.Response(MISMATCH[0], headers=MISMATCH[1], content=MISMATCH[2])
         return httpx.Response(200, json=ANSWER, headers=spent)
 
-    store = MemoryCooldownStore()
-    envelope = RetryEnvelope(
-        cooldown=store,
-        limiter=RateLimiter(store),
-        clock=clock,
-        sleep=clock.sleep,
-        asleep=clock.asleep,
-        random=lambda: 0.0,
-        hook=lambda event: None,
-    )
+    envelope = clocked_envelope(clock, limited=True)
     with httpx.Client(transport=httpx.MockTransport(aws)) as http:
         client = LLMClient(
             "bedrock",
