@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "fluid_build._version",
         "fluid_build._redact",
         "fluid_build._lazy",
+        "fluid_build._threads",
     ),
 )
 #: Entry points that sit above everything by design.

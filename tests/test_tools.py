@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_validator
 
+from fluid_build._threads import DaemonPool
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
-from fluid_build.copilot.call.threads import DaemonPool
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
 from fluid_build.copilot.loop.declare import _parse_docstring
 from fluid_build.copilot.loop.tools import (

@@ -38,8 +38,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, cast
 
 import click
 
+from fluid_build._threads import signals_stay_with_main
+
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.status import Status
 
 __all__ = [
     "COLOR_ENV",
@@ -51,6 +54,7 @@ __all__ = [
     "interrupt_echoed",
     "make_console",
     "set_color_mode",
+    "status",
     "warnings_once",
 ]
 
@@ -276,3 +280,19 @@ def following_the_cursor() -> Iterator[None]:
     finally:
         sys.stdout, sys.stderr = stdout, stderr
         _CURSOR.following = False
+
+
+@contextmanager
+def status(console: Console, text: str) -> Iterator[Status]:
+    """``console.status(text)``, whose refresh thread leaves Ctrl-C to the main thread.
+
+    A thread that does not block SIGINT may be the one the kernel hands it to, and
+    then a main thread blocked in a socket read would not see it until the read ends
+    (fluid_build/_threads.py)."""
+    shown = console.status(text)
+    with signals_stay_with_main():
+        shown.start()
+    try:
+        yield shown
+    finally:
+        shown.stop()

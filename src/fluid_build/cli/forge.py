@@ -84,8 +84,10 @@ def _countdown_sleep(console: Console) -> Any:
     def sleep(seconds: float) -> None:
         if seconds <= 0:
             return
+        from fluid_build.cli._console import status as status_line
+
         end = time.monotonic() + seconds
-        with console.status("") as status:
+        with status_line(console, "") as status:
             while (left := end - time.monotonic()) > 0:
                 status.update(f"waiting {left:4.1f} s before retrying ...")
                 time.sleep(min(left, 0.1))
@@ -492,7 +494,9 @@ def command(
         console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
         if not as_json or quiet(env):
             client.run_start_warnings(uses_tools=agent_loop)
-        with console.status("starting") as status:
+        from fluid_build.cli._console import status as status_line
+
+        with status_line(console, "starting") as status:
 
             def on_stage(stage: str) -> None:
                 stages.append(stage)

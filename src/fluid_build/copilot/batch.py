@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from typing_extensions import Unpack
 
+from fluid_build._threads import as_completed, signals_stay_with_main
 from fluid_build.copilot.agents.errors import AgentExecutionError
 from fluid_build.errors import FluidError
 
@@ -182,7 +183,7 @@ def map_calls(
     ends (completion order); skipped prompts are reported too, so a bar
     reaches its total.
     """
-    from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     prompts = list(items)
     workers = min(_checked(concurrency), len(prompts))
@@ -305,5 +306,10 @@ def progress_bar(
         shown = ", ".join(f"{code} {n}" for code, n in failed.most_common())
         bar.update(task, advance=1, failed=shown)
 
-    with bar:
+    # rich's refresh thread leaves Ctrl-C to the thread that runs the batch.
+    with signals_stay_with_main():
+        bar.start()
+    try:
         yield advance
+    finally:
+        bar.stop()

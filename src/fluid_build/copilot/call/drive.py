@@ -19,16 +19,18 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as Late
 from contextvars import ContextVar, Token
 from typing import Any, Final, Generic, TypeVar, cast
 
 import httpx
 
 from fluid_build._redact import is_credential_header, one_line, redact, redact_url, truncate
+from fluid_build._threads import DaemonPool, hold, wait_done
 from fluid_build.copilot.agents.errors import ProviderError
 from fluid_build.copilot.call.phases import PHASE_EXTENSION, Phase
 from fluid_build.copilot.call.seams import is_own_async_pool, is_own_body, is_own_sync_pool
-from fluid_build.copilot.call.threads import DaemonPool
 from fluid_build.copilot.call.wire import Deadline, Limits, StreamReader, aread_body, read_body
 from fluid_build.copilot.llm.base import (
     StreamState,
@@ -294,15 +296,14 @@ def _head_within(pool: httpx.Client, request: httpx.Request, deadline: Deadline)
         with _head_lock:
             if _head_pool is None:
                 _head_pool = DaemonPool(_HEADS, "fluid-head")
-    from concurrent.futures import CancelledError
-    from concurrent.futures import TimeoutError as Late
-
     wait = _bound(deadline, _phase(request))
     sent = _head_pool.submit(
         lambda: pool.send(request, stream=True, follow_redirects=False), time.monotonic() + wait
     )
     try:
-        return cast(httpx.Response, sent.result(timeout=wait))
+        if not wait_done(sent, wait):
+            raise Late
+        return cast(httpx.Response, sent.result(timeout=0))
     except BaseException as exc:
         if not sent.cancel():  # not still queued: sending, or done
             _head_pool.abandon(sent)
@@ -726,7 +727,7 @@ class Hold(Effect):
         self.lock = lock
 
     def run(self) -> Callable[[], None]:
-        self.lock.acquire()
+        hold(self.lock)
         return self.lock.release
 
     async def arun(self) -> Callable[[], None]:

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from fluid_build._threads import wait_done
+
 if TYPE_CHECKING:
     import httpx
 
@@ -125,8 +127,7 @@ def _copied(error: BaseException) -> BaseException:
 def wait(future: concurrent.futures.Future[Any], seconds: float) -> tuple[bool, Any]:
     """``(True, result)`` once the lookup ends within ``seconds`` (its error raised), else
     ``(False, None)``: the caller's deadline passed first."""
-    concurrent.futures.wait([future], timeout=max(seconds, 0.0))
-    if not future.done():
+    if not wait_done(future, seconds):
         return False, None
     return True, _outcome(future)
 

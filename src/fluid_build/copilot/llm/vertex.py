@@ -28,6 +28,7 @@ import httpx
 
 from fluid_build._files import UnsafeFileError, load_json, read_regular
 from fluid_build._redact import install_log_redaction
+from fluid_build._threads import signals_stay_with_main
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
 from fluid_build.copilot.llm.base import ProviderConfig, Request, set_headers
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
@@ -418,7 +419,8 @@ class _Cutoff:
         self._fired = False
         self._timer = threading.Timer(seconds, self._fire)
         self._timer.daemon = True
-        self._timer.start()
+        with signals_stay_with_main():
+            self._timer.start()
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
         if not event.endswith("connect_tcp.complete"):

@@ -4,7 +4,7 @@
 ``@forge_tool``, :mod:`fluid_build.copilot.loop.declare`), validates a call's
 arguments (``WorkspacePath`` ones confined, :mod:`fluid_build.copilot.loop.workspace`),
 runs the body under the tool's timeout (sync bodies on a pool of daemon threads,
-:mod:`~fluid_build.copilot.call.threads`) and hands back a :class:`ToolOutcome`; a
+:mod:`~fluid_build._threads`) and hands back a :class:`ToolOutcome`; a
 failing tool never raises into the loop. Refusals and failures carry stable codes::
 
     ToolValidationError              refused before the body ran
@@ -38,8 +38,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fluid_build._threads import DaemonPool, wait_done
 from fluid_build.copilot.agents.errors import AgentExecutionError, ToolValidationError
-from fluid_build.copilot.call.threads import DaemonPool
 from fluid_build.copilot.llm.types import ToolCall, ToolSpec
 from fluid_build.copilot.loop.declare import Tool, forge_tool
 from fluid_build.copilot.loop.workspace import (
@@ -325,8 +325,7 @@ class ToolRegistry:
         if isinstance(running, ToolOutcome):
             return running
         future = running.future
-        concurrent.futures.wait([future], timeout=max(running.deadline - time.monotonic(), 0.0))
-        if future.cancelled() or not future.done():
+        if not wait_done(future, running.deadline - time.monotonic()) or future.cancelled():
             ran = not future.cancelled() and self._give_up(future)
             return self._timed_out(running.call, running.tool, ran=ran, started=running.started)
         exc = future.exception()

@@ -6,21 +6,103 @@ background on its own daemon thread, which then ends, while a new worker
 takes its place. Two pools use it: the heads of answers on a caller's own
 sync pool (call/drive.py) and sync tool bodies (loop/tools.py; docs/tools.md,
 "Timeouts").
+
+Ctrl-C reaches the main thread however many threads run. The kernel hands a
+process's SIGINT to any thread that does not block it; Python then runs the
+handler in the main thread, but only once that thread runs again, and a
+thread blocked in one long wait does not. So the main thread never waits in
+one piece for another thread (:func:`wait_done`, :func:`hold`: they wake
+every 0.1 s), and threads that only ever wait on fluid's behalf are started
+with SIGINT and SIGTERM blocked (:func:`signals_stay_with_main`), so a main
+thread blocked in a socket read is the one that takes them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import queue
+import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, TypeVar
 
-__all__ = ["DaemonPool"]
+T = TypeVar("T")
+
+__all__ = ["DaemonPool", "as_completed", "hold", "signals_stay_with_main", "wait_done"]
+
+#: How often the main thread wakes from a wait to run a signal handler that is due.
+WAKE: Final = 0.1
+_MAIN_ONLY: Final = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def _in_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def wait_done(future: concurrent.futures.Future[Any], seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``future``; True once it is done.
+
+    In the main thread the wait wakes every :data:`WAKE` seconds, so a Ctrl-C
+    that the kernel gave another thread is raised here within that, not at
+    the end of the wait."""
+    if not _in_main():
+        concurrent.futures.wait([future], timeout=max(seconds, 0.0))
+        return future.done()
+    end = time.monotonic() + seconds
+    while not future.done():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        concurrent.futures.wait([future], timeout=min(left, WAKE))
+    return True
+
+
+def as_completed(
+    futures: Iterable[concurrent.futures.Future[T]],
+) -> Iterator[concurrent.futures.Future[T]]:
+    """``concurrent.futures.as_completed(futures)``; in the main thread, waking every
+    :data:`WAKE` seconds (as :func:`wait_done`)."""
+    if not _in_main():
+        yield from concurrent.futures.as_completed(futures)
+        return
+    left = set(futures)
+    while left:
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            for future in concurrent.futures.as_completed(left, timeout=WAKE):
+                left.discard(future)  # as_completed iterates its own copy
+                yield future
+
+
+def hold(lock: threading.Lock) -> None:
+    """``lock.acquire()``; in the main thread, waking every :data:`WAKE` seconds (as
+    :func:`wait_done`)."""
+    if not _in_main():
+        lock.acquire()
+        return
+    while not lock.acquire(timeout=WAKE):
+        pass
+
+
+@contextlib.contextmanager
+def signals_stay_with_main() -> Iterator[None]:
+    """Threads started inside block SIGINT and SIGTERM for life (a new thread takes its
+    starter's signal mask), so the kernel gives those signals to a thread that acts on
+    them. Only for threads that run no one else's code: a process started from such a
+    thread would inherit the mask, and Ctrl-C would not stop it."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: signals go to the main thread
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_ONLY)
+    try:
+        yield
+    finally:
+        # A signal that came meanwhile was held for the process: it is handled now.
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @dataclass(eq=False)
