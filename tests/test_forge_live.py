@@ -615,6 +615,66 @@ def test_ctrl_c_while_recording_leaves_no_cassette(
     assert sorted(p.name for p in machine.project.iterdir()) == ["events.sql", "intent.yaml"]
 
 
+def _threads_taking_sigint(pid: int) -> list[int]:
+    """The threads of ``pid`` other than its main one that do not block SIGINT (Linux)."""
+    taking = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        tid = int(task.name)
+        status = (task / "status").read_text()
+        blocked = int(
+            next(line for line in status.splitlines() if line.startswith("SigBlk:"))[7:], 16
+        )
+        if tid != pid and not blocked & (1 << (signal.SIGINT - 1)):
+            taking.append(tid)
+    return taking
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sends tgkill")
+@pytest.mark.parametrize("record", [True, False], ids=["own-sync-pool", "direct-pool"])
+def test_ctrl_c_reaches_the_forge_whichever_thread_the_kernel_gives_it_to(
+    machine: Machine, serve: Callable[..., Scripted], record: bool
+) -> None:
+    # The kernel hands a process's SIGINT to any thread that does not block it; under load
+    # that is at times not the main thread (CI once saw the forge sit out its whole wait).
+    # Here every such thread gets one, so a wait in the main thread that does not wake for
+    # it, or a thread of fluid's that takes it from a main thread blocked in a socket read,
+    # fails every time.
+    import ctypes
+
+    hold = threading.Event()
+    model = serve(says(PLAN), hold=hold)
+    extra = ["--record", "run.json"] if record else []
+    process = subprocess.Popen(
+        [FLUID, "forge", "intent.yaml", *extra],
+        cwd=machine.project,
+        env=machine.live(model),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert model.waiting.wait(60), "the forge never reached its second request"
+        others = _threads_taking_sigint(process.pid)
+        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+        for tid in others:
+            assert tgkill(process.pid, tid, signal.SIGINT) == 0, ctypes.get_errno()
+        if not others:
+            process.send_signal(signal.SIGINT)  # only the main thread can take it
+        _, err = process.communicate(timeout=15)
+    finally:
+        hold.set()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    # On a caller's own pool the head is awaited on a worker (which takes SIGINT: it may
+    # run the caller's code); on fluid's own pool the main thread reads the socket, and no
+    # other thread (rich's status line's included) may take the signal from it.
+    assert bool(others) is record
+    assert process.returncode == EXIT_CODES["interrupted"], err
+    assert err.endswith("fluid: interrupted\n"), err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("args", "says_what"),
     [
