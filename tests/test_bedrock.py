@@ -24,7 +24,7 @@ import pytest
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.settings import resolve_provider_config
-from tests.fakes import FakeClock, clocked_envelope
+from tests.fakes import FakeClock, aws_sandbox, clocked_envelope
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ENDPOINT = "https://bedrock-runtime.us-east-1.amazonaws.com"
@@ -40,32 +40,12 @@ ROWS = json.loads((Path(__file__).parent / "data" / "provider_answers.json").rea
 STREAM = base64.b64decode(
     "".join(next(r for r in ROWS if r["id"] == "bedrock-stream-text")["stream"])
 )
-AWS_VARS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_BEARER_TOKEN_BEDROCK",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_EC2_METADATA_DISABLED",
-)
 
 
 @pytest.fixture(autouse=True)
 def aws_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No AWS variable of the machine's, a fresh HOME, and no instance metadata lookups."""
-    for name in AWS_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / ".aws" / "config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / ".aws" / "credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    aws_sandbox(monkeypatch, tmp_path, config_dir=".aws")
     return tmp_path
 
 

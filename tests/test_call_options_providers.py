@@ -29,7 +29,8 @@ from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError
 from fluid_build.copilot.call import options as call_options
 from tests.fakes import FakeClock, clocked_envelope
-from tests.test_bedrock import AWS_VARS, _expected_signature
+from tests.fakes import aws_sandbox
+from tests.test_bedrock import _expected_signature
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ROWS = {
@@ -178,15 +179,10 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loopback only (no proxy), the AWS chain reading only this test's keys, and the
     once-per-process drop warnings forgotten."""
     proxies = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-    for name in (*AWS_VARS, *proxies):
+    for name in proxies:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    aws_sandbox(monkeypatch, tmp_path, keys=(ACCESS, SECRET))
     monkeypatch.setattr(call_options, "_warned", set())
 
 

@@ -24,7 +24,7 @@ import pytest
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError
 from fluid_build.copilot.call import encode
-from tests.fakes import FakeClock, clocked_envelope
+from tests.fakes import FakeClock, aws_sandbox, clocked_envelope
 from tests.loopback import Reply, Seen, base_url, http_server
 from tests.test_bedrock import ANSWER, STREAM  # a Converse answer, and one as an event stream
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
@@ -58,23 +58,7 @@ def aws_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     and botocore's clock frozen (the server signs again at the same instant)."""
     import botocore.auth
 
-    for name in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION)
+    aws_sandbox(monkeypatch, tmp_path, keys=(ACCESS, SECRET, SESSION))
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: NOW.replace(tzinfo=None))
 

@@ -636,18 +636,17 @@ class BedrockAdapter(Adapter):
         # ":" for "%3A", and AWS signs the path as it arrives, so the characters yarl would
         # unquote stay unquoted here (a model id's ":", an ARN's); "/" and the rest are quoted.
         url = f"{base}/model/{quote(spec.model, safe=_PATH_SAFE)}/{action}"
-        headers = {
-            "content-type": "application/json",
-            "accept": "application/vnd.amazon.eventstream" if stream else "application/json",
-            **self.config.headers,
-        }
-        body = self.body(spec)
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
+        # An API key is a bearer token (key_header); without one, the request is signed once
+        # built (the signer's ``auth``): the caller's headers and the merged body, as the
+        # transport encodes it, are what is signed.
+        headers = self.key_headers(
+            {
+                "content-type": "application/json",
+                "accept": "application/vnd.amazon.eventstream" if stream else "application/json",
+            }
+        )
         set_headers(headers, spec.extra_headers)
-        # Signed once built (the signer's ``auth``): the caller's headers and the merged body,
-        # as the transport encodes it, are what is signed.
-        return Request("POST", url, headers, body, self.credential)
+        return Request("POST", url, headers, self.body(spec), self.credential)
 
     def body(self, spec: CallSpec) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": bedrock_messages(spec)}

@@ -30,7 +30,7 @@ from fluid_build._files import UnsafeFileError, load_json, read_regular
 from fluid_build._redact import install_log_redaction
 from fluid_build._threads import signals_stay_with_main
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, python_aside
-from fluid_build.copilot.llm.base import ProviderConfig, Request, set_headers
+from fluid_build.copilot.llm.base import ProviderConfig, Request
 from fluid_build.copilot.llm.credentials import UNBOUNDED_WAIT, Lookup, Pending, wait
 from fluid_build.copilot.llm.gemini import SHARED_FINISH_REASONS, GeminiAdapter
 from fluid_build.copilot.llm.types import CallSpec
@@ -608,6 +608,8 @@ class VertexAdapter(GeminiAdapter):
     finish_reasons: ClassVar[Mapping[int, str]] = VERTEX_FINISH_REASONS
     block_reasons: ClassVar[Mapping[int, str]] = VERTEX_BLOCK_REASONS
     harm_categories: ClassVar[Mapping[int, str]] = VERTEX_HARM_CATEGORIES
+    #: An explicit access token (``api_key``) is a bearer token, not Gemini's API key.
+    key_header: ClassVar[tuple[str, str]] = ("authorization", "Bearer {key}")
 
     def __init__(self, config: ProviderConfig, tokens: TokenSource | None = None) -> None:
         super().__init__(config)
@@ -625,15 +627,10 @@ class VertexAdapter(GeminiAdapter):
             raise _not_configured(
                 "vertex needs its project URL: make the client with provider='vertex'"
             )
-        request = super().request(spec, stream=stream)
-        headers = request.headers
-        headers.pop("x-goog-api-key", None)
-        if self.tokens is None:  # an explicit token: a plain header
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        else:  # the token step's (it replaces one in the client's own headers=, as before)
-            for name in [k for k in headers if k.lower() == "authorization"]:
-                del headers[name]
-        set_headers(headers, spec.extra_headers)  # the caller's word is last
+        request = super().request(spec, stream=stream)  # an explicit token: a plain header
         if self.tokens is None or any(k.lower() == "authorization" for k in spec.extra_headers):
-            return request
+            return request  # the caller's own authorization header is their word
+        # The token step's, which replaces one in the client's own headers=.
+        for name in [k for k in request.headers if k.lower() == "authorization"]:
+            del request.headers[name]
         return dataclasses.replace(request, auth=self.tokens)
