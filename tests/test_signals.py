@@ -12,6 +12,7 @@ A control checks the scenario can fail: the plain library wait sleeps through it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,7 @@ victim.start()
 bystander_ready.wait()
 
 def kick():
-    time.sleep(0.3)
+    time.sleep(0.3)  # noqa: real-sleep - till the main thread waits (a wait of 60 s)
     signal.pthread_kill(victim.ident, signal.SIGINT)
 
 threading.Thread(target=kick, daemon=True).start()
@@ -135,3 +136,51 @@ def test_threads_started_inside_block_sigint_for_life_and_main_gets_it_back() ->
     assert {int(signal.SIGINT), int(signal.SIGTERM)} <= set(result["thread"])
     assert int(signal.SIGINT) not in result["main_after"]
     assert result["delivered_at_exit"] is True
+
+
+MAP = """
+import json, os, signal, socket, threading, time
+from fluid_build.copilot import LLMClient
+
+# A model that takes the connection and never answers: the calls wait out their deadline.
+server = socket.create_server(("127.0.0.1", 0))
+held, arrived = [], threading.Semaphore(0)
+def accept():
+    while True:
+        held.append(server.accept()[0])
+        arrived.release()
+threading.Thread(target=accept, daemon=True).start()
+url = f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+client = LLMClient("openai", "gpt-4o-mini", api_key="sk-test-0123456789", base_url=url, env={},
+                   timeout=60)
+
+def kick():
+    arrived.acquire()
+    arrived.acquire()  # both calls are in flight
+    worker = next(t for t in threading.enumerate() if t.name.startswith("fluid-map"))
+    signal.pthread_kill(worker.ident, signal.SIGINT)
+
+threading.Thread(target=kick, daemon=True).start()
+started = time.monotonic()
+try:
+    client.map([[{"role": "user", "content": "hi"}]] * 2, concurrency=2)
+    how = "returned"
+except KeyboardInterrupt:
+    how = "interrupted"
+print(json.dumps({"how": how, "seconds": time.monotonic() - started}), flush=True)
+os._exit(0)  # map's calls in flight end at their deadline (docs/batch.md): not waited for
+"""
+
+
+def test_map_takes_a_sigint_one_of_its_workers_was_given() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MAP],
+        capture_output=True,
+        text=True,
+        timeout=40,
+        env={**os.environ, "NO_PROXY": "127.0.0.1"},
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["how"] == "interrupted"
+    assert result["seconds"] < 30  # the calls' deadline is 60 s
