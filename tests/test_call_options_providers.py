@@ -28,8 +28,7 @@ from pydantic import BaseModel
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import AgentExecutionError, ProviderError
 from fluid_build.copilot.call import options as call_options
-from tests.fakes import FakeClock, clocked_envelope
-from tests.fakes import aws_sandbox
+from tests.fakes import FakeClock, aws_sandbox, clocked_envelope
 from tests.test_bedrock import _expected_signature
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
