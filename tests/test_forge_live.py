@@ -585,13 +585,19 @@ def test_a_replay_that_stops_short_of_the_cassette_is_a_mismatch(
     assert not (machine.project / "short").exists()
 
 
-def test_ctrl_c_while_recording_leaves_no_cassette(
-    machine: Machine, serve: Callable[..., Scripted]
-) -> None:
+def _interrupted_forge(
+    machine: Machine,
+    serve: Callable[..., Scripted],
+    args: list[str],
+    interrupt: Callable[[subprocess.Popen[str]], None],
+) -> tuple[int | None, str]:
+    """``fluid forge intent.yaml *args``, ``interrupt``ed while the model holds its second
+    answer (up to 120 s): its exit code and stderr. Only a forge that stops mid-call, and
+    whose exit no abandoned request holds, ends within the 15 s it is given."""
     hold = threading.Event()
     model = serve(says(PLAN), hold=hold)
     process = subprocess.Popen(
-        [FLUID, "forge", "intent.yaml", "--record", "run.json"],
+        [FLUID, "forge", "intent.yaml", *args],
         cwd=machine.project,
         env=machine.live(model),
         stdout=subprocess.PIPE,
@@ -600,16 +606,23 @@ def test_ctrl_c_while_recording_leaves_no_cassette(
     )
     try:
         assert model.waiting.wait(60), "the forge never reached its second request"
-        process.send_signal(signal.SIGINT)
-        # The model still holds its answer (up to 120 s): only a forge that stops mid-call,
-        # and whose process is not held at exit by the abandoned request, ends in time.
+        interrupt(process)
         _, err = process.communicate(timeout=15)
     finally:
         hold.set()
         if process.poll() is None:
             process.kill()
             process.communicate()
-    assert process.returncode == EXIT_CODES["interrupted"], err
+    return process.returncode, err
+
+
+def test_ctrl_c_while_recording_leaves_no_cassette(
+    machine: Machine, serve: Callable[..., Scripted]
+) -> None:
+    code, err = _interrupted_forge(
+        machine, serve, ["--record", "run.json"], lambda p: p.send_signal(signal.SIGINT)
+    )
+    assert code == EXIT_CODES["interrupted"], err
     assert err.endswith("fluid: interrupted\n"), err
     assert "Traceback" not in err
     assert sorted(p.name for p in machine.project.iterdir()) == ["events.sql", "intent.yaml"]
@@ -641,36 +654,23 @@ def test_ctrl_c_reaches_the_forge_whichever_thread_the_kernel_gives_it_to(
     # fails every time.
     import ctypes
 
-    hold = threading.Event()
-    model = serve(says(PLAN), hold=hold)
-    extra = ["--record", "run.json"] if record else []
-    process = subprocess.Popen(
-        [FLUID, "forge", "intent.yaml", *extra],
-        cwd=machine.project,
-        env=machine.live(model),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert model.waiting.wait(60), "the forge never reached its second request"
-        others = _threads_taking_sigint(process.pid)
+    others: list[int] = []
+
+    def interrupt(process: subprocess.Popen[str]) -> None:
+        others.extend(_threads_taking_sigint(process.pid))
         tgkill = ctypes.CDLL(None, use_errno=True).tgkill
         for tid in others:
             assert tgkill(process.pid, tid, signal.SIGINT) == 0, ctypes.get_errno()
         if not others:
             process.send_signal(signal.SIGINT)  # only the main thread can take it
-        _, err = process.communicate(timeout=15)
-    finally:
-        hold.set()
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+
+    args = ["--record", "run.json"] if record else []
+    code, err = _interrupted_forge(machine, serve, args, interrupt)
     # On a caller's own pool the head is awaited on a worker (which takes SIGINT: it may
     # run the caller's code); on fluid's own pool the main thread reads the socket, and no
     # other thread (rich's status line's included) may take the signal from it.
     assert bool(others) is record
-    assert process.returncode == EXIT_CODES["interrupted"], err
+    assert code == EXIT_CODES["interrupted"], err
     assert err.endswith("fluid: interrupted\n"), err
     assert "Traceback" not in err
 
