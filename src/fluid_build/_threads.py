@@ -11,10 +11,11 @@ Ctrl-C reaches the main thread however many threads run. The kernel hands a
 process's SIGINT to any thread that does not block it; Python then runs the
 handler in the main thread, but only once that thread runs again, and a
 thread blocked in one long wait does not. So the main thread never waits in
-one piece for another thread (:func:`wait_done`, :func:`hold`: they wake
-every 0.1 s), and threads that only ever wait on fluid's behalf are started
-with SIGINT and SIGTERM blocked (:func:`signals_stay_with_main`), so a main
-thread blocked in a socket read is the one that takes them.
+one piece for another thread (:func:`wait_done`, :func:`hold`,
+:func:`as_completed`: they wake every 0.1 s), and threads that only ever
+wait on fluid's behalf are started with SIGINT and SIGTERM blocked
+(:func:`signals_stay_with_main`), so a main thread blocked in a socket read
+is the one that takes them.
 """
 
 from __future__ import annotations
