@@ -81,9 +81,12 @@ def test_heads_given_up_on_leave_every_worker_to_the_next_call(
 
 
 _PROGRAM = """
+import signal
 import httpx
 from fluid_build.copilot.client import LLMClient
 
+# Ctrl-C raises KeyboardInterrupt whatever the runner's SIGINT (a background job's is ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 # The caller's pool, left open at exit; Ctrl-C comes while the call waits for the head.
 client = LLMClient.from_env(http_client=httpx.Client())
 try:

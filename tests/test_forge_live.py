@@ -34,6 +34,7 @@ from fluid_build.copilot.health.budget import usd_amount
 from fluid_build.copilot.llm.types import Usage
 from fluid_build.corpus.cassette import CassetteError
 from fluid_build.corpus.record import Recorder
+from tests.test_cli_conventions import _DEFAULT_SIGINT
 
 _register()
 
@@ -596,8 +597,10 @@ def _interrupted_forge(
     whose exit no abandoned request holds, ends within the 15 s it is given."""
     hold = threading.Event()
     model = serve(says(PLAN), hold=hold)
+    # SIGINT at its default disposition whatever the runner's (a background job inherits
+    # it ignored, and fluid then leaves it ignored: docs/cli.md).
     process = subprocess.Popen(
-        [FLUID, "forge", "intent.yaml", *args],
+        [sys.executable, "-c", _DEFAULT_SIGINT, FLUID, "forge", "intent.yaml", *args],
         cwd=machine.project,
         env=machine.live(model),
         stdout=subprocess.PIPE,

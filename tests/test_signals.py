@@ -22,9 +22,12 @@ import pytest
 # The bystander: a thread of the process, blocked, that does not block SIGINT (rich's
 # refresh thread, a worker in a socket read). The kicker sends it SIGINT once everything
 # waits. The script prints how the main thread's wait ended and after how long.
+# Each script first puts Python's own handler back: a runner started as a background job
+# hands its children SIGINT ignored.
 PRELUDE = """
 import concurrent.futures, json, signal, sys, threading, time
 from fluid_build import _threads
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 bystander_ready = threading.Event()
 never = threading.Event()
@@ -105,6 +108,7 @@ def test_the_control_a_plain_wait_sleeps_through_it() -> None:
 MASK = """
 import json, signal, threading
 from fluid_build._threads import signals_stay_with_main
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 seen = {}
 def look():
@@ -141,6 +145,7 @@ def test_threads_started_inside_block_sigint_for_life_and_main_gets_it_back() ->
 MAP = """
 import json, os, signal, socket, threading, time
 from fluid_build.copilot import LLMClient
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A model that takes the connection and never answers: the calls wait out their deadline.
 server = socket.create_server(("127.0.0.1", 0))
