@@ -27,7 +27,9 @@ from fluid_build.copilot.health.cooldown import (
     key_fingerprint,
     normalize_endpoint,
 )
+from fluid_build.copilot.health.sqlite_store import to_wal
 from tests import loopback
+from tests.fakes import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1_700_000_000.0
@@ -121,6 +123,77 @@ def test_sqlite_is_safe_under_concurrent_writers(tmp_path: Path) -> None:
         thread.join()
     assert errors == []
     assert SqliteCooldownStore(path).remaining("k", NOW) == 180.0
+
+
+def _in_the_way(path: Path) -> Any:
+    """A connection holding the write lock of a new file still in rollback mode: what a
+    second process opening a fresh store at the same moment can hold. Its ``COMMIT``
+    lets go."""
+    import sqlite3
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("CREATE TABLE other (x)")
+    blocker.execute("BEGIN IMMEDIATE")
+    blocker.execute("INSERT INTO other VALUES (1)")
+    return blocker
+
+
+def test_switching_a_fresh_file_to_wal_waits_for_a_lock_in_the_way(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "c.sqlite3"
+    blocker = _in_the_way(path)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+    # sqlite refuses at once, not after its 5 s busy wait: waiting could deadlock there.
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        conn.execute("PRAGMA journal_mode=WAL")
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            blocker.execute("COMMIT")
+
+    to_wal(conn, 2.0, sleep=sleep)
+    assert pauses == [0.005, 0.01, 0.02]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    blocker.close()
+
+
+def test_switching_to_wal_gives_up_at_its_deadline(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "c.sqlite3"
+    blocker = _in_the_way(path)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+    clock = FakeClock()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        to_wal(conn, 0.2, clock=clock, sleep=clock.sleep)
+    # Pauses that double up to 0.05 s, none past the deadline.
+    assert clock.waits == [0.005, 0.01, 0.02, 0.04, 0.05, 0.05]
+    conn.close()
+    blocker.close()
+
+
+def test_a_store_opened_while_another_holds_a_fresh_file_waits_then_writes(
+    tmp_path: Path,
+) -> None:
+    # End to end on a real file: the store's first change meets the lock, waits for it
+    # (it used to fail at once with "database is locked" and go on advisory state), and
+    # writes once the other connection commits.
+    path = tmp_path / "c.sqlite3"
+    blocker = _in_the_way(path)
+    release = threading.Timer(0.1, blocker.execute, ("COMMIT",))
+    release.start()
+    try:
+        store = SqliteCooldownStore(path, busy_timeout=5.0)
+        assert store.extend("k", 5.0, NOW) == 5.0
+    finally:
+        release.join()
+        blocker.close()
+    assert SqliteCooldownStore(path).remaining("k", NOW) == 5.0
 
 
 def test_sqlite_reader_sees_a_write_made_after_it_cached(tmp_path: Path) -> None:

@@ -261,6 +261,44 @@ def _check(path: Path) -> os.stat_result:
 SETUP_WAIT: Final = 2.0
 
 
+def to_wal(
+    conn: sqlite3.Connection,
+    seconds: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """``PRAGMA journal_mode=WAL`` on a newly opened connection, tried again for up to
+    ``seconds`` while the file is busy.
+
+    A new file starts in rollback mode, where switching takes its exclusive lock. When
+    another connection opening the file at the same moment holds a lock in the way
+    (a fleet starting on a fresh store), sqlite answers "database is locked" at once,
+    not after its busy wait: waiting could deadlock there. So the wait is done here,
+    in short pauses, on one deadline.
+    """
+    import sqlite3
+
+    end = clock() + seconds
+    pause = 0.005
+    while True:
+        try:
+            row = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            failed = exc
+        else:
+            if row is not None and str(row[0]).lower() == "wal":
+                return
+            # The mode could not change (sqlite names the mode it kept): as busy.
+            failed = sqlite3.OperationalError("database is locked (its journal mode stays)")
+        if clock() + pause > end:
+            raise failed
+        sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 class SqliteCooldownStore:
     """Entries in a sqlite file, shared by every process on the machine.
 
@@ -337,7 +375,7 @@ class SqliteCooldownStore:
                         "cooldown store; try again, or set FLUID_COOLDOWN_URL to another file"
                     )
                 conn.execute(f"PRAGMA busy_timeout={int(setup * 1000)}")
-                conn.execute("PRAGMA journal_mode=WAL")
+                to_wal(conn, setup)
                 # Advisory state: a power cut may lose the last changes, never the file.
                 conn.execute("PRAGMA synchronous=NORMAL")
                 with conn:
@@ -651,7 +689,7 @@ class SqliteBudgetLedger:
                 check_same_thread=False,
             )
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                to_wal(conn, max(self.busy_timeout, SETUP_WAIT))
                 conn.execute("PRAGMA synchronous=NORMAL")
                 for sql in _BUDGET_SCHEMA:
                     conn.execute(sql)
