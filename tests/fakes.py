@@ -58,6 +58,16 @@ def aws_sandbox(
         monkeypatch.setenv(name, value)
 
 
+def warm_async_transport() -> None:
+    """Import the async transport now. A process's first async call imports it on the
+    loop (aiohttp and its TLS context: about 0.14 s on a quiet machine, far more on a
+    loaded one): a test of the loop's liveness during a credential wait warms it first,
+    so that its ticks measure the wait, not that one-time import."""
+    import aiohttp  # noqa: F401
+
+    import fluid_build.copilot.call.transport.aio  # noqa: F401
+
+
 # The library's own virtual clock (it drives `fluid forge`'s offline replay):
 # wall-clock seconds that advance only when someone sleeps.
 FakeClock = VirtualClock

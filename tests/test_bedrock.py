@@ -24,7 +24,7 @@ import pytest
 from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError
 from fluid_build.copilot.llm.settings import resolve_provider_config
-from tests.fakes import FakeClock, aws_sandbox, clocked_envelope
+from tests.fakes import FakeClock, aws_sandbox, clocked_envelope, warm_async_transport
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ENDPOINT = "https://bedrock-runtime.us-east-1.amazonaws.com"
@@ -1107,6 +1107,7 @@ def test_a_silent_credentials_endpoint_never_holds_the_event_loop(
     import asyncio
     import time
 
+    warm_async_transport()
     serving, _ = _silent_credentials_endpoint(monkeypatch)
     ticks: list[float] = []
     client = LLMClient(

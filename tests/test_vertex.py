@@ -27,7 +27,7 @@ from fluid_build.copilot import LLMClient
 from fluid_build.copilot.agents.errors import ProviderAuthError, ProviderError, RateLimitError
 from fluid_build.copilot.llm import vertex
 from fluid_build.copilot.llm.settings import resolve_provider_config
-from tests.fakes import FakeClock, clocked_envelope
+from tests.fakes import FakeClock, clocked_envelope, warm_async_transport
 from tests.transport_calls import TRANSPORTS, call_over, transport_env
 
 ROWS = [
@@ -965,6 +965,7 @@ def _ticking_call(client: LLMClient) -> tuple[BaseException | None, float, list[
     seconds it took, and when each tick came."""
     import time
 
+    warm_async_transport()
     ticks: list[float] = []
 
     async def ticker(stop: asyncio.Event) -> None:
