@@ -67,16 +67,23 @@ def as_completed(
     futures: Iterable[concurrent.futures.Future[T]],
 ) -> Iterator[concurrent.futures.Future[T]]:
     """``concurrent.futures.as_completed(futures)``; in the main thread, waking every
-    :data:`WAKE` seconds (as :func:`wait_done`)."""
+    :data:`WAKE` seconds (as :func:`wait_done`). Each future tells one queue when it is
+    done, once: a wake-up costs the same however many futures are left."""
     if not _in_main():
         yield from concurrent.futures.as_completed(futures)
         return
-    left = set(futures)
-    while left:
-        with contextlib.suppress(concurrent.futures.TimeoutError):
-            for future in concurrent.futures.as_completed(left, timeout=WAKE):
-                left.discard(future)  # as_completed iterates its own copy
-                yield future
+    finished: queue.SimpleQueue[concurrent.futures.Future[T]] = queue.SimpleQueue()
+    waiting = set(futures)
+    for future in waiting:
+        future.add_done_callback(finished.put)  # at once for one already done
+    for _ in waiting:
+        while True:
+            try:
+                future = finished.get(timeout=WAKE)
+            except queue.Empty:
+                continue
+            break
+        yield future
 
 
 def hold(lock: threading.Lock) -> None:
