@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fluid_build.cli._console import status as status_line
 from fluid_build.cli._messages import report_error
 from fluid_build.cli._options import (
     call_options,
@@ -84,8 +85,6 @@ def _countdown_sleep(console: Console) -> Any:
     def sleep(seconds: float) -> None:
         if seconds <= 0:
             return
-        from fluid_build.cli._console import status as status_line
-
         end = time.monotonic() + seconds
         with status_line(console, "") as status:
             while (left := end - time.monotonic()) > 0:
@@ -494,8 +493,6 @@ def command(
         console.print(f"forging [bold]{intent.data_product.name}[/] with {label}")
         if not as_json or quiet(env):
             client.run_start_warnings(uses_tools=agent_loop)
-        from fluid_build.cli._console import status as status_line
-
         with status_line(console, "starting") as status:
 
             def on_stage(stage: str) -> None:
